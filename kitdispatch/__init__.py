@@ -1,0 +1,32 @@
+"""kitdispatch: hand-written CUDA kernels as IREE custom dispatches.
+
+Describe kernels (`Kernel`, `ModuleSpec` or a kitdispatch.toml), `build` them into a
+.vmfb for IREE's cuda device, and call it with numpy through `load_module`.
+"""
+
+__version__ = "0.1.0"
+
+from .archs import Arch, parse_arch_list  # noqa: E402
+from .build import BuildOptions, BuildResult, build, generate  # noqa: E402
+from .compilers import CompileOptions  # noqa: E402
+from .errors import (  # noqa: E402
+    AbiError,
+    ArchError,
+    CompileError,
+    IreeCompileError,
+    KitError,
+    ManifestError,
+    RuntimeUnavailable,
+    ToolError,
+)
+from .manifest import load_manifest  # noqa: E402
+from .runtime import Module, cuda_status, load_module, run_module  # noqa: E402
+from .spec import Buffer, FunctionSignature, Kernel, ModuleSpec, Program, Scalar, TensorType, TestSpec  # noqa: E402
+
+__all__ = [
+    "AbiError", "Arch", "ArchError", "Buffer", "BuildOptions", "BuildResult", "CompileError",
+    "CompileOptions", "FunctionSignature", "IreeCompileError", "Kernel", "KitError", "ManifestError",
+    "Module", "ModuleSpec", "Program", "RuntimeUnavailable", "Scalar", "TensorType", "TestSpec",
+    "ToolError", "build", "cuda_status", "generate", "load_manifest", "load_module", "parse_arch_list",
+    "run_module",
+]

@@ -1,0 +1,67 @@
+"""Running external tools: argv lists, timeouts, whole process groups killed on timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ToolError
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_tool(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> ToolResult:
+    """Runs `argv` in its own process group; kills the whole group when `timeout` passes."""
+    argv = [str(a) for a in argv]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        raise ToolError(
+            f"cannot start {argv[0]!r}: {exc.strerror}",
+            argv=argv,
+            fix=f"install {Path(argv[0]).name} or put it on PATH",
+        ) from exc
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        stdout, stderr = proc.communicate()
+        raise ToolError(
+            f"{Path(argv[0]).name} did not finish within {timeout:g} s and was killed",
+            argv=argv,
+            log=(stderr or "") + (stdout or ""),
+            fix="raise the timeout (--timeout) or simplify the input",
+        ) from None
+    return ToolResult(tuple(argv), proc.returncode, stdout, stderr)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,80 @@
+"""GPU architecture names: parsing, ordering and validation against a compiler."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import ArchError
+
+# Family names users know from NVIDIA's marketing, mapped to the base architecture.
+FAMILIES = {
+    "turing": "sm_75",
+    "ampere": "sm_80",
+    "ada": "sm_89",
+    "lovelace": "sm_89",
+    "hopper": "sm_90",
+    "blackwell": "sm_100",
+}
+
+_ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)$")  # the minor is always the last digit
+
+
+@dataclass(frozen=True, order=True)
+class Arch:
+    """A CUDA compute capability, e.g. sm_90 (major 9, minor 0) or sm_90a."""
+
+    major: int
+    minor: int
+    suffix: str = ""  # "a" (architecture-specific) or "f" (family-specific) features
+
+    @classmethod
+    def parse(cls, text: str) -> "Arch":
+        name = FAMILIES.get(text.strip().lower(), text.strip().lower())
+        m = _ARCH_RE.match(name)
+        if not m:
+            families = ", ".join(sorted(FAMILIES))
+            raise ArchError(
+                f"unknown architecture {text!r}",
+                fix=f"use sm_XX (e.g. sm_80, sm_90, sm_90a) or a family name ({families})",
+            )
+        return cls(int(m.group(1)), int(m.group(2)), m.group(3))
+
+    @property
+    def name(self) -> str:
+        return f"sm_{self.major}{self.minor}{self.suffix}"
+
+    @property
+    def compute_name(self) -> str:
+        return f"compute_{self.major}{self.minor}{self.suffix}"
+
+    @property
+    def capability(self) -> int:
+        """Compute capability as major*10+minor, as the device reports it."""
+        return self.major * 10 + self.minor
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_arch_list(items: Iterable[str] | str) -> tuple[Arch, ...]:
+    """Parses 'sm_80,sm_90' or a list of names; newest first, duplicates dropped."""
+    if isinstance(items, str):
+        items = items.split(",")
+    names = [s for s in (i.strip() for i in items) if s]
+    if not names:
+        raise ArchError("no architecture given", fix="pass at least one, e.g. --arch sm_80")
+    return tuple(sorted({Arch.parse(n) for n in names}, reverse=True))
+
+
+def check_supported(archs: Iterable[Arch], supported: Iterable[Arch], compiler: str) -> None:
+    """Rejects an architecture the compiler cannot target, listing the ones it can."""
+    supported_caps = {a.capability for a in supported}
+    for arch in archs:
+        if arch.capability not in supported_caps:
+            can = ", ".join(a.name for a in sorted(set(supported)))
+            raise ArchError(
+                f"{compiler} cannot target {arch.name}",
+                fix=f"choose from what {compiler} supports: {can}",
+            )

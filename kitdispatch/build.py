@@ -1,0 +1,277 @@
+"""The build pipeline: kernel descriptions -> objects -> MLIR -> .vmfb, published atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from ._files import publish, staging_dir, write_atomic
+from .archs import Arch, parse_arch_list
+from .compilers import OBJECT_FORMATS, CompileOptions, ObjectCode, check_archs, get_compiler
+from .errors import IreeCompileError, KitError, ManifestError
+from .iree_compile import choose_codegen_target, compile_args, compile_vmfb, iree_compiler_version
+from .manifest import load_manifest
+from .ptx import check_kernel_against_ptx, parse_entries
+from .render import ExecutableObjects, render_module
+from .runtime import RECORD_SUFFIX
+from .spec import ModuleSpec
+
+RECORD_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How to build: target architectures, compiler, object format and tool settings."""
+
+    archs: tuple[Arch, ...]
+    compiler: str = "nvrtc"
+    format: str = "ptx"
+    compile_options: CompileOptions = CompileOptions()
+    codegen_target: str | None = None
+    iree_flags: tuple[str, ...] = ()
+    jobs: int | None = None
+
+    @classmethod
+    def create(cls, archs: Sequence[str] | str, **kwargs) -> "BuildOptions":
+        fmt = kwargs.get("format", "ptx")
+        if fmt not in OBJECT_FORMATS:
+            raise KitError(f"unknown object format {fmt!r}", fix=f"use one of {', '.join(OBJECT_FORMATS)}")
+        return cls(parse_arch_list(archs), **kwargs)
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    done: int
+    total: int
+    what: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    name: str
+    out_dir: Path
+    mlir: Path
+    vmfb: Path | None
+    record: Path
+    objects: tuple[Path, ...]
+    codegen_target: str
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "out_dir": str(self.out_dir),
+            "mlir": str(self.mlir),
+            "vmfb": str(self.vmfb) if self.vmfb else None,
+            "record": str(self.record),
+            "objects": [str(o) for o in self.objects],
+            "codegen_target": self.codegen_target,
+            "notes": list(self.notes),
+        }
+
+
+Progress = Callable[[ProgressEvent], None]
+
+
+def build(
+    spec: ModuleSpec | str | Path,
+    options: BuildOptions,
+    out_dir: str | Path,
+    *,
+    progress: Progress | None = None,
+) -> BuildResult:
+    """Compiles every kernel, renders the MLIR and links a .vmfb into `out_dir`."""
+    return _run(spec, options, Path(out_dir), progress, make_vmfb=True)
+
+
+def generate(
+    spec: ModuleSpec | str | Path,
+    options: BuildOptions,
+    out_dir: str | Path,
+    *,
+    progress: Progress | None = None,
+) -> BuildResult:
+    """Like `build` but stops after the objects and the MLIR, for splicing by hand."""
+    return _run(spec, options, Path(out_dir), progress, make_vmfb=False)
+
+
+def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, *, make_vmfb: bool) -> BuildResult:
+    if not isinstance(spec, ModuleSpec):
+        spec = load_manifest(spec)
+    compiler = get_compiler(options.compiler)
+    check_archs(compiler, options.archs)
+    codegen = choose_codegen_target(options.archs, options.codegen_target)
+    programs = [_read_program(spec, p.source) for p in spec.programs]
+    reference = _reference_path(spec)
+
+    objects = _compile_all(spec, options, compiler, progress)
+    _check_abi(spec, objects)
+
+    with staging_dir(out_dir) as stage:
+        names: list[str] = []
+        for obj in objects:
+            write_atomic(stage / obj.file_name, obj.data)
+            names.append(obj.file_name)
+        rendered = render_module(spec, _objects_by_source(spec, objects), programs=programs)
+        mlir_name = f"{spec.name}.mlir"
+        write_atomic(stage / mlir_name, rendered.text)
+        names.append(mlir_name)
+        vmfb_name = None
+        if make_vmfb:
+            vmfb_name = f"{spec.name}.vmfb"
+            _link(stage, mlir_name, vmfb_name, codegen.target, options, progress, len(objects))
+            names.append(vmfb_name)
+        if reference is not None:
+            shutil.copyfile(reference, stage / reference.name)
+            names.append(reference.name)
+        record_name = f"{spec.name}{RECORD_SUFFIX}"
+        record = _record(spec, options, compiler, codegen.target, objects, mlir_name, vmfb_name, reference)
+        write_atomic(stage / record_name, json.dumps(record, indent=2) + "\n")
+        names.append(record_name)  # last: its presence marks a complete build
+        published = publish(stage, out_dir, names)
+
+    by_name = {p.name: p for p in published}
+    return BuildResult(
+        name=spec.name,
+        out_dir=out_dir,
+        mlir=by_name[mlir_name],
+        vmfb=by_name[vmfb_name] if vmfb_name else None,
+        record=by_name[record_name],
+        objects=tuple(by_name[o.file_name] for o in objects),
+        codegen_target=codegen.target.name,
+        notes=(codegen.note,) if codegen.note and programs else (),
+    )
+
+
+# -------------------------------------------------------------------------- compiling
+
+
+def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, progress: Progress | None) -> list[ObjectCode]:
+    sources = list(dict.fromkeys(spec.source_path(k.source) for k in spec.kernels))
+    jobs = [(src, arch) for src in sources for arch in options.archs]
+    workers = max(1, min(len(jobs), options.jobs or os.cpu_count() or 1))
+    total = len(jobs) + 1  # + the iree-compile step
+    results: dict[tuple[Path, Arch], ObjectCode] = {}
+
+    def one(job):
+        src, arch = job
+        start = time.perf_counter()
+        obj = compiler.compile(src, arch, options.format, options.compile_options)
+        return job, obj, time.perf_counter() - start
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for n, (job, obj, secs) in enumerate(pool.map(one, jobs), start=1):
+            results[job] = obj
+            if progress:
+                progress(ProgressEvent(n, total, f"{compiler.name}: {job[0].name} for {job[1].name}", secs))
+    return [results[j] for j in jobs]
+
+
+def _check_abi(spec: ModuleSpec, objects: list[ObjectCode]) -> None:
+    for obj in objects:
+        if obj.format != "ptx":
+            continue
+        entries = parse_entries(obj.data.decode(errors="replace"))
+        for kernel in spec.kernels:
+            if spec.source_path(kernel.source) == obj.source:
+                check_kernel_against_ptx(kernel, entries, f"{obj.source} ({obj.arch.name})")
+
+
+def _objects_by_source(spec: ModuleSpec, objects: list[ObjectCode]) -> list[ExecutableObjects]:
+    groups: dict[Path, list[ObjectCode]] = {}
+    for obj in objects:
+        groups.setdefault(obj.source, []).append(obj)
+    out = []
+    for kernel_source in dict.fromkeys(k.source for k in spec.kernels):
+        objs = sorted(groups[spec.source_path(kernel_source)], key=lambda o: o.arch, reverse=True)
+        out.append(ExecutableObjects(kernel_source, tuple((o.arch, o.file_name) for o in objs)))
+    return out
+
+
+# ---------------------------------------------------------------------------- linking
+
+
+def _link(stage: Path, mlir_name: str, vmfb_name: str, codegen: Arch, options: BuildOptions, progress, n_objects) -> None:
+    start = time.perf_counter()
+    argv = compile_args(stage / mlir_name, stage / vmfb_name, codegen, stage, options.iree_flags)
+    try:
+        compile_vmfb(argv, stage / mlir_name)
+    except IreeCompileError as exc:
+        raise _keep_for_rerun(exc, stage) from None
+    if progress:
+        progress(ProgressEvent(n_objects + 1, n_objects + 1, f"iree-compile: {vmfb_name}", time.perf_counter() - start))
+
+
+def _keep_for_rerun(exc: IreeCompileError, stage: Path) -> IreeCompileError:
+    """The output folder stays untouched; the failing inputs move to a temp folder so the
+    printed command can be re-run as it is."""
+    keep = Path(tempfile.mkdtemp(prefix="kitdispatch-failed-"))
+    for f in stage.iterdir():
+        shutil.move(str(f), keep / f.name)
+    argv = [a.replace(str(stage), str(keep)) for a in exc.argv or []]
+    log = exc.log.replace(str(stage), str(keep))
+    return IreeCompileError(
+        exc.what,
+        where=(exc.where or "").replace(str(stage), str(keep)),
+        argv=argv,
+        returncode=exc.returncode,
+        log=log,
+        fix=f"{exc.fix}; the generated MLIR and objects are kept in {keep}",
+    )
+
+
+# --------------------------------------------------------------------- inputs/record
+
+
+def _read_program(spec: ModuleSpec, source: Path) -> tuple[str, str]:
+    path = spec.source_path(source)
+    try:
+        return str(path), path.read_text()
+    except FileNotFoundError:
+        raise ManifestError(
+            f"program file {path} does not exist",
+            fix="check the program's 'source' path; it is relative to the manifest's folder",
+        ) from None
+
+
+def _reference_path(spec: ModuleSpec) -> Path | None:
+    if spec.test.reference is None:
+        return None
+    path = spec.source_path(spec.test.reference)
+    if not path.is_file():
+        raise ManifestError(
+            f"reference file {path} does not exist",
+            fix="check [test] reference; it is relative to the manifest's folder",
+        )
+    return path
+
+
+def _record(spec, options, compiler, codegen: Arch, objects, mlir_name, vmfb_name, reference) -> dict:
+    return {
+        "schema": RECORD_SCHEMA,
+        "kitdispatch": __version__,
+        "name": spec.name,
+        "mlir": mlir_name,
+        "vmfb": vmfb_name,
+        "archs": [a.name for a in options.archs],
+        "format": options.format,
+        "compiler": {"name": compiler.name, "version": compiler.version()},
+        "iree_compiler": iree_compiler_version() if vmfb_name else None,
+        "codegen_target": codegen.name,
+        "objects": [o.file_name for o in objects],
+        "functions": [s.to_json() for s in spec.signatures],
+        "test": {
+            "reference": reference.name if reference else None,
+            "sizes": dict(spec.test.sizes),
+            "seed": spec.test.seed,
+        },
+    }

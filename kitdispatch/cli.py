@@ -1,0 +1,196 @@
+"""The `kitdispatch` command: a thin layer over the Python API.
+
+`main(argv, stdout, stderr)` runs in process, so tests drive it without a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from . import __version__
+from .errors import KitError
+
+EXIT_USAGE = 2
+
+
+class _Out:
+    """Where the CLI writes: results to stdout, progress and messages to stderr."""
+
+    def __init__(self, stdout: TextIO, stderr: TextIO, verbosity: int, as_json: bool):
+        self.stdout, self.stderr = stdout, stderr
+        self.verbosity = verbosity
+        self.as_json = as_json
+        self._tty = hasattr(stderr, "isatty") and stderr.isatty()
+
+    def info(self, text: str) -> None:
+        if self.verbosity >= 0:
+            print(text, file=self.stderr if self.as_json else self.stdout)
+
+    def detail(self, text: str) -> None:
+        if self.verbosity > 0:
+            print(text, file=self.stderr)
+
+    def progress(self, event) -> None:
+        if self.verbosity < 0:
+            return
+        line = f"[{event.done}/{event.total}] {event.what} ({event.seconds:.2f} s)"
+        if self._tty and self.verbosity == 0:
+            end = "\n" if event.done == event.total else ""
+            print(f"\r\033[K{line}", end=end, file=self.stderr, flush=True)
+        else:
+            print(line, file=self.stderr, flush=True)
+
+    def result(self, data: dict, text: str) -> None:
+        if self.as_json:
+            print(json.dumps(data, indent=2), file=self.stdout)
+        else:
+            print(text, file=self.stdout)
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=0, help="say more (commands, timings)")
+    common.add_argument("-q", "--quiet", action="store_true", help="print only errors and results")
+    common.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+
+    building = argparse.ArgumentParser(add_help=False)
+    building.add_argument("--arch", default="sm_80", help="target architectures, comma separated (default: sm_80)")
+    building.add_argument("--compiler", choices=("nvrtc", "nvcc"), default="nvrtc", help="CUDA compiler (default: nvrtc from pip)")
+    building.add_argument("--format", choices=("ptx", "cubin"), default="ptx", help="object format (default: ptx)")
+    building.add_argument("-I", dest="include_dirs", action="append", default=[], metavar="DIR", help="include folder")
+    building.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME[=VALUE]", help="preprocessor define")
+    building.add_argument("--std", default="c++17", help="C++ standard (default: c++17)")
+    building.add_argument("--fast-math", action="store_true", help="compile kernels with --use_fast_math")
+    building.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: one per core)")
+    building.add_argument("--codegen-target", default=None, help="target for IREE-generated dispatches (default: chosen from --arch)")
+
+    p = argparse.ArgumentParser(prog="kitdispatch", description="Hand-written CUDA kernels as IREE custom dispatches.")
+    p.add_argument("--version", action="version", version=f"kitdispatch {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("build", parents=[common, building], help="compile kernels, generate MLIR and link a .vmfb")
+    b.add_argument("manifest", help="kitdispatch.toml, or the folder holding it")
+    b.add_argument("-o", "--output", required=True, help="output folder")
+
+    g = sub.add_parser("gen", parents=[common, building], help="compile kernels and generate MLIR, no .vmfb")
+    g.add_argument("manifest", help="kitdispatch.toml, or the folder holding it")
+    g.add_argument("-o", "--output", required=True, help="output folder")
+
+    r = sub.add_parser("run", parents=[common], help="run a function of a .vmfb on the cuda device")
+    r.add_argument("vmfb", help="the module to run")
+    r.add_argument("--function", required=True, help="function to call")
+    r.add_argument("--input", action="append", default=[], help="an input in IREE's syntax, e.g. 8xf32=2 (repeatable)")
+    r.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
+
+    t = sub.add_parser("test", parents=[common], help="build samples, run them on the GPU and check them against numpy")
+    t.add_argument("paths", nargs="+", help="sample folders, build folders, or folders of them")
+    t.add_argument("--arch", default="sm_80", help="architectures for samples that need building (default: sm_80)")
+    t.add_argument("--compiler", choices=("nvrtc", "nvcc"), default="nvrtc")
+    t.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
+
+    sub.add_parser("doctor", parents=[common], help="report the toolchain and the GPU")
+    return p
+
+
+def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help/--version/usage errors
+        return int(exc.code or 0)
+    out = _Out(stdout, stderr, -1 if args.quiet else args.verbose, args.json)
+    try:
+        return _COMMANDS[args.command](args, out)
+    except KitError as exc:
+        print(f"kitdispatch {args.command}: error: {exc.render()}", file=stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("kitdispatch: interrupted", file=stderr)
+        return 130
+
+
+def console_main() -> None:
+    sys.exit(main())
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def _build_options(args):
+    from .build import BuildOptions
+    from .compilers import CompileOptions
+
+    return BuildOptions.create(
+        args.arch,
+        compiler=args.compiler,
+        format=args.format,
+        compile_options=CompileOptions(
+            include_dirs=tuple(args.include_dirs),
+            defines=tuple(args.defines),
+            std=args.std,
+            fast_math=args.fast_math,
+        ),
+        codegen_target=args.codegen_target,
+        jobs=args.jobs,
+    )
+
+
+def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
+    from .build import build, generate
+
+    step = build if make_vmfb else generate
+    result = step(Path(args.manifest), _build_options(args), Path(args.output), progress=out.progress)
+    for note in result.notes:
+        out.info(f"note: {note}")
+    made = result.vmfb or result.mlir
+    text = f"built {made}" if make_vmfb else f"generated {result.mlir} and {len(result.objects)} object file(s)"
+    out.result(result.to_json(), text)
+    return 0
+
+
+def _cmd_gen(args, out: _Out) -> int:
+    return _cmd_build(args, out, make_vmfb=False)
+
+
+def _cmd_run(args, out: _Out) -> int:
+    from .runtime import run_module
+
+    res = run_module(Path(args.vmfb), args.function, args.input, device=args.device)
+    out.detail(f"$ {' '.join(res.argv)}")
+    out.result({"function": args.function, "output": res.stdout}, res.stdout.rstrip())
+    return 0
+
+
+def _cmd_test(args, out: _Out) -> int:
+    from .verify import format_table, verify
+
+    def build_sample(sample: Path, dest: Path) -> Path:
+        from .build import BuildOptions, build
+
+        options = BuildOptions.create(args.arch, compiler=args.compiler)
+        return build(sample, options, dest, progress=out.progress).record
+
+    report = verify(args.paths, build_module=build_sample, device=args.device, log=out.detail)
+    if not out.as_json:
+        out.info(f"device: {report.device}")
+    out.result(report.to_json(), format_table(report) + "\n" + report.summary())
+    if out.as_json:
+        print(report.summary(), file=out.stderr)
+    return 0 if report.ok else 1
+
+
+def _cmd_doctor(args, out: _Out) -> int:
+    from .doctor import collect, format_report
+
+    report = collect()
+    out.result(report, format_report(report))
+    return 0
+
+
+_COMMANDS = {"build": _cmd_build, "gen": _cmd_gen, "run": _cmd_run, "test": _cmd_test, "doctor": _cmd_doctor}

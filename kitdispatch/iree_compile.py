@@ -1,0 +1,148 @@
+"""Driving iree-compile: the generated MLIR and its objects to a .vmfb."""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._proc import run_tool
+from .archs import Arch
+from .errors import IreeCompileError, KitError
+
+# CUDA targets IREE 3.13's codegen knows (measured: sm_90 and sm_100 fail with "missing GPU
+# target in #hal.executable.target"). Hand-written kernels are not limited by this list.
+IREE_CODEGEN_TARGETS = tuple(
+    Arch.parse(a)
+    for a in ("sm_60", "sm_61", "sm_70", "sm_72", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_120", "sm_121")
+)
+IREE_COMPILE_TIMEOUT_S = 600.0
+EXCERPT_CONTEXT_LINES = 4
+
+
+@dataclass(frozen=True)
+class CodegenChoice:
+    target: Arch
+    note: str | None  # one line for the user when the choice differs from what they asked
+
+
+def choose_codegen_target(archs: Sequence[Arch], override: str | None = None) -> CodegenChoice:
+    """IREE-generated dispatches must run on every requested GPU: compile them for the best
+    target IREE knows at or below the oldest requested architecture (PTX runs forward)."""
+    if override:
+        return CodegenChoice(Arch.parse(override), None)
+    oldest = min(archs)
+    plain = Arch(oldest.major, oldest.minor)
+    candidates = [t for t in IREE_CODEGEN_TARGETS if t <= plain]
+    if not candidates:
+        known = ", ".join(t.name for t in IREE_CODEGEN_TARGETS)
+        raise KitError(
+            f"IREE has no codegen target at or below {oldest.name}",
+            fix=f"pass --codegen-target with one of {known}",
+        )
+    best = max(candidates)
+    note = None
+    if best != plain:
+        note = (
+            f"IREE {iree_compiler_version()} has no codegen target for {oldest.name}; "
+            f"IREE-generated dispatches use {best.name} (custom kernels keep their own objects)"
+        )
+    return CodegenChoice(best, note)
+
+
+@functools.cache
+def find_iree_compile() -> str:
+    found = shutil.which("iree-compile")
+    if found:
+        return found
+    try:
+        from iree.compiler.tools.binaries import find_tool
+    except ImportError:
+        raise KitError(
+            "iree-compile is not installed",
+            fix="pip install 'kitdispatch[build]' (iree-base-compiler 3.13); running needs only the runtime",
+        ) from None
+    return find_tool("iree-compile")
+
+
+@functools.cache
+def iree_compiler_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("iree-base-compiler")
+    except Exception:
+        out = run_tool([find_iree_compile(), "--version"], timeout=60).stdout
+        m = re.search(r"compiler version (\S+)", out)
+        return m.group(1) if m else "unknown"
+
+
+def compile_args(mlir: Path, vmfb: Path, codegen: Arch, object_dir: Path, extra: Sequence[str] = ()) -> list[str]:
+    return [
+        find_iree_compile(),
+        str(mlir),
+        "--iree-hal-target-device=cuda",
+        f"--iree-cuda-target={codegen.name}",
+        f"--iree-hal-executable-object-search-path={object_dir}",
+        # Const-eval JIT-runs constant subgraphs on the host at compile time; a custom CUDA
+        # dispatch whose inputs are all constant (e.g. a kernel function with no tensor
+        # arguments) crashes iree-compile 3.13 in LinkExecutables when it tries.
+        "--iree-opt-const-eval=false",
+        *extra,
+        "-o",
+        str(vmfb),
+    ]
+
+
+def compile_vmfb(argv: list[str], mlir: Path, *, timeout: float = IREE_COMPILE_TIMEOUT_S) -> None:
+    res = run_tool(argv, timeout=timeout)
+    if res.returncode != 0:
+        log = res.stderr + res.stdout
+        raise IreeCompileError(
+            "iree-compile rejected the generated MLIR",
+            where=_first_location(log, mlir),
+            argv=argv,
+            returncode=res.returncode,
+            log=_excerpt(log, mlir) + _trim(log),
+            fix="check the kernel description; if it looks right, report the excerpt as a kitdispatch bug",
+        )
+
+
+_ERROR_RE = re.compile(r"^(?P<file>[^\n:]+):(?P<line>\d+):(?P<col>\d+): error: (?P<msg>.*)$", re.M)
+
+
+def _first_location(log: str, mlir: Path) -> str | None:
+    m = _ERROR_RE.search(log)
+    return f"{m.group('file')}:{m.group('line')}:{m.group('col')}" if m else str(mlir)
+
+
+def _excerpt(log: str, mlir: Path) -> str:
+    """The generated MLIR around the first error, with line numbers and a caret."""
+    m = _ERROR_RE.search(log)
+    if not m or Path(m.group("file")).name != mlir.name:
+        return ""
+    try:
+        lines = mlir.read_text().splitlines()
+    except OSError:
+        return ""
+    line, col = int(m.group("line")), int(m.group("col"))
+    lo, hi = max(1, line - EXCERPT_CONTEXT_LINES), min(len(lines), line + EXCERPT_CONTEXT_LINES)
+    width = len(str(hi))
+    out = [f"generated MLIR around {mlir.name}:{line}: {m.group('msg')}"]
+    for n in range(lo, hi + 1):
+        mark = ">" if n == line else " "
+        out.append(f"{mark}{n:>{width}} | {lines[n - 1]}")
+        if n == line:
+            out.append(" " * (width + 4) + " " * (col - 1) + "^")
+    return "\n".join(out) + "\n\niree-compile output:\n"
+
+
+def _trim(log: str, limit: int = 60) -> str:
+    """iree-compile dumps whole operations after notes; the first lines say what matters."""
+    lines = log.splitlines()
+    if len(lines) <= limit:
+        return log
+    return "\n".join(lines[:limit]) + f"\n... ({len(lines) - limit} more lines)"

@@ -1,0 +1,318 @@
+"""Rendering IREE MLIR from kernel descriptions and compiled objects.
+
+All decisions (layouts, ordinals, variant order, operand order, which outputs need a
+tied `tensor.empty`) are made here in Python; the jinja2 templates in `mlir_templates/`
+only substitute the names and types computed below.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from . import __version__
+from ._resources import data_dir
+from .archs import Arch
+from .errors import ManifestError
+from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, TensorType
+
+
+@dataclass(frozen=True)
+class ExecutableObjects:
+    """The compiled objects of one source file: one per architecture, newest first."""
+
+    source: Path
+    files: tuple[tuple[Arch, str], ...]  # (architecture, object file name)
+
+
+@dataclass(frozen=True)
+class RenderedModule:
+    text: str
+    executables: tuple[str, ...]
+    functions: tuple[str, ...]
+
+
+def executable_name(source: Path) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", source.stem) or "kernels"
+    return f"{stem}_executable" if not stem[0].isdigit() else f"k{stem}_executable"
+
+
+def render_module(
+    spec: ModuleSpec,
+    objects: Sequence[ExecutableObjects],
+    *,
+    programs: Sequence[tuple[str, str]] = (),
+) -> RenderedModule:
+    """`programs` are (origin, MLIR text) pairs of the user's own functions to append."""
+    by_source = {o.source: o for o in objects}
+    executables, functions = [], []
+    for source, kernels in _group_by_source(spec.kernels).items():
+        exe = _executable_view(source, kernels, by_source[source])
+        executables.append(exe)
+        functions += [_function_view(k, exe) for k in kernels]
+    for origin, text in programs:
+        _check_program_text(origin, text)
+    archs = sorted({a for o in objects for a, _ in o.files}, reverse=True)
+    text = _environment().get_template("module.mlir.j2").render(
+        version=__version__,
+        origin=spec.name,
+        archs=", ".join(a.name for a in archs),
+        executables=executables,
+        functions=functions,
+        programs=[{"origin": o, "text": t.strip("\n")} for o, t in programs],
+    )
+    return RenderedModule(text, tuple(e["name"] for e in executables), tuple(f["name"] for f in functions))
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("mlir_templates"))),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _group_by_source(kernels: Sequence[Kernel]) -> dict[Path, list[Kernel]]:
+    groups: dict[Path, list[Kernel]] = {}
+    for k in kernels:
+        groups.setdefault(k.source, []).append(k)
+    return groups
+
+
+# ------------------------------------------------------------------------- executables
+
+
+def _executable_view(source: Path, kernels: list[Kernel], objects: ExecutableObjects) -> dict:
+    variants = [
+        {"name": arch.name, "arch": arch.name, "min_capability": arch.capability, "object_path": path}
+        for arch, path in objects.files
+    ]
+    # One object serves every device through the generic target. Several objects need
+    # explicit variants with device conditions: an objects map with several targets would
+    # always run the first one listed, whatever the GPU (see README, "Variant selection").
+    template = "executable_source.mlir.j2" if len(variants) == 1 else "executable_variants.mlir.j2"
+    return {
+        "name": executable_name(source),
+        "template": template,
+        "variants": variants,
+        "exports": [_export_view(k, i) for i, k in enumerate(kernels)],
+    }
+
+
+def _export_view(kernel: Kernel, ordinal: int) -> dict:
+    workload = kernel.workload
+    symbol_index = {s: i for i, s in enumerate(workload)}
+    count = [
+        {
+            "ssa": f"count_{axis}",
+            "map": _affine_map(e, symbol_index),
+            "operands": ", ".join(f"%{s}" for s in workload) if e.symbols else "",
+        }
+        for axis, e in zip("xyz", kernel.workgroup_count)
+    ]
+    return {
+        "doc": f"{kernel.name}: {_describe_params(kernel)}",
+        "name": kernel.name,
+        "ordinal": ordinal,
+        "constants": len(kernel.scalars),
+        "bindings": ["" if not b.read_only else ", ReadOnly" for b in _binding_order(kernel)],
+        "workload": list(workload),
+        "count": count,
+        "workgroup_size": list(kernel.workgroup_size),
+    }
+
+
+def _affine_map(expr: IndexExpr, symbol_index: dict[str, int]) -> str:
+    """A map over every workload symbol, so operands are the same for each axis."""
+    symbols = ", ".join(f"s{i}" for i in range(len(symbol_index)))
+    used = symbol_index if expr.symbols else {}
+    head = f"()[{symbols}]" if used else "()"
+    return f"affine_map<{head} -> ({expr.affine(symbol_index)})>"
+
+
+def _describe_params(kernel: Kernel) -> str:
+    parts = [
+        f"{p.access} {p.name}: {p.type}" if isinstance(p, Buffer) else f"{p.dtype} {p.name}"
+        for p in kernel.params
+    ]
+    return ", ".join(parts)
+
+
+def _binding_order(kernel: Kernel) -> list[Buffer]:
+    """IREE binds tensor operands in operand order, then untied results: so a kernel's
+    buffers keep their C order as long as every output that is followed by an input is
+    passed as a tied operand (see `_needs_empty`)."""
+    return list(kernel.buffers)
+
+
+def _needs_empty(kernel: Kernel, buffer: Buffer) -> bool:
+    """An 'out' buffer before some input must be a (tied) operand to keep its binding slot."""
+    if buffer.access != "out":
+        return False
+    later = kernel.buffers[kernel.buffers.index(buffer) + 1 :]
+    return any(b.is_argument for b in later)
+
+
+# --------------------------------------------------------------------------- functions
+
+
+def _function_view(kernel: Kernel, exe: dict) -> dict:
+    ssa = _SsaNames()
+    args = kernel.function_arguments
+    arg_ssa = {p.name: ssa.take(p.name) for p in args}
+    arg_types = {
+        p.name: (p.type.mlir if isinstance(p, Buffer) else ("i32" if p.dtype == "u32" else p.dtype))
+        for p in args
+    }
+
+    # Symbol values (index): dimensions of tensor arguments, then integer scalar arguments.
+    symbol_ssa: dict[str, str] = {}
+    index_constants: dict[int, str] = {}
+    dims, symbol_casts = [], []
+    for b in kernel.buffers:
+        if not b.is_argument:
+            continue
+        for axis, dim in enumerate(b.type.shape):
+            if isinstance(dim, str) and dim not in symbol_ssa:
+                if axis not in index_constants:
+                    index_constants[axis] = ssa.take(f"c{axis}")
+                symbol_ssa[dim] = ssa.take(f"dim_{dim}")
+                dims.append(
+                    {
+                        "ssa": symbol_ssa[dim],
+                        "tensor": arg_ssa[b.name],
+                        "index_ssa": index_constants[axis],
+                        "tensor_type": b.type.mlir,
+                    }
+                )
+    for s in kernel.scalars:
+        if kernel.is_function_argument(s) and s.name in kernel.known_symbols and s.name not in symbol_ssa:
+            symbol_ssa[s.name] = ssa.take(f"dim_{s.name}")
+            symbol_casts.append(
+                {
+                    "ssa": symbol_ssa[s.name],
+                    "op": "index_castui" if s.dtype == "u32" else "index_cast",
+                    "src": arg_ssa[s.name],
+                    "src_type": "i32",
+                    "dst_type": "index",
+                }
+            )
+
+    # Push constant values, in C order.
+    applies, constant_casts, float_constants, bitcasts, constant_ssa = [], [], [], [], []
+    for s in kernel.scalars:
+        value = s.value if s.value is not None or kernel.is_function_argument(s) else IndexExpr.parse(s.name, "")
+        if isinstance(value, IndexExpr):
+            idx = ssa.take(f"{s.name}_index")
+            symbols = value.symbols
+            applies.append(
+                {
+                    "ssa": idx,
+                    "map": _affine_map(value, {sym: i for i, sym in enumerate(symbols)}),
+                    "operands": ", ".join(f"%{symbol_ssa[sym]}" for sym in symbols),
+                }
+            )
+            out = ssa.take(f"{s.name}_i32")
+            constant_casts.append({"ssa": out, "op": "index_cast", "src": idx, "src_type": "index", "dst_type": "i32"})
+            constant_ssa.append(out)
+        elif isinstance(value, float):
+            lit = ssa.take(f"{s.name}_f32")
+            float_constants.append({"ssa": lit, "literal": _float_literal(value)})
+            out = ssa.take(f"{s.name}_bits")
+            bitcasts.append({"ssa": out, "src": lit})
+            constant_ssa.append(out)
+        elif s.dtype == "f32":
+            out = ssa.take(f"{s.name}_bits")
+            bitcasts.append({"ssa": out, "src": arg_ssa[s.name]})
+            constant_ssa.append(out)
+        else:
+            constant_ssa.append(arg_ssa[s.name])
+
+    def shaped(t: TensorType) -> str:
+        dyn = [f"%{symbol_ssa[d]}" for d in t.shape if isinstance(d, str)]
+        return f"{t.mlir}{{{', '.join(dyn)}}}" if dyn else t.mlir
+
+    # Tensor operands and results, keeping every buffer's binding slot.
+    empties, operands, operand_types, results = [], [], [], []
+    for b in kernel.buffers:
+        if b.is_argument or _needs_empty(kernel, b):
+            name = arg_ssa[b.name] if b.is_argument else ssa.take(f"{b.name}_empty")
+            if not b.is_argument:
+                dyn = [f"%{symbol_ssa[d]}" for d in b.type.shape if isinstance(d, str)]
+                empties.append({"ssa": name, "dims": ", ".join(dyn), "type": b.type.mlir})
+            operands.append(f"%{name}")
+            operand_types.append(shaped(b.type))
+            if b.is_result:
+                dyn = [f"%{symbol_ssa[d]}" for d in b.type.shape if isinstance(d, str)]
+                results.append(f"%{name}{{{', '.join(dyn)}}}")
+        else:
+            results.append(shaped(b.type))
+
+    result_buffers = [b for b in kernel.buffers if b.is_result]
+    targets = [f"@{exe['name']}::@{kernel.name}"]
+    if exe["template"] == "executable_variants.mlir.j2":
+        targets = [f"@{exe['name']}::@{v['name']}::@{kernel.name}" for v in exe["variants"]]
+    return {
+        "doc": f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})",
+        "name": kernel.function,
+        "args": ", ".join(f"%{arg_ssa[p.name]}: {arg_types[p.name]}" for p in args),
+        "index_constants": [{"ssa": v, "value": k} for k, v in index_constants.items()],
+        "dims": dims,
+        "symbol_casts": symbol_casts,
+        "applies": applies,
+        "constant_casts": constant_casts,
+        "float_constants": float_constants,
+        "bitcasts": bitcasts,
+        "empties": empties,
+        "target": targets[0] if len(targets) == 1 else "{" + ", ".join(targets) + "}",
+        "workload": ", ".join(f"%{symbol_ssa[w]}" for w in kernel.workload),
+        "operands": ", ".join([f"%{c}" for c in constant_ssa] + operands),
+        "operand_types": ", ".join(["i32"] * len(constant_ssa) + operand_types),
+        "dispatch_results": ", ".join(results),
+        "result_count": len(result_buffers),
+        "returns": ", ".join(f"%result#{i}" for i in range(len(result_buffers))),
+        "result_types": ", ".join(b.type.mlir for b in result_buffers),
+    }
+
+
+def _float_literal(value: float) -> str:
+    text = repr(float(value))
+    if text in ("inf", "-inf", "nan"):
+        raise ManifestError(f"scalar value {text} cannot be written as an MLIR literal", fix="use a finite number")
+    return text if ("." in text or "e" in text) else f"{text}.0"
+
+
+class _SsaNames:
+    """Hands out unique SSA names derived from readable stems."""
+
+    def __init__(self) -> None:
+        self._taken: set[str] = {"device", "result"}
+
+    def take(self, stem: str) -> str:
+        name, n = stem, 1
+        while name in self._taken:
+            n += 1
+            name = f"{stem}_{n}"
+        self._taken.add(name)
+        return name
+
+
+_MODULE_OP_RE = re.compile(r"^\s*(builtin\.)?module\b", re.M)
+
+
+def _check_program_text(origin: str, text: str) -> None:
+    m = _MODULE_OP_RE.search(text)
+    if m:
+        line = text.count("\n", 0, m.start()) + 1
+        raise ManifestError(
+            "a program file must hold top-level functions, not a `module` op",
+            where=f"{origin}:{line}",
+            fix="remove the `module { ... }` wrapper; kitdispatch puts your functions in the generated module",
+        )

@@ -1,0 +1,212 @@
+"""Running built modules on IREE's cuda device: the iree.runtime API and iree-run-module.
+
+Needs only iree-base-runtime and numpy, the way users deploy: build on one machine, run
+on the GPU box.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._proc import ToolResult, run_tool
+from .errors import KitError, RuntimeUnavailable, ToolError
+from .spec import ELEMENT_TYPES, FunctionSignature, ScalarType, TensorType
+
+RUN_TIMEOUT_S = 600.0
+RECORD_SUFFIX = ".kitdispatch.json"
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    available: bool
+    reason: str  # what was found, or why there is no device
+
+
+def cuda_status(device: str = "cuda") -> DeviceStatus:
+    """Whether IREE's cuda driver can open a device here, and if not, why."""
+    try:
+        import iree.runtime as rt
+    except ImportError as exc:
+        return DeviceStatus(False, f"iree-base-runtime is not installed ({exc})")
+    try:
+        driver = rt.get_driver(device.split("://")[0])
+        devices = driver.query_available_devices()
+    except Exception as exc:  # the binding raises RuntimeError/ValueError with IREE's status text
+        return DeviceStatus(False, f"IREE's cuda driver cannot start: {str(exc).strip()}")
+    if not devices:
+        return DeviceStatus(False, "IREE's cuda driver found no CUDA device")
+    names = ", ".join(str(d.get("name", d)) for d in devices)
+    return DeviceStatus(True, f"{len(devices)} CUDA device(s): {names}")
+
+
+def require_cuda(device: str = "cuda") -> None:
+    status = cuda_status(device)
+    if not status.available:
+        raise RuntimeUnavailable(
+            f"no CUDA device: {status.reason}",
+            fix="run on a machine with an NVIDIA GPU and driver; building works without one",
+        )
+
+
+def read_signatures(vmfb: Path) -> dict[str, FunctionSignature]:
+    """Function signatures from the build record next to the .vmfb, if there is one."""
+    record = vmfb.with_name(vmfb.name.removesuffix(".vmfb") + RECORD_SUFFIX)
+    if not record.is_file():
+        return {}
+    data = json.loads(record.read_text())
+    return {f["name"]: FunctionSignature.from_json(f, str(record)) for f in data.get("functions", [])}
+
+
+class Module:
+    """A .vmfb loaded on a device; call its functions with numpy arrays, get numpy back."""
+
+    def __init__(self, vmfb: str | Path, *, device: str = "cuda"):
+        import iree.runtime as rt
+
+        self.path = Path(vmfb)
+        if not self.path.is_file():
+            raise KitError(f"no module at {self.path}", fix="build it first: kitdispatch build ... -o DIR")
+        require_cuda(device)
+        self.device = device
+        self.signatures = read_signatures(self.path)
+        config = rt.Config(device=rt.get_device(device))
+        self._context = rt.SystemContext(config=config)
+        vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
+        self._context.add_vm_module(vm_module)
+        self._functions = self._context.modules[vm_module.name]
+        self.name = vm_module.name
+
+    @property
+    def function_names(self) -> tuple[str, ...]:
+        return tuple(self.signatures) if self.signatures else ()
+
+    def __getitem__(self, name: str):
+        return functools.partial(self.call, name)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    def call(self, name: str, *args):
+        """Calls `name`; returns one numpy array, or a tuple for several results."""
+        sig = self.signatures.get(name)
+        if sig is not None:
+            args = check_arguments(sig, args)
+        try:
+            fn = self._functions[name]
+        except (KeyError, AttributeError):
+            known = ", ".join(self.function_names) or "see `iree-dump-module`"
+            raise KitError(f"{self.path} has no function {name!r}", fix=f"call one of: {known}") from None
+        results = fn(*args)
+        if isinstance(results, (list, tuple)):
+            return tuple(_to_numpy(r) for r in results)
+        return _to_numpy(results)
+
+
+def load_module(vmfb: str | Path, *, device: str = "cuda") -> Module:
+    return Module(vmfb, device=device)
+
+
+def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
+    """Checks count, dtype, rank, static dims and shared symbols before IREE sees them."""
+    if len(args) != len(sig.args):
+        raise KitError(
+            f"{sig.name} takes {len(sig.args)} arguments ({', '.join(map(str, sig.args))}), got {len(args)}",
+            fix="pass one numpy array per tensor argument and one number per scalar",
+        )
+    bound: dict[str, int] = {}
+    out = []
+    for i, (want, got) in enumerate(zip(sig.args, args)):
+        where = f"{sig.name} argument {i} ({want})"
+        if isinstance(want, ScalarType):
+            out.append(np.array(got, dtype=np.float32 if want.dtype == "f32" else np.int32).item())
+            continue
+        arr = np.asarray(got)
+        want_dtype = numpy_dtype(want.dtype)
+        if arr.dtype != want_dtype:
+            raise KitError(f"{where}: got dtype {arr.dtype}", fix=f"pass a {want_dtype} array (arr.astype(...))")
+        if arr.ndim != len(want.shape):
+            raise KitError(f"{where}: got shape {arr.shape}", fix=f"pass a rank-{len(want.shape)} array")
+        for dim, size in zip(want.shape, arr.shape):
+            if isinstance(dim, int) and dim != size:
+                raise KitError(f"{where}: got shape {arr.shape}", fix=f"dimension must be {dim}")
+            if isinstance(dim, str) and bound.setdefault(dim, size) != size:
+                raise KitError(
+                    f"{where}: {dim} = {size} here but {bound[dim]} in an earlier argument",
+                    fix=f"give every argument the same size for {dim}",
+                )
+        out.append(np.ascontiguousarray(arr))
+    return out
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    if dtype == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(ELEMENT_TYPES[dtype])
+
+
+def _to_numpy(value):
+    return value.to_host() if hasattr(value, "to_host") else np.asarray(value)
+
+
+# ---------------------------------------------------------------------- iree-run-module
+
+
+@functools.cache
+def find_runtime_tool(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import iree._runtime_libs as libs
+    except ImportError:
+        raise KitError(f"{name} is not installed", fix="pip install iree-base-runtime") from None
+    path = Path(libs.__file__).parent / name
+    if not path.is_file():
+        raise KitError(f"{name} is missing from iree-base-runtime", fix="reinstall iree-base-runtime")
+    return str(path)
+
+
+def run_module(
+    vmfb: str | Path,
+    function: str,
+    inputs: Sequence[str],
+    *,
+    device: str = "cuda",
+    extra: Sequence[str] = (),
+    timeout: float = RUN_TIMEOUT_S,
+) -> ToolResult:
+    """Runs one function through iree-run-module with IREE's --input syntax (e.g. 8xf32=2)."""
+    vmfb = Path(vmfb)
+    if not vmfb.is_file():
+        raise KitError(f"no module at {vmfb}", fix="build it first: kitdispatch build ... -o DIR")
+    require_cuda(device)
+    argv = [
+        find_runtime_tool("iree-run-module"),
+        f"--device={device}",
+        f"--module={vmfb}",
+        f"--function={function}",
+        *(f"--input={i}" for i in inputs),
+        *extra,
+    ]
+    res = run_tool(argv, timeout=timeout)
+    if res.returncode != 0:
+        raise ToolError(
+            f"iree-run-module failed running {function}",
+            where=str(vmfb),
+            argv=argv,
+            returncode=res.returncode,
+            log=res.stderr + res.stdout,
+            fix="check the function name and the inputs' shapes and types",
+        )
+    return res

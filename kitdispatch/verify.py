@@ -1,0 +1,196 @@
+"""Sample test runs: build a sample (or take a built one), run every function on the cuda
+device with generated inputs, and compare with the sample's numpy references."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import KitError
+from .manifest import MANIFEST_NAME
+from .runtime import RECORD_SUFFIX, Module, cuda_status, numpy_dtype
+from .spec import FunctionSignature, ScalarType, TensorType
+
+DEFAULT_SIZE = 257  # not a multiple of common block sizes, so bounds checks get exercised
+# (rtol, atol) by element type; integer results must match exactly.
+TOLERANCES = {
+    "f64": (1e-10, 1e-12),
+    "f32": (1e-5, 1e-6),
+    "f16": (1e-2, 1e-3),
+    "bf16": (2e-2, 1e-2),
+}
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    module: str
+    function: str
+    status: str  # "pass", "fail", "skip"
+    detail: str
+    max_error: float | None = None
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in ("module", "function", "status", "detail", "max_error")}
+
+
+@dataclass
+class Report:
+    cases: list[CaseResult] = field(default_factory=list)
+    device: str = ""
+
+    def count(self, status: str) -> int:
+        return sum(c.status == status for c in self.cases)
+
+    @property
+    def ok(self) -> bool:
+        return self.count("fail") == 0
+
+    def summary(self) -> str:
+        return f"{self.count('pass')} passed, {self.count('fail')} failed, {self.count('skip')} skipped"
+
+    def to_json(self) -> dict:
+        return {
+            "device": self.device,
+            "passed": self.count("pass"),
+            "failed": self.count("fail"),
+            "skipped": self.count("skip"),
+            "cases": [c.to_json() for c in self.cases],
+        }
+
+
+def find_targets(path: Path) -> list[Path]:
+    """A sample folder (with kitdispatch.toml), a build folder (with a build record), or a
+    folder of either."""
+    path = Path(path)
+    if path.is_file() and path.name.endswith(RECORD_SUFFIX):
+        return [path]
+    if (path / MANIFEST_NAME).is_file():
+        return [path]
+    records = sorted(path.glob(f"*{RECORD_SUFFIX}"))
+    if records:
+        return records
+    found = [t for sub in sorted(p for p in path.iterdir() if p.is_dir()) for t in find_targets(sub)] if path.is_dir() else []
+    if not found:
+        raise KitError(
+            f"nothing to test in {path}",
+            fix=f"pass a sample folder (with {MANIFEST_NAME}), a build folder, or a folder of them",
+        )
+    return found
+
+
+def verify(
+    paths: Sequence[str | Path],
+    *,
+    build_module: Callable[[Path, Path], Path] | None,
+    device: str = "cuda",
+    log: Callable[[str], None] = lambda _: None,
+) -> Report:
+    """Tests every target under `paths`. `build_module(sample_dir, out_dir)` builds a sample
+    and returns its build record; it is only needed for sample folders."""
+    status = cuda_status(device)
+    report = Report(device=status.reason)
+    targets = [t for p in paths for t in find_targets(Path(p))]
+    with tempfile.TemporaryDirectory(prefix="kitdispatch-test-") as tmp:
+        for i, target in enumerate(targets):
+            record = target
+            if not target.name.endswith(RECORD_SUFFIX):
+                if build_module is None:
+                    raise KitError(f"{target} is a sample, not a build", fix="build it first or install the compiler")
+                log(f"building {target}")
+                record = build_module(target, Path(tmp) / str(i))
+            report.cases += _verify_record(record, status.available, status.reason, device, log)
+    return report
+
+
+def _verify_record(record: Path, available: bool, reason: str, device: str, log) -> list[CaseResult]:
+    data = json.loads(record.read_text())
+    name = data["name"]
+    sigs = [FunctionSignature.from_json(f, str(record)) for f in data["functions"]]
+    if not available:
+        return [CaseResult(name, s.name, "skip", "no CUDA device") for s in sigs]
+    test = data.get("test", {})
+    reference = _load_reference(record.parent / test["reference"]) if test.get("reference") else None
+    module = Module(record.parent / data["vmfb"], device=device)
+    rng = np.random.default_rng(test.get("seed", 0))
+    sizes = test.get("sizes", {})
+    results = []
+    for sig in sigs:
+        ref = getattr(reference, sig.name, None) if reference else None
+        if ref is None:
+            results.append(CaseResult(name, sig.name, "skip", "no numpy reference"))
+            continue
+        log(f"running {name}.{sig.name}")
+        results.append(_verify_function(name, module, sig, ref, sizes, rng))
+    return results
+
+
+def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, rng) -> CaseResult:
+    symbols = {s: sizes.get(s, DEFAULT_SIZE) for t in sig.args + sig.results if isinstance(t, TensorType) for s in t.symbols}
+    args = [_make_input(t, symbols, rng) for t in sig.args]
+    expected = ref(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])
+    try:
+        got = module.call(sig.name, *args)
+    except Exception as exc:  # report the failure of this case and go on with the others
+        return CaseResult(name, sig.name, "fail", f"call failed: {str(exc).splitlines()[0]}")
+    got_list = list(got) if isinstance(got, tuple) else [got]
+    exp_list = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    shape_text = ", ".join(f"{s}={v}" for s, v in symbols.items())
+    if len(got_list) != len(exp_list):
+        return CaseResult(name, sig.name, "fail", f"{len(got_list)} results, reference gives {len(exp_list)}")
+    worst = 0.0
+    for i, (g, e, t) in enumerate(zip(got_list, exp_list, sig.results)):
+        e = np.asarray(e)
+        if g.shape != e.shape:
+            return CaseResult(name, sig.name, "fail", f"result {i}: shape {g.shape}, reference {e.shape}")
+        ok, err = _compare(g, e, t.dtype if isinstance(t, TensorType) else "f32")
+        worst = max(worst, err)
+        if not ok:
+            return CaseResult(name, sig.name, "fail", f"result {i} differs from the reference ({shape_text})", err)
+    return CaseResult(name, sig.name, "pass", shape_text, worst)
+
+
+def _make_input(t, symbols: dict[str, int], rng) -> np.ndarray | float | int:
+    if isinstance(t, ScalarType):
+        return float(rng.uniform(0.5, 2.0)) if t.dtype == "f32" else int(rng.integers(1, 8))
+    shape = tuple(symbols[d] if isinstance(d, str) else d for d in t.shape)
+    if t.dtype.startswith(("f", "bf")):
+        return rng.uniform(-2.0, 2.0, size=shape).astype(numpy_dtype(t.dtype))
+    return rng.integers(-100, 100, size=shape).astype(numpy_dtype(t.dtype))
+
+
+def _compare(got: np.ndarray, expected: np.ndarray, dtype: str) -> tuple[bool, float]:
+    g = got.astype(np.float64)
+    e = expected.astype(np.float64)
+    if np.isnan(g).any() and not np.isnan(e).any():
+        return False, float("nan")
+    err = float(np.max(np.abs(g - e))) if g.size else 0.0
+    if dtype not in TOLERANCES:
+        return bool(np.array_equal(g, e)), err
+    rtol, atol = TOLERANCES[dtype]
+    return bool(np.allclose(g, e, rtol=rtol, atol=atol)), err
+
+
+def _load_reference(path: Path):
+    spec = importlib.util.spec_from_file_location(f"kitdispatch_reference_{abs(hash(path))}", path)
+    if spec is None or spec.loader is None:
+        raise KitError(f"cannot load reference {path}", fix="make it a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def format_table(report: Report) -> str:
+    rows = [("module", "function", "result", "max abs error", "detail")]
+    for c in report.cases:
+        err = "" if c.max_error is None else f"{c.max_error:.3g}"
+        rows.append((c.module, c.function, c.status.upper(), err, c.detail))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "samples"
+
+
+def _iree_compile_available() -> bool:
+    try:
+        from kitdispatch.iree_compile import find_iree_compile
+
+        return bool(find_iree_compile())
+    except Exception:
+        return False
+
+
+def _cuda_available() -> bool:
+    from kitdispatch.runtime import cuda_status
+
+    return cuda_status().available
+
+
+HAVE_IREE_COMPILE = _iree_compile_available()
+HAVE_CUDA = _cuda_available()
+HAVE_NVCC = shutil.which("nvcc") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="no CUDA device for IREE's cuda driver")
+    skip_nvcc = pytest.mark.skip(reason="nvcc is not on PATH")
+    for item in items:
+        if "gpu" in item.keywords and not HAVE_CUDA:
+            item.add_marker(skip_gpu)
+        if "nvcc" in item.keywords and not HAVE_NVCC:
+            item.add_marker(skip_nvcc)
+
+
+needs_iree_compile = pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
+
+
+@pytest.fixture(scope="session")
+def prebuilt_dir():
+    """GPU machines have no iree-compile: they run modules built elsewhere and carried in
+    KITDISPATCH_PREBUILT (a folder of build folders named after the samples)."""
+    path = os.environ.get("KITDISPATCH_PREBUILT")
+    return Path(path) if path else None
+
+
+@pytest.fixture(scope="session")
+def simple_mul_build(tmp_path_factory, prebuilt_dir):
+    """The simple_mul sample built for sm_80 and sm_90 (or the prebuilt copy)."""
+    if prebuilt_dir is not None:
+        return prebuilt_dir / "simple_mul"
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("neither iree-compile nor KITDISPATCH_PREBUILT is available")
+    from kitdispatch import BuildOptions, build
+
+    out = tmp_path_factory.mktemp("simple_mul")
+    build(SAMPLES / "simple_mul", BuildOptions.create("sm_80,sm_90"), out)
+    return out
+
+
+def write_kernel_project(root: Path, cu: str, toml: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "k.cu").write_text(cu)
+    (root / "kitdispatch.toml").write_text(toml)
+    return root

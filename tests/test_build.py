@@ -1,0 +1,194 @@
+"""The whole build path for real: NVRTC objects, rendered MLIR, iree-compile to .vmfb."""
+
+import json
+
+import pytest
+
+from kitdispatch import BuildOptions, IreeCompileError, KitError, ManifestError, build, generate, load_manifest
+from kitdispatch.render import ExecutableObjects, render_module
+
+from conftest import SAMPLES, needs_iree_compile, write_kernel_project
+
+pytestmark = needs_iree_compile
+
+TWO_ARCHS = BuildOptions.create("sm_80,sm_90")
+
+
+def test_sample_builds_for_two_archs(tmp_path):
+    result = build(SAMPLES / "simple_mul", TWO_ARCHS, tmp_path)
+    assert result.vmfb.stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "reference.py",
+        "simple_mul.kitdispatch.json",
+        "simple_mul.mlir",
+        "simple_mul.sm_80.ptx",
+        "simple_mul.sm_90.ptx",
+        "simple_mul.vmfb",
+    ]
+    record = json.loads(result.record.read_text())
+    assert record["archs"] == ["sm_90", "sm_80"]
+    assert [f["name"] for f in record["functions"]] == ["simple_mul", "simple_mul_inplace", "mixed_invocation"]
+    mlir = result.mlir.read_text()
+    # Explicit variants, newest first, each guarded by the device's compute capability.
+    assert mlir.index("@sm_90 target(") < mlir.index("@sm_80 target(")
+    assert mlir.count("hal.executable.condition") == 2
+    assert "{@simple_mul_executable::@sm_90::@simple_mul, @simple_mul_executable::@sm_80::@simple_mul}" in mlir
+
+
+def test_single_arch_uses_an_objects_map(tmp_path):
+    result = build(SAMPLES / "simple_mul", BuildOptions.create("sm_90"), tmp_path)
+    mlir = result.mlir.read_text()
+    assert "hal.executable.source private @simple_mul_executable <objects = #hal.executable.objects<{" in mlir
+    assert "#hal.executable.target<\"cuda\", \"cuda-nvptx-fb\"> = [#hal.executable.object<{path = \"simple_mul.sm_90.ptx\"}>]" in mlir
+    assert "<workgroup_size = [64 : index, 1 : index, 1 : index]>" in mlir
+    # sm_90 has no IREE codegen target; the generated add falls back to the best older one.
+    assert result.codegen_target == "sm_89"
+    assert result.notes and "sm_89" in result.notes[0]
+
+
+def test_gen_stops_before_the_vmfb(tmp_path):
+    result = generate(SAMPLES / "simple_mul", BuildOptions.create("sm_80"), tmp_path)
+    assert result.vmfb is None
+    assert not list(tmp_path.glob("*.vmfb"))
+    assert result.mlir.is_file() and result.objects[0].is_file()
+
+
+def test_generated_mlir_is_reproducible(tmp_path):
+    a = generate(SAMPLES / "simple_mul", TWO_ARCHS, tmp_path / "a").mlir.read_text()
+    b = generate(SAMPLES / "simple_mul", TWO_ARCHS, tmp_path / "b").mlir.read_text()
+    assert a == b
+
+
+KERNELS_CU = r"""
+// out first, then inputs: the common CUDA habit.
+extern "C" __global__ void scale_add(float* __restrict__ out, const float* __restrict__ x,
+                                     const float* __restrict__ y, float alpha, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = alpha * x[i] + y[i];
+}
+// A 2-D kernel: out[c][r] = in[r][c].
+extern "C" __global__ void transpose(const float* __restrict__ in, float* __restrict__ out, int rows, int cols) {
+  int c = blockIdx.x * 16 + threadIdx.x, r = blockIdx.y * 16 + threadIdx.y;
+  if (r < rows && c < cols) out[c * rows + r] = in[r * cols + c];
+}
+// A fixed grid that reads a literal.
+extern "C" __global__ void fill(int* __restrict__ out, int value) { out[threadIdx.x] = value; }
+"""
+
+KERNELS_TOML = """
+name = "various"
+[[kernels]]
+name = "scale_add"
+source = "k.cu"
+workgroup_size = [128]
+workgroup_count = ["ceildiv(n, 128)"]
+params = [
+  { name = "out", out = "f32[n]" },
+  { name = "x", in = "f32[n]" },
+  { name = "y", in = "f32[n]" },
+  { name = "alpha", scalar = "f32" },
+  { name = "n", scalar = "i32" },
+]
+[[kernels]]
+name = "transpose"
+source = "k.cu"
+workgroup_size = [16, 16]
+workgroup_count = ["ceildiv(cols, 16)", "ceildiv(rows, 16)"]
+params = [
+  { name = "input", in = "f32[rows,cols]" },
+  { name = "output", out = "f32[cols,rows]" },
+  { name = "rows", scalar = "i32" },
+  { name = "cols", scalar = "i32" },
+]
+[[kernels]]
+name = "fill"
+function = "fill_seven"
+source = "k.cu"
+workgroup_size = [32]
+workgroup_count = [1]
+params = [
+  { name = "out", out = "i32[32]" },
+  { name = "value", scalar = "i32", value = 7 },
+]
+"""
+
+
+def test_varied_signatures_compile(tmp_path):
+    root = write_kernel_project(tmp_path / "src", KERNELS_CU, KERNELS_TOML)
+    result = build(root, BuildOptions.create("sm_80"), tmp_path / "out")
+    mlir = result.mlir.read_text()
+    # The output that precedes inputs keeps its binding slot through a tied tensor.empty.
+    assert "%out_empty = tensor.empty(%dim_n) : tensor<?xf32>" in mlir
+    assert "-> (%out_empty{%dim_n})" in mlir
+    assert "arith.bitcast %alpha : f32 to i32" in mlir
+    assert "count(%device: !hal.device, %cols: index, %rows: index)" in mlir
+    assert "func.func @fill_seven() -> (tensor<32xi32>)" in mlir
+    record = json.loads(result.record.read_text())
+    assert {f["name"]: f["args"] for f in record["functions"]} == {
+        "scale_add": ["f32[n]", "f32[n]", "f32"],
+        "transpose": ["f32[rows,cols]"],
+        "fill_seven": [],
+    }
+
+
+def _failing(tmp_path, cu, toml):
+    root = write_kernel_project(tmp_path / "src", cu, toml)
+    out = tmp_path / "out"
+    return root, out
+
+
+def test_compile_error_leaves_no_output(tmp_path):
+    root, out = _failing(tmp_path, "this is not CUDA", KERNELS_TOML)
+    with pytest.raises(KitError, match=r"k.cu:1"):
+        build(root, BuildOptions.create("sm_80"), out)
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_kernel_missing_from_object(tmp_path):
+    toml = KERNELS_TOML.replace('name = "transpose"', 'name = "transpos"')
+    root, out = _failing(tmp_path, KERNELS_CU, toml)
+    with pytest.raises(KitError, match=r"'transpos' is not in the compiled object \(entries found: fill, scale_add, transpose\)"):
+        build(root, BuildOptions.create("sm_80"), out)
+    assert not out.exists()
+
+
+def test_iree_compile_failure_shows_the_mlir_and_the_command(tmp_path):
+    root = write_kernel_project(tmp_path / "src", KERNELS_CU, KERNELS_TOML + '\n[[programs]]\nsource = "bad.mlir"\nfunctions = []\n')
+    (root / "bad.mlir").write_text("func.func @bad(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %nope : tensor<4xf32>\n}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("untouched")
+    with pytest.raises(IreeCompileError) as err:
+        build(root, BuildOptions.create("sm_80"), out)
+    text = str(err.value)
+    assert "use of undeclared SSA value name" in text
+    assert "return %nope" in text and " | " in text  # the excerpt, with line numbers
+    assert "re-run: " in text and "iree-compile" in text
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    # The command printed can be re-run as it stands.
+    kept = text.split("kept in ")[1].split()[0]
+    assert (tmp_path / kept).exists() or __import__("pathlib").Path(kept).exists()
+
+
+def test_program_with_module_wrapper_is_refused(tmp_path):
+    root = write_kernel_project(tmp_path / "src", KERNELS_CU, KERNELS_TOML + '\n[[programs]]\nsource = "p.mlir"\nfunctions = []\n')
+    (root / "p.mlir").write_text("module {\n}\n")
+    with pytest.raises(ManifestError, match=r"p.mlir:1"):
+        build(root, BuildOptions.create("sm_80"), tmp_path / "out")
+
+
+def test_missing_program_file(tmp_path):
+    root = write_kernel_project(tmp_path / "src", KERNELS_CU, KERNELS_TOML + '\n[[programs]]\nsource = "none.mlir"\nfunctions = []\n')
+    with pytest.raises(ManifestError, match="none.mlir does not exist"):
+        build(root, BuildOptions.create("sm_80"), tmp_path / "out")
+
+
+def test_render_rejects_nothing_else_of_the_sample():
+    spec = load_manifest(SAMPLES / "simple_mul")
+    from kitdispatch.archs import Arch
+
+    objs = [ExecutableObjects(spec.kernels[0].source, ((Arch.parse("sm_80"), "x.ptx"),))]
+    text = render_module(spec, objs).text
+    assert text.count("hal.executable.export public") == 2
+    assert "ordinal(0)" in text and "ordinal(1)" in text
