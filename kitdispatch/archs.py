@@ -78,3 +78,12 @@ def check_supported(archs: Iterable[Arch], supported: Iterable[Arch], compiler: 
                 f"{compiler} cannot target {arch.name}",
                 fix=f"choose from what {compiler} supports: {can}",
             )
+
+
+def ptx_fallback_archs(archs: Iterable[Arch]) -> tuple[Arch, ...]:
+    """Which architectures' PTX to ship beside SASS: the newest, for GPUs newer than every
+    target, and the oldest, for a GPU between targets of different majors (SASS runs only
+    within its major). Arch-specific targets (sm_90a) are left out: their PTX runs only on
+    that exact architecture."""
+    portable = sorted({a for a in archs if not a.suffix}, reverse=True)
+    return tuple(dict.fromkeys([portable[0], portable[-1]])) if portable else ()

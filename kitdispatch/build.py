@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,13 +15,14 @@ from pathlib import Path
 
 from . import __version__
 from ._files import publish, staging_dir, write_atomic
-from .archs import Arch, parse_arch_list
+from .archs import Arch, parse_arch_list, ptx_fallback_archs
 from .compilers import OBJECT_FORMATS, CompileOptions, ObjectCode, check_archs, get_compiler
 from .errors import IreeCompileError, KitError, ManifestError
 from .iree_compile import choose_codegen_target, compile_args, compile_vmfb, iree_compiler_version
 from .manifest import load_manifest
+from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
 from .ptx import check_kernel_against_ptx, parse_entries
-from .render import ExecutableObjects, render_module
+from .render import ExecutableObjects, VariantObject, render_module
 from .runtime import RECORD_SUFFIX
 from .spec import ModuleSpec
 
@@ -33,17 +35,21 @@ class BuildOptions:
 
     archs: tuple[Arch, ...]
     compiler: str = "nvrtc"
-    format: str = "ptx"
+    format: str = "fatbin"
     compile_options: CompileOptions = CompileOptions()
     codegen_target: str | None = None
     iree_flags: tuple[str, ...] = ()
     jobs: int | None = None
+    # Oldest CUDA driver the build must load on (PTX ISA check); None: the local GPU's.
+    min_driver: str | None = None
 
     @classmethod
     def create(cls, archs: Sequence[str] | str, **kwargs) -> "BuildOptions":
-        fmt = kwargs.get("format", "ptx")
+        fmt = kwargs.get("format", cls.format)
         if fmt not in OBJECT_FORMATS:
             raise KitError(f"unknown object format {fmt!r}", fix=f"use one of {', '.join(OBJECT_FORMATS)}")
+        if kwargs.get("min_driver") is not None:
+            Version.parse(kwargs["min_driver"], "--min-driver")
         return cls(parse_arch_list(archs), **kwargs)
 
 
@@ -107,6 +113,9 @@ def generate(
 def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, *, make_vmfb: bool) -> BuildResult:
     if not isinstance(spec, ModuleSpec):
         spec = load_manifest(spec)
+    spec = dataclasses.replace(
+        spec, kernels=tuple(dataclasses.replace(k, format=k.format or options.format) for k in spec.kernels)
+    )
     compiler = get_compiler(options.compiler)
     check_archs(compiler, options.archs)
     codegen = choose_codegen_target(options.archs, options.codegen_target)
@@ -114,14 +123,15 @@ def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, 
     reference = _reference_path(spec)
 
     objects = _compile_all(spec, options, compiler, progress)
-    _check_abi(spec, objects)
+    _check_abi(spec, objects, compiler, options)
+    preflight_notes = _preflight(objects, options)
 
     with staging_dir(out_dir) as stage:
         names: list[str] = []
         for obj in objects:
             write_atomic(stage / obj.file_name, obj.data)
             names.append(obj.file_name)
-        rendered = render_module(spec, _objects_by_source(spec, objects), programs=programs)
+        rendered = render_module(spec, _executable_objects(spec, objects), programs=programs)
         mlir_name = f"{spec.name}.mlir"
         write_atomic(stage / mlir_name, rendered.text)
         names.append(mlir_name)
@@ -148,52 +158,117 @@ def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, 
         record=by_name[record_name],
         objects=tuple(by_name[o.file_name] for o in objects),
         codegen_target=codegen.target.name,
-        notes=(codegen.note,) if codegen.note and programs else (),
+        notes=((codegen.note,) if codegen.note and programs else ()) + preflight_notes,
     )
 
 
 # -------------------------------------------------------------------------- compiling
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One compiler run: a source to one object of one format."""
+
+    source: Path
+    format: str
+    archs: tuple[Arch, ...]
+
+    def describe(self) -> str:
+        return f"{self.source.name} for {', '.join(a.name for a in self.archs)} ({self.format})"
+
+
+def _jobs(spec: ModuleSpec, options: BuildOptions) -> list[_Job]:
+    """ptx: one per architecture. cubin: one per architecture, plus PTX fallbacks for GPUs
+    the cubins cannot serve. fatbin: one object holding all of it."""
+    jobs: list[_Job] = []
+    for kernel in spec.kernels:
+        src = spec.source_path(kernel.source)
+        if kernel.format == "fatbin":
+            wanted = [_Job(src, "fatbin", options.archs)]
+        else:
+            wanted = [_Job(src, kernel.format, (a,)) for a in options.archs]
+            if kernel.format == "cubin":
+                wanted += [_Job(src, "ptx", (a,)) for a in ptx_fallback_archs(options.archs)]
+        jobs += [j for j in wanted if j not in jobs]
+    return jobs
+
+
 def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, progress: Progress | None) -> list[ObjectCode]:
-    sources = list(dict.fromkeys(spec.source_path(k.source) for k in spec.kernels))
-    jobs = [(src, arch) for src in sources for arch in options.archs]
+    jobs = _jobs(spec, options)
     workers = max(1, min(len(jobs), options.jobs or os.cpu_count() or 1))
     total = len(jobs) + 1  # + the iree-compile step
-    results: dict[tuple[Path, Arch], ObjectCode] = {}
 
-    def one(job):
-        src, arch = job
+    def one(job: _Job):
         start = time.perf_counter()
-        obj = compiler.compile(src, arch, options.format, options.compile_options)
+        if job.format == "fatbin":
+            obj = compiler.compile_fatbin(job.source, job.archs, options.compile_options)
+        else:
+            obj = compiler.compile(job.source, job.archs[0], job.format, options.compile_options)
         return job, obj, time.perf_counter() - start
 
+    objects = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for n, (job, obj, secs) in enumerate(pool.map(one, jobs), start=1):
-            results[job] = obj
+            objects.append(obj)
             if progress:
-                progress(ProgressEvent(n, total, f"{compiler.name}: {job[0].name} for {job[1].name}", secs))
-    return [results[j] for j in jobs]
+                progress(ProgressEvent(n, total, f"{compiler.name}: {job.describe()}", secs))
+    return objects
 
 
-def _check_abi(spec: ModuleSpec, objects: list[ObjectCode]) -> None:
+def _check_abi(spec: ModuleSpec, objects: list[ObjectCode], compiler, options: BuildOptions) -> None:
+    """Every kernel against the PTX of its source: entry name, parameters, block size.
+    nvcc's cubins and fatbins carry no PTX, so those sources get one PTX compile to check."""
+    ptx_by_source: dict[Path, tuple[bytes, str]] = {}
     for obj in objects:
-        if obj.format != "ptx":
+        if obj.ptx is not None:
+            ptx_by_source.setdefault(obj.source, (obj.ptx, obj.arch.name))
+    for kernel in spec.kernels:
+        src = spec.source_path(kernel.source)
+        if src not in ptx_by_source:
+            oldest = min(options.archs)
+            probe = compiler.compile(src, oldest, "ptx", options.compile_options)
+            ptx_by_source[src] = (probe.ptx, oldest.name)
+        ptx, arch = ptx_by_source[src]
+        check_kernel_against_ptx(kernel, parse_entries(ptx.decode(errors="replace")), f"{src} ({arch})")
+
+
+def _preflight(objects: list[ObjectCode], options: BuildOptions) -> tuple[str, ...]:
+    """PTX that is the only code for a GPU must load on the oldest driver the build targets;
+    PTX that is a fallback (beside cubins, inside a fatbin) gets a note instead."""
+    driver = Version.parse(options.min_driver) if options.min_driver else local_driver()
+    if driver is None:
+        return ()
+    notes = []
+    for obj in objects:
+        version = ptx_isa(obj.data if obj.format == "ptx" else obj.ptx or b"")
+        if version is None:
             continue
-        entries = parse_entries(obj.data.decode(errors="replace"))
-        for kernel in spec.kernels:
-            if spec.source_path(kernel.source) == obj.source:
-                check_kernel_against_ptx(kernel, entries, f"{obj.source} ({obj.arch.name})")
+        is_primary = obj.format == "ptx" and options.format == "ptx"
+        try:
+            check_ptx_loads(version, driver, compiler=obj.compiler, where=obj.file_name)
+        except PreflightError as exc:
+            if is_primary:
+                raise
+            notes.append(f"{obj.file_name}: PTX ISA {version} is newer than driver {driver} loads; "
+                         "GPUs that need this PTX fallback will not load it")
+    return tuple(dict.fromkeys(notes))
 
 
-def _objects_by_source(spec: ModuleSpec, objects: list[ObjectCode]) -> list[ExecutableObjects]:
-    groups: dict[Path, list[ObjectCode]] = {}
-    for obj in objects:
-        groups.setdefault(obj.source, []).append(obj)
+def _executable_objects(spec: ModuleSpec, objects: list[ObjectCode]) -> list[ExecutableObjects]:
+    """Per source and format: the variants' objects in the order they are tried: the
+    primary objects newest first, then (for cubin) the PTX fallbacks newest first."""
     out = []
-    for kernel_source in dict.fromkeys(k.source for k in spec.kernels):
-        objs = sorted(groups[spec.source_path(kernel_source)], key=lambda o: o.arch, reverse=True)
-        out.append(ExecutableObjects(kernel_source, tuple((o.arch, o.file_name) for o in objs)))
+    for source, fmt in dict.fromkeys((k.source, k.format) for k in spec.kernels):
+        path = spec.source_path(source)
+        primary = sorted((o for o in objects if o.source == path and o.format == fmt), key=lambda o: o.arch, reverse=True)
+        fallback = []
+        if fmt == "cubin":
+            fallback = sorted((o for o in objects if o.source == path and o.format == "ptx"), key=lambda o: o.arch, reverse=True)
+        out.append(
+            ExecutableObjects(
+                source, fmt, tuple(VariantObject(o.arch, o.format, o.file_name) for o in primary + fallback)
+            )
+        )
     return out
 
 
@@ -256,6 +331,7 @@ def _reference_path(spec: ModuleSpec) -> Path | None:
 
 
 def _record(spec, options, compiler, codegen: Arch, objects, mlir_name, vmfb_name, reference) -> dict:
+    ptx_versions = [v for o in objects if o.format == "ptx" and (v := ptx_isa(o.data))]
     return {
         "schema": RECORD_SCHEMA,
         "kitdispatch": __version__,
@@ -264,6 +340,9 @@ def _record(spec, options, compiler, codegen: Arch, objects, mlir_name, vmfb_nam
         "vmfb": vmfb_name,
         "archs": [a.name for a in options.archs],
         "format": options.format,
+        "kernel_formats": {k.name: k.format for k in spec.kernels},
+        # The PTX ISA the module needs from the driver when it runs PTX only.
+        "ptx_isa": str(max(ptx_versions)) if ptx_versions and options.format == "ptx" else None,
         "compiler": {"name": compiler.name, "version": compiler.version()},
         "iree_compiler": iree_compiler_version() if vmfb_name else None,
         "codegen_target": codegen.name,

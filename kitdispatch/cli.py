@@ -60,7 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     building = argparse.ArgumentParser(add_help=False)
     building.add_argument("--arch", default="sm_80", help="target architectures, comma separated (default: sm_80)")
     building.add_argument("--compiler", choices=("nvrtc", "nvcc"), default="nvrtc", help="CUDA compiler (default: nvrtc from pip)")
-    building.add_argument("--format", choices=("ptx", "cubin"), default="ptx", help="object format (default: ptx)")
+    building.add_argument(
+        "--format",
+        choices=("ptx", "cubin", "fatbin"),
+        default="fatbin",
+        help="object format for kernels that set none (default: fatbin: SASS for each arch + PTX)",
+    )
+    building.add_argument("--min-driver", default=None, metavar="X.Y", help="oldest CUDA driver to load on (default: the local GPU's)")
     building.add_argument("-I", dest="include_dirs", action="append", default=[], metavar="DIR", help="include folder")
     building.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME[=VALUE]", help="preprocessor define")
     building.add_argument("--std", default="c++17", help="C++ standard (default: c++17)")
@@ -138,6 +144,7 @@ def _build_options(args):
         ),
         codegen_target=args.codegen_target,
         jobs=args.jobs,
+        min_driver=args.min_driver,
     )
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from ._proc import run_tool
-from .archs import Arch, check_supported
+from .archs import Arch, check_supported, ptx_fallback_archs
 from .errors import CompileError, KitError
 
-ObjectFormat = Literal["ptx", "cubin"]
-OBJECT_FORMATS: tuple[str, ...] = ("ptx", "cubin")
+ObjectFormat = Literal["ptx", "cubin", "fatbin"]
+from .spec import OBJECT_FORMATS  # noqa: E402  (one list, shared with kernel descriptions)
 NVCC_TIMEOUT_S = 300.0
 
 
@@ -47,24 +47,41 @@ class CompileOptions:
 
 @dataclass(frozen=True)
 class ObjectCode:
-    """One compiled object: raw bytes for one architecture, as IREE will embed them."""
+    """One compiled object, raw bytes as IREE will embed them.
+
+    `archs` holds one architecture for PTX and cubin, every SASS architecture for a fatbin.
+    `ptx` is the PTX the object was made from, when the compiler gave it: the build reads
+    kernel entries and the PTX ISA version from it.
+    """
 
     data: bytes = field(repr=False)
     format: ObjectFormat
-    arch: Arch
+    archs: tuple[Arch, ...]
     source: Path
     compiler: str
+    ptx: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def from_ptx(cls, data: bytes, arch: Arch, source: Path, compiler: str) -> "ObjectCode":
-        return cls(data.rstrip(b"\0"), "ptx", arch, source, compiler)
+        ptx = data.rstrip(b"\0")
+        return cls(ptx, "ptx", (arch,), source, compiler, ptx)
 
     @classmethod
-    def from_cubin(cls, data: bytes, arch: Arch, source: Path, compiler: str) -> "ObjectCode":
-        return cls(data, "cubin", arch, source, compiler)
+    def from_cubin(cls, data: bytes, arch: Arch, source: Path, compiler: str, ptx: bytes | None = None) -> "ObjectCode":
+        return cls(data, "cubin", (arch,), source, compiler, ptx)
+
+    @classmethod
+    def from_fatbin(cls, data: bytes, archs: tuple[Arch, ...], source: Path, compiler: str, ptx: bytes | None = None) -> "ObjectCode":
+        return cls(data, "fatbin", archs, source, compiler, ptx)
+
+    @property
+    def arch(self) -> Arch:
+        return self.archs[0]
 
     @property
     def file_name(self) -> str:
+        if self.format == "fatbin":
+            return f"{self.source.stem}.{'_'.join(a.name for a in self.archs)}.fatbin"
         return f"{self.source.stem}.{self.arch.name}.{self.format}"
 
 
@@ -76,6 +93,8 @@ class Compiler(Protocol):
     def supported_archs(self) -> tuple[Arch, ...]: ...
 
     def compile(self, source: Path, arch: Arch, fmt: ObjectFormat, options: CompileOptions) -> ObjectCode: ...
+
+    def compile_fatbin(self, source: Path, archs: tuple[Arch, ...], options: CompileOptions) -> ObjectCode: ...
 
 
 def read_source(source: Path) -> bytes:
@@ -130,16 +149,28 @@ class NvrtcCompiler:
                     fix="fix the error in the kernel source shown in the log",
                 )
             if fmt == "ptx":
-                (size,) = self._check(nvrtc.nvrtcGetPTXSize(prog), "ptx size")
-                buf = bytearray(size)
-                self._check(nvrtc.nvrtcGetPTX(prog, buf), "ptx")
-                return ObjectCode.from_ptx(bytes(buf), arch, source, self.name)
+                return ObjectCode.from_ptx(self._ptx(prog), arch, source, self.name)
             (size,) = self._check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
             buf = bytearray(size)
             self._check(nvrtc.nvrtcGetCUBIN(prog, buf), "cubin")
-            return ObjectCode.from_cubin(bytes(buf), arch, source, self.name)
+            return ObjectCode.from_cubin(bytes(buf), arch, source, self.name, ptx=self._ptx(prog))
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
+
+    def _ptx(self, prog) -> bytes:
+        (size,) = self._check(self._nvrtc.nvrtcGetPTXSize(prog), "ptx size")
+        buf = bytearray(size)
+        self._check(self._nvrtc.nvrtcGetPTX(prog, buf), "ptx")
+        return bytes(buf).rstrip(b"\0")
+
+    def compile_fatbin(self, source: Path, archs: tuple[Arch, ...], options: CompileOptions) -> ObjectCode:
+        """SASS for every architecture plus PTX (see `ptx_fallback_archs`), packed with
+        nvFatbin from pip: no toolkit needed."""
+        cubins = [self.compile(source, a, "cubin", options) for a in archs]
+        by_arch = {c.arch: c for c in cubins}
+        ptx = [by_arch[a] for a in ptx_fallback_archs(archs)]
+        data = pack_fatbin(cubins, ptx)
+        return ObjectCode.from_fatbin(data, tuple(archs), source, self.name, ptx=cubins[-1].ptx)
 
     def _log(self, prog) -> str:
         (size,) = self._check(self._nvrtc.nvrtcGetProgramLogSize(prog), "log size")
@@ -209,23 +240,63 @@ class NvccCompiler:
             out = Path(tmp) / f"out.{fmt}"
             arch_flag = f"-arch={arch.compute_name}" if fmt == "ptx" else f"-arch={arch.name}"
             argv = [self.path, f"--{fmt}", arch_flag, *options.flags(), "-o", str(out), str(source)]
-            res = run_tool(argv, timeout=NVCC_TIMEOUT_S)
-            if res.returncode != 0:
-                log = res.stderr + res.stdout
-                raise CompileError(
-                    f"nvcc failed to compile {source} for {arch.name}",
-                    where=_first_error_location(log) or str(source),
-                    argv=argv,
-                    returncode=res.returncode,
-                    log=log,
-                    fix="fix the error in the kernel source shown in the log",
-                )
+            self._run(argv, source, arch.name)
             data = out.read_bytes()
         make = ObjectCode.from_ptx if fmt == "ptx" else ObjectCode.from_cubin
         return make(data, arch, source, self.name)
 
+    def compile_fatbin(self, source: Path, archs: tuple[Arch, ...], options: CompileOptions) -> ObjectCode:
+        read_source(source)
+        gencode = [f"-gencode=arch={a.compute_name},code={a.name}" for a in archs]
+        gencode += [f"-gencode=arch={a.compute_name},code={a.compute_name}" for a in ptx_fallback_archs(archs)]
+        with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
+            out = Path(tmp) / "out.fatbin"
+            argv = [self.path, "--fatbin", *gencode, *options.flags(), "-o", str(out), str(source)]
+            self._run(argv, source, ", ".join(a.name for a in archs))
+            return ObjectCode.from_fatbin(out.read_bytes(), tuple(archs), source, self.name)
+
+    def _run(self, argv: list[str], source: Path, what: str) -> None:
+        res = run_tool(argv, timeout=NVCC_TIMEOUT_S)
+        if res.returncode != 0:
+            log = res.stderr + res.stdout
+            raise CompileError(
+                f"nvcc failed to compile {source} for {what}",
+                where=_first_error_location(log) or str(source),
+                argv=argv,
+                returncode=res.returncode,
+                log=log,
+                fix="fix the error in the kernel source shown in the log",
+            )
+
 
 # ------------------------------------------------------------------------------- shared
+
+
+def pack_fatbin(cubins: list[ObjectCode], ptx: list[ObjectCode]) -> bytes:
+    """One fatbin from cubins and the PTX they were compiled from, with nvFatbin (pip)."""
+    try:
+        from cuda.bindings import nvfatbin
+    except ImportError as exc:
+        raise KitError(f"nvFatbin is not available: {exc}", fix="pip install 'kitdispatch[build]'") from None
+    try:
+        handle = nvfatbin.create([], 0)
+    except Exception as exc:  # cuda-pathfinder raises when libnvfatbin is missing
+        raise KitError(
+            f"nvFatbin library could not be loaded: {str(exc).splitlines()[0]}",
+            fix="pip install 'nvidia-nvfatbin>=13.0,<13.1', or use --compiler nvcc",
+        ) from None
+    try:
+        for c in cubins:
+            nvfatbin.add_cubin(handle, c.data, len(c.data), str(c.arch.capability) + c.arch.suffix, c.source.stem)
+        for p in ptx:
+            text = p.ptx + b"\0"
+            nvfatbin.add_ptx(handle, text, len(text), str(p.arch.capability) + p.arch.suffix, p.source.stem, "")
+        buf = bytearray(nvfatbin.size(handle))
+        nvfatbin.get(handle, buf)
+        return bytes(buf)
+    finally:
+        nvfatbin.destroy(handle)
+
 
 COMPILERS = ("nvrtc", "nvcc")
 

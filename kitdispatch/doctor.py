@@ -9,7 +9,7 @@ from . import __version__
 
 
 def collect() -> dict:
-    return {
+    report = {
         "kitdispatch": __version__,
         "nvrtc": _compiler("nvrtc"),
         "nvcc": _compiler("nvcc"),
@@ -18,6 +18,8 @@ def collect() -> dict:
         "iree_codegen_targets": _codegen_targets(),
         "gpu": _gpu(),
     }
+    report["warnings"] = _warnings(report)
+    return report
 
 
 def _pkg(name: str) -> str | None:
@@ -64,34 +66,34 @@ def _codegen_targets() -> list[str]:
 
 
 def _gpu() -> dict:
+    from .cuda_driver import driver_info
+    from .preflight import Version, max_ptx_isa
     from .runtime import cuda_status
 
     status = cuda_status()
     info: dict = {"available": status.available, "detail": status.reason}
-    if status.available:
-        info.update(_driver_details())
+    driver = driver_info()
+    if driver is not None:
+        info["driver_cuda_version"] = driver.version
+        info["driver_max_ptx_isa"] = str(max_ptx_isa(Version.parse(driver.version)))
+        info["devices"] = [{"name": d.name, "compute_capability": d.arch_name} for d in driver.devices]
     return info
 
 
-def _driver_details() -> dict:
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:
-        return {}
-    (err,) = cu.cuInit(0)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        return {"driver_error": str(err)}
-    _, ver = cu.cuDriverGetVersion()
-    _, dev = cu.cuDeviceGet(0)
-    _, name = cu.cuDeviceGetName(128, dev)
-    attr = cu.CUdevice_attribute
-    _, major = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-    _, minor = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-    return {
-        "driver_cuda_version": f"{ver // 1000}.{ver % 1000 // 10}",
-        "device": name.split(b"\0")[0].decode(),
-        "compute_capability": f"{major}.{minor}",
-    }
+def _warnings(report: dict) -> list[str]:
+    """PTX that a compiler here emits but the local driver cannot load."""
+    from .preflight import Version
+
+    limit = report["gpu"].get("driver_max_ptx_isa")
+    out = []
+    for name in ("nvrtc", "nvcc"):
+        isa = report[name].get("ptx_isa")
+        if limit and isa and isa[0].isdigit() and Version.parse(isa) > Version.parse(limit):
+            out.append(
+                f"{name} emits PTX ISA {isa} but this driver loads {limit} at most: "
+                "build with --format cubin or fatbin, or pin an older NVRTC"
+            )
+    return out
 
 
 def format_report(report: dict) -> str:
@@ -106,11 +108,11 @@ def format_report(report: dict) -> str:
     lines.append(f"iree runtime     {report['iree_runtime'] or 'not installed'}")
     lines.append(f"iree codegen     {', '.join(report['iree_codegen_targets'])}")
     gpu = report["gpu"]
-    if gpu["available"]:
-        lines.append(
-            f"gpu              {gpu.get('device', '?')} (compute capability {gpu.get('compute_capability', '?')}), "
-            f"driver CUDA {gpu.get('driver_cuda_version', '?')}"
-        )
-    else:
-        lines.append(f"gpu              none: {gpu['detail']}")
+    if "driver_cuda_version" in gpu:
+        lines.append(f"cuda driver      {gpu['driver_cuda_version']} (loads PTX ISA {gpu['driver_max_ptx_isa']} at most)")
+    for d in gpu.get("devices", []):
+        lines.append(f"gpu              {d['name']} ({d['compute_capability']})")
+    if not gpu["available"]:
+        lines.append(f"gpu              none usable by IREE: {gpu['detail']}")
+    lines += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)

@@ -32,6 +32,7 @@ _KERNEL_KEYS = {
     "workgroup_size": True,
     "workgroup_count": True,
     "function": False,
+    "format": False,
 }
 _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
@@ -98,6 +99,7 @@ def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
         workgroup_size=_list(data["workgroup_size"], f"{where}: workgroup_size"),
         workgroup_count=_list(data["workgroup_count"], f"{where}: workgroup_count"),
         function=data.get("function"),
+        format=data.get("format"),
         where=where,
     )
 

@@ -22,11 +22,38 @@ from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, TensorType
 
 
 @dataclass(frozen=True)
+class VariantObject:
+    """One object file and the architecture it serves."""
+
+    arch: Arch
+    format: str  # ptx, cubin or fatbin
+    path: str
+
+    @property
+    def capability_range(self) -> tuple[int, int]:
+        """[min, max) compute capabilities this object runs on.
+
+        PTX JIT-compiles forward to any newer GPU; SASS (cubin) runs only within its
+        major version; arch-specific code (sm_90a) only on that exact architecture.
+        """
+        cap = self.arch.capability
+        if self.arch.suffix == "a":
+            return cap, cap + 1
+        if self.format == "cubin" or self.arch.suffix == "f":
+            return cap, (self.arch.major + 1) * 10
+        return cap, NO_UPPER_BOUND
+
+
+NO_UPPER_BOUND = 2**31 - 1
+
+
+@dataclass(frozen=True)
 class ExecutableObjects:
-    """The compiled objects of one source file: one per architecture, newest first."""
+    """The objects of one source file in one format, in the order variants are tried."""
 
     source: Path
-    files: tuple[tuple[Arch, str], ...]  # (architecture, object file name)
+    format: str
+    objects: tuple[VariantObject, ...]
 
 
 @dataclass(frozen=True)
@@ -36,9 +63,10 @@ class RenderedModule:
     functions: tuple[str, ...]
 
 
-def executable_name(source: Path) -> str:
+def executable_name(source: Path, fmt: str | None = None) -> str:
     stem = re.sub(r"[^A-Za-z0-9_]", "_", source.stem) or "kernels"
-    return f"{stem}_executable" if not stem[0].isdigit() else f"k{stem}_executable"
+    stem = stem if not stem[0].isdigit() else f"k{stem}"
+    return f"{stem}_{fmt}_executable" if fmt else f"{stem}_executable"
 
 
 def render_module(
@@ -48,15 +76,18 @@ def render_module(
     programs: Sequence[tuple[str, str]] = (),
 ) -> RenderedModule:
     """`programs` are (origin, MLIR text) pairs of the user's own functions to append."""
-    by_source = {o.source: o for o in objects}
+    by_key = {(o.source, o.format): o for o in objects}
+    groups = _group_kernels(spec.kernels)
+    sources_with_formats = [source for source, _ in groups]
     executables, functions = [], []
-    for source, kernels in _group_by_source(spec.kernels).items():
-        exe = _executable_view(source, kernels, by_source[source])
+    for (source, fmt), kernels in groups.items():
+        name = executable_name(source, fmt if sources_with_formats.count(source) > 1 else None)
+        exe = _executable_view(name, kernels, by_key[(source, fmt)])
         executables.append(exe)
         functions += [_function_view(k, exe) for k in kernels]
     for origin, text in programs:
         _check_program_text(origin, text)
-    archs = sorted({a for o in objects for a, _ in o.files}, reverse=True)
+    archs = sorted({v.arch for o in objects for v in o.objects}, reverse=True)
     text = _environment().get_template("module.mlir.j2").render(
         version=__version__,
         origin=spec.name,
@@ -79,27 +110,35 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def _group_by_source(kernels: Sequence[Kernel]) -> dict[Path, list[Kernel]]:
-    groups: dict[Path, list[Kernel]] = {}
+def _group_kernels(kernels: Sequence[Kernel]) -> dict[tuple[Path, str], list[Kernel]]:
+    """One executable per source file and object format (formats are resolved by the build)."""
+    groups: dict[tuple[Path, str], list[Kernel]] = {}
     for k in kernels:
-        groups.setdefault(k.source, []).append(k)
+        groups.setdefault((k.source, k.format or "ptx"), []).append(k)
     return groups
 
 
 # ------------------------------------------------------------------------- executables
 
 
-def _executable_view(source: Path, kernels: list[Kernel], objects: ExecutableObjects) -> dict:
+def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObjects) -> dict:
     variants = [
-        {"name": arch.name, "arch": arch.name, "min_capability": arch.capability, "object_path": path}
-        for arch, path in objects.files
+        {
+            "name": f"{v.arch.name}_{v.format}",
+            "arch": v.arch.name,
+            "min_capability": v.capability_range[0],
+            "max_capability": v.capability_range[1],
+            "object_path": v.path,
+        }
+        for v in objects.objects
     ]
-    # One object serves every device through the generic target. Several objects need
-    # explicit variants with device conditions: an objects map with several targets would
-    # always run the first one listed, whatever the GPU (see README, "Variant selection").
+    # One object (one PTX, or a fatbin where the driver picks the code) serves every device
+    # through the generic target. Several objects need explicit variants with device
+    # conditions: an objects map with several targets always runs the first one listed,
+    # whatever the GPU (README, "How the generated MLIR is chosen").
     template = "executable_source.mlir.j2" if len(variants) == 1 else "executable_variants.mlir.j2"
     return {
-        "name": executable_name(source),
+        "name": name,
         "template": template,
         "variants": variants,
         "exports": [_export_view(k, i) for i, k in enumerate(kernels)],

@@ -55,13 +55,24 @@ def require_cuda(device: str = "cuda") -> None:
         )
 
 
-def read_signatures(vmfb: Path) -> dict[str, FunctionSignature]:
-    """Function signatures from the build record next to the .vmfb, if there is one."""
+def read_record(vmfb: Path) -> dict:
+    """The build record next to the .vmfb (empty for modules built without kitdispatch)."""
     record = vmfb.with_name(vmfb.name.removesuffix(".vmfb") + RECORD_SUFFIX)
-    if not record.is_file():
-        return {}
-    data = json.loads(record.read_text())
-    return {f["name"]: FunctionSignature.from_json(f, str(record)) for f in data.get("functions", [])}
+    return json.loads(record.read_text()) if record.is_file() else {}
+
+
+def read_signatures(vmfb: Path) -> dict[str, FunctionSignature]:
+    return {f["name"]: FunctionSignature.from_json(f, str(vmfb)) for f in read_record(vmfb).get("functions", [])}
+
+
+def preflight_run(vmfb: Path) -> None:
+    """Before loading: a PTX-only module must not need a newer PTX ISA than this driver has."""
+    from .preflight import Version, check_ptx_loads, local_driver
+
+    needed = read_record(vmfb).get("ptx_isa")
+    driver = local_driver()
+    if needed and driver:
+        check_ptx_loads(Version.parse(needed), driver, compiler="built", where=str(vmfb))
 
 
 class Module:
@@ -74,6 +85,7 @@ class Module:
         if not self.path.is_file():
             raise KitError(f"no module at {self.path}", fix="build it first: kitdispatch build ... -o DIR")
         require_cuda(device)
+        preflight_run(self.path)
         self.device = device
         self.signatures = read_signatures(self.path)
         config = rt.Config(device=rt.get_device(device))
@@ -191,6 +203,7 @@ def run_module(
     if not vmfb.is_file():
         raise KitError(f"no module at {vmfb}", fix="build it first: kitdispatch build ... -o DIR")
     require_cuda(device)
+    preflight_run(vmfb)
     argv = [
         find_runtime_tool("iree-run-module"),
         f"--device={device}",

@@ -34,6 +34,7 @@ INTEGER_SCALARS = ("i32", "u32")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TENSOR_RE = re.compile(r"^\s*([a-z0-9]+)\s*\[(.*)\]\s*$")
 MAX_WORKGROUP_THREADS = 1024
+OBJECT_FORMATS = ("ptx", "cubin", "fatbin")
 
 
 def check_identifier(name: object, what: str, where: str) -> str:
@@ -307,6 +308,7 @@ class Kernel:
     workgroup_size: tuple[int, int, int]
     workgroup_count: tuple[IndexExpr, IndexExpr, IndexExpr]
     function: str
+    format: str | None = None  # object format for this kernel's source; None: the build's
 
     @classmethod
     def create(
@@ -318,6 +320,7 @@ class Kernel:
         workgroup_size: tuple[int, ...] | list[int],
         workgroup_count: tuple[int | str, ...] | list[int | str],
         function: str | None = None,
+        format: str | None = None,
         where: str | None = None,
     ) -> "Kernel":
         where = where or f"kernel {name!r}"
@@ -342,7 +345,11 @@ class Kernel:
             IndexExpr.parse(e, f"{where}: workgroup_count")
             for e in _pad3(workgroup_count, 1, f"{where}: workgroup_count")
         )
-        kernel = cls(name, Path(source), tuple(params), size, count, function)
+        if format is not None and format not in OBJECT_FORMATS:
+            raise ManifestError(
+                f"unknown object format {format!r}", where=where, fix=f"use one of {', '.join(OBJECT_FORMATS)}"
+            )
+        kernel = cls(name, Path(source), tuple(params), size, count, function, format)
         kernel._validate(where)
         return kernel
 

@@ -11,7 +11,7 @@ from conftest import SAMPLES, needs_iree_compile, write_kernel_project
 
 pytestmark = needs_iree_compile
 
-TWO_ARCHS = BuildOptions.create("sm_80,sm_90")
+TWO_ARCHS = BuildOptions.create("sm_80,sm_90", format="ptx")
 
 
 def test_sample_builds_for_two_archs(tmp_path):
@@ -30,13 +30,14 @@ def test_sample_builds_for_two_archs(tmp_path):
     assert [f["name"] for f in record["functions"]] == ["simple_mul", "simple_mul_inplace", "mixed_invocation"]
     mlir = result.mlir.read_text()
     # Explicit variants, newest first, each guarded by the device's compute capability.
-    assert mlir.index("@sm_90 target(") < mlir.index("@sm_80 target(")
+    assert mlir.index("@sm_90_ptx target(") < mlir.index("@sm_80_ptx target(")
     assert mlir.count("hal.executable.condition") == 2
-    assert "{@simple_mul_executable::@sm_90::@simple_mul, @simple_mul_executable::@sm_80::@simple_mul}" in mlir
+    assert "{@simple_mul_executable::@sm_90_ptx::@simple_mul, @simple_mul_executable::@sm_80_ptx::@simple_mul}" in mlir
+    assert record["ptx_isa"] == "9.0"
 
 
 def test_single_arch_uses_an_objects_map(tmp_path):
-    result = build(SAMPLES / "simple_mul", BuildOptions.create("sm_90"), tmp_path)
+    result = build(SAMPLES / "simple_mul", BuildOptions.create("sm_90", format="ptx"), tmp_path)
     mlir = result.mlir.read_text()
     assert "hal.executable.source private @simple_mul_executable <objects = #hal.executable.objects<{" in mlir
     assert "#hal.executable.target<\"cuda\", \"cuda-nvptx-fb\"> = [#hal.executable.object<{path = \"simple_mul.sm_90.ptx\"}>]" in mlir
@@ -184,11 +185,72 @@ def test_missing_program_file(tmp_path):
         build(root, BuildOptions.create("sm_80"), tmp_path / "out")
 
 
-def test_render_rejects_nothing_else_of_the_sample():
-    spec = load_manifest(SAMPLES / "simple_mul")
+def test_render_without_compiling():
     from kitdispatch.archs import Arch
+    from kitdispatch.render import VariantObject
 
-    objs = [ExecutableObjects(spec.kernels[0].source, ((Arch.parse("sm_80"), "x.ptx"),))]
+    spec = load_manifest(SAMPLES / "simple_mul")
+    objs = [ExecutableObjects(spec.kernels[0].source, "ptx", (VariantObject(Arch.parse("sm_80"), "ptx", "x.ptx"),))]
     text = render_module(spec, objs).text
     assert text.count("hal.executable.export public") == 2
     assert "ordinal(0)" in text and "ordinal(1)" in text
+
+
+def _variant_ranges(mlir: str) -> list[tuple[str, int, int]]:
+    import re
+
+    names = re.findall(r"hal.executable.variant public @(\w+)", mlir)
+    mins = [int(v) for v in re.findall(r"%min_capability = arith.constant (\d+)", mlir)]
+    maxs = [int(v) for v in re.findall(r"%max_capability = arith.constant (\d+)", mlir)]
+    return list(zip(names, mins, maxs))
+
+
+PROBE = SAMPLES.parent / "tests" / "data" / "arch_probe"
+
+
+def test_default_format_is_one_fatbin(tmp_path):
+    result = build(PROBE, BuildOptions.create("sm_80,sm_90"), tmp_path)
+    assert [o.name for o in result.objects] == ["arch_probe.sm_90_sm_80.fatbin"]
+    assert "hal.executable.source" in result.mlir.read_text()
+    assert result.objects[0].read_bytes()[:4] == b"\x50\xed\x55\xba"  # fatbin magic
+
+
+def test_cubin_variants_stay_within_their_major_and_fall_back_to_ptx(tmp_path):
+    result = build(PROBE, BuildOptions.create("sm_100,sm_90,sm_80", format="cubin"), tmp_path)
+    big = 2**31 - 1
+    assert _variant_ranges(result.mlir.read_text()) == [
+        ("sm_100_cubin", 100, 110),
+        ("sm_90_cubin", 90, 100),
+        ("sm_80_cubin", 80, 90),
+        ("sm_100_ptx", 100, big),
+        ("sm_80_ptx", 80, big),
+    ]
+
+
+def test_arch_specific_targets_run_only_on_that_arch(tmp_path):
+    result = build(PROBE, BuildOptions.create("sm_90a,sm_80", format="ptx"), tmp_path)
+    assert _variant_ranges(result.mlir.read_text()) == [("sm_90a_ptx", 90, 91), ("sm_80_ptx", 80, 2**31 - 1)]
+
+
+def test_per_kernel_format_overrides_the_build(tmp_path):
+    toml = KERNELS_TOML.replace('name = "fill"', 'name = "fill"\nformat = "cubin"')
+    root = write_kernel_project(tmp_path / "src", KERNELS_CU, toml)
+    result = build(root, BuildOptions.create("sm_80", format="ptx"), tmp_path / "out")
+    mlir = result.mlir.read_text()
+    assert "@k_ptx_executable" in mlir and "@k_cubin_executable" in mlir
+    assert sorted(o.name for o in result.objects) == ["k.sm_80.cubin", "k.sm_80.ptx"]
+
+
+def test_ptx_newer_than_the_minimum_driver_fails_early(tmp_path):
+    from kitdispatch.preflight import PreflightError
+
+    with pytest.raises(PreflightError) as err:
+        build(PROBE, BuildOptions.create("sm_80", format="ptx", min_driver="12.4"), tmp_path)
+    text = str(err.value)
+    assert "PTX (nvrtc, ISA 9.0) would not load on CUDA driver 12.4, which loads PTX ISA 8.4 at most" in text
+    assert "--format cubin" in text and "nvidia-cuda-nvrtc==12.4.*" in text
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+    # cubin needs no PTX JIT on its targets: the fallback PTX only earns a note.
+    result = build(PROBE, BuildOptions.create("sm_80", format="cubin", min_driver="12.4"), tmp_path)
+    assert any("PTX fallback" in n for n in result.notes)
+    build(PROBE, BuildOptions.create("sm_80", format="ptx", min_driver="13.0"), tmp_path / "ok")

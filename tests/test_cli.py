@@ -33,7 +33,7 @@ def test_build_then_json_summary(tmp_path):
     assert code == 0, err
     summary = json.loads(out)
     assert summary["vmfb"].endswith("simple_mul.vmfb")
-    assert "[3/3] iree-compile" in err  # progress: 2 objects + the link step
+    assert "[2/2] iree-compile" in err  # progress: one fatbin + the link step
 
 
 @needs_iree_compile
