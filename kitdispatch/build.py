@@ -16,6 +16,7 @@ from pathlib import Path
 from . import __version__
 from ._files import publish, staging_dir, write_atomic
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
+from .cache import Cache, CachedCompiler, vmfb_key
 from .compilers import OBJECT_FORMATS, CompileOptions, ObjectCode, check_archs, get_compiler
 from .errors import IreeCompileError, KitError, ManifestError
 from .iree_compile import choose_codegen_target, compile_args, compile_vmfb, iree_compiler_version
@@ -42,6 +43,8 @@ class BuildOptions:
     jobs: int | None = None
     # Oldest CUDA driver the build must load on (PTX ISA check); None: the local GPU's.
     min_driver: str | None = None
+    use_cache: bool = True
+    cache_dir: str | None = None  # None: KITDISPATCH_CACHE_DIR, XDG_CACHE_HOME or ~/.cache
 
     @classmethod
     def create(cls, archs: Sequence[str] | str, **kwargs) -> "BuildOptions":
@@ -71,6 +74,8 @@ class BuildResult:
     objects: tuple[Path, ...]
     codegen_target: str
     notes: tuple[str, ...] = field(default=())
+    compiler_runs: int = 0  # CUDA compiler invocations (0 when every object came from the cache)
+    iree_compile_runs: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -82,6 +87,8 @@ class BuildResult:
             "objects": [str(o) for o in self.objects],
             "codegen_target": self.codegen_target,
             "notes": list(self.notes),
+            "compiler_runs": self.compiler_runs,
+            "iree_compile_runs": self.iree_compile_runs,
         }
 
 
@@ -116,7 +123,8 @@ def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, 
     spec = dataclasses.replace(
         spec, kernels=tuple(dataclasses.replace(k, format=k.format or options.format) for k in spec.kernels)
     )
-    compiler = get_compiler(options.compiler)
+    cache = Cache(Path(options.cache_dir) if options.cache_dir else None) if options.use_cache else None
+    compiler = _counting(get_compiler(options.compiler), cache)
     check_archs(compiler, options.archs)
     codegen = choose_codegen_target(options.archs, options.codegen_target)
     programs = [_read_program(spec, p.source) for p in spec.programs]
@@ -136,9 +144,10 @@ def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, 
         write_atomic(stage / mlir_name, rendered.text)
         names.append(mlir_name)
         vmfb_name = None
+        iree_runs = 0
         if make_vmfb:
             vmfb_name = f"{spec.name}.vmfb"
-            _link(stage, mlir_name, vmfb_name, codegen.target, options, progress, len(objects))
+            iree_runs = _link(stage, mlir_name, vmfb_name, codegen.target, options, progress, len(objects), cache)
             names.append(vmfb_name)
         if reference is not None:
             shutil.copyfile(reference, stage / reference.name)
@@ -159,7 +168,15 @@ def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, 
         objects=tuple(by_name[o.file_name] for o in objects),
         codegen_target=codegen.target.name,
         notes=((codegen.note,) if codegen.note and programs else ()) + preflight_notes,
+        compiler_runs=compiler.compiles,
+        iree_compile_runs=iree_runs,
     )
+
+
+def _counting(compiler, cache: Cache | None) -> CachedCompiler:
+    """Every build goes through CachedCompiler, which counts compiler runs; with no cache it
+    uses an unusable one, so every compile is a miss."""
+    return CachedCompiler(compiler, cache if cache is not None else Cache.disabled())
 
 
 # -------------------------------------------------------------------------- compiling
@@ -275,15 +292,31 @@ def _executable_objects(spec: ModuleSpec, objects: list[ObjectCode]) -> list[Exe
 # ---------------------------------------------------------------------------- linking
 
 
-def _link(stage: Path, mlir_name: str, vmfb_name: str, codegen: Arch, options: BuildOptions, progress, n_objects) -> None:
+def _link(stage: Path, mlir_name: str, vmfb_name: str, codegen: Arch, options: BuildOptions, progress, n_objects, cache) -> int:
+    """iree-compile, unless the cache holds a module linked from the very same inputs.
+    Returns the number of iree-compile runs (0 or 1)."""
     start = time.perf_counter()
     argv = compile_args(stage / mlir_name, stage / vmfb_name, codegen, stage, options.iree_flags)
+    key = None
+    if cache is not None and cache.usable:
+        flags = [a.replace(str(stage), "<out>") for a in argv[2:]]
+        inputs = [(p.name, p.read_bytes()) for p in stage.iterdir() if p.name != mlir_name]
+        key = vmfb_key((stage / mlir_name).read_text(), inputs, flags, iree_compiler_version())
+        hit = cache.get("vmfb", key)
+        if hit is not None:
+            write_atomic(stage / vmfb_name, hit[1])
+            if progress:
+                progress(ProgressEvent(n_objects + 1, n_objects + 1, f"cached: {vmfb_name}", time.perf_counter() - start))
+            return 0
     try:
         compile_vmfb(argv, stage / mlir_name)
     except IreeCompileError as exc:
         raise _keep_for_rerun(exc, stage) from None
+    if key is not None:
+        cache.put("vmfb", key, {"name": vmfb_name}, (stage / vmfb_name).read_bytes())
     if progress:
         progress(ProgressEvent(n_objects + 1, n_objects + 1, f"iree-compile: {vmfb_name}", time.perf_counter() - start))
+    return 1
 
 
 def _keep_for_rerun(exc: IreeCompileError, stage: Path) -> IreeCompileError:

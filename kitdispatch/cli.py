@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     building.add_argument("--std", default="c++17", help="C++ standard (default: c++17)")
     building.add_argument("--fast-math", action="store_true", help="compile kernels with --use_fast_math")
     building.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: one per core)")
+    building.add_argument("--no-cache", action="store_true", help="compile everything, read and write no cache")
     building.add_argument("--codegen-target", default=None, help="target for IREE-generated dispatches (default: chosen from --arch)")
 
     p = argparse.ArgumentParser(prog="kitdispatch", description="Hand-written CUDA kernels as IREE custom dispatches.")
@@ -99,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
 
     sub.add_parser("doctor", parents=[common], help="report the toolchain and the GPU")
+
+    c = sub.add_parser("cache", parents=[common], help="show or clear the object cache")
+    c.add_argument("action", choices=("info", "clear"), help="info: where and how big; clear: remove every entry")
     return p
 
 
@@ -145,6 +149,7 @@ def _build_options(args):
         codegen_target=args.codegen_target,
         jobs=args.jobs,
         min_driver=args.min_driver,
+        use_cache=not args.no_cache,
     )
 
 
@@ -157,6 +162,7 @@ def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
         out.info(f"note: {note}")
     made = result.vmfb or result.mlir
     text = f"built {made}" if make_vmfb else f"generated {result.mlir} and {len(result.objects)} object file(s)"
+    out.detail(f"compiler runs: {result.compiler_runs}, iree-compile runs: {result.iree_compile_runs}")
     out.result(result.to_json(), text)
     return 0
 
@@ -200,4 +206,21 @@ def _cmd_doctor(args, out: _Out) -> int:
     return 0
 
 
-_COMMANDS = {"build": _cmd_build, "gen": _cmd_gen, "run": _cmd_run, "test": _cmd_test, "doctor": _cmd_doctor}
+def _cmd_cache(args, out: _Out) -> int:
+    from .cache import Cache
+
+    cache = Cache()
+    if args.action == "clear":
+        n = cache.clear()
+        out.result({"path": str(cache.root), "removed": n}, f"removed {n} entries from {cache.root}")
+        return 0
+    info = cache.info()
+    text = (
+        f"cache  {info['path']}{'' if info['usable'] else ' (not usable, see the warning)'}\n"
+        f"size   {info['entries']} entries, {info['bytes'] / 1e6:.1f} MB of {info['max_bytes'] / 1e6:.0f} MB"
+    )
+    out.result(info, text)
+    return 0
+
+
+_COMMANDS = {"build": _cmd_build, "gen": _cmd_gen, "run": _cmd_run, "test": _cmd_test, "doctor": _cmd_doctor, "cache": _cmd_cache}

@@ -28,6 +28,14 @@ HAVE_CUDA = _cuda_available()
 HAVE_NVCC = shutil.which("nvcc") is not None
 
 
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory, monkeypatch):
+    """Each test gets its own cache: nothing leaks between tests or into ~/.cache."""
+    root = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("KITDISPATCH_CACHE_DIR", str(root / "kitdispatch"))
+    return root / "kitdispatch"
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="no CUDA device for IREE's cuda driver")
     skip_nvcc = pytest.mark.skip(reason="nvcc is not on PATH")

@@ -16,7 +16,7 @@ def run(*argv):
     return code, out.getvalue(), err.getvalue()
 
 
-@pytest.mark.parametrize("command", ["build", "gen", "run", "test", "doctor"])
+@pytest.mark.parametrize("command", ["build", "gen", "run", "test", "doctor", "cache"])
 def test_every_command_has_help(command, capsys):
     code, _, _ = run(command, "--help")
     assert code == 0

@@ -1,0 +1,212 @@
+"""The object cache: keys, integrity, eviction, safety, and many real processes at once."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from kitdispatch import BuildOptions, CompileOptions, build, generate
+from kitdispatch.archs import Arch
+from kitdispatch.cache import Cache, CacheWarning, object_key
+
+from conftest import REPO, SAMPLES, needs_iree_compile
+
+SM80, SM90 = Arch.parse("sm_80"), Arch.parse("sm_90")
+
+
+@pytest.fixture
+def src(tmp_path):
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "scale.h").write_text("#define SCALE 2.0f\n")
+    (tmp_path / "local.h").write_text("#define OFFSET 1.0f\n")
+    path = tmp_path / "k.cu"
+    path.write_text('#include "local.h"\n#include <scale.h>\n#include <cuda_fp16.h>\nextern "C" __global__ void k(float* x) { x[0] = SCALE + OFFSET; }\n')
+    return path
+
+
+OPTS = CompileOptions(include_dirs=("INC",))
+
+
+def key(src, *, compiler="nvrtc", version="13.0", fmt="ptx", archs=(SM80,), options=None):
+    options = options or CompileOptions(include_dirs=(str(src.parent / "inc"),))
+    return object_key(compiler, version, fmt, archs, options, src)
+
+
+def test_key_table(src, tmp_path):
+    base = key(src)
+    differ = {
+        "compiler": key(src, compiler="nvcc"),
+        "compiler version": key(src, version="13.1"),
+        "format": key(src, fmt="cubin"),
+        "arch": key(src, archs=(SM90,)),
+        "options": key(src, options=CompileOptions(include_dirs=(str(src.parent / "inc"),), defines=("X=1",))),
+    }
+    for what, other in differ.items():
+        assert other != base, what
+    # A header edit is a miss, quoted or found through -I.
+    (src.parent / "local.h").write_text("#define OFFSET 3.0f\n")
+    after_local = key(src)
+    assert after_local != base
+    (src.parent / "inc" / "scale.h").write_text("#define SCALE 5.0f\n")
+    assert key(src) != after_local
+    # The same text in another folder, with the same options, is the same object.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("k.cu", "local.h"):
+        (copy / name).write_text((src.parent / name).read_text())
+    same_options = CompileOptions(include_dirs=(str(src.parent / "inc"),))
+    assert key(copy / "k.cu", options=same_options) == key(src)
+
+
+def test_same_kernel_name_different_sources_never_share(tmp_path):
+    a, b = tmp_path / "a.cu", tmp_path / "b.cu"
+    a.write_text('extern "C" __global__ void k(float* x) { x[0] = 1; }\n')
+    b.write_text('extern "C" __global__ void k(float* x) { x[0] = 2; }\n')
+    assert key(a, options=CompileOptions()) != key(b, options=CompileOptions())
+
+
+def test_uncacheable_computed_include_still_compiles(tmp_path):
+    from kitdispatch.cache import Uncacheable, source_closure
+
+    path = tmp_path / "k.cu"
+    path.write_text('#define H "h.h"\n#include H\n')
+    with pytest.raises(Uncacheable):
+        source_closure(path, CompileOptions())
+
+
+TOML = """
+[[kernels]]
+name = "k"
+source = "k.cu"
+workgroup_size = [32]
+workgroup_count = ["ceildiv(n, 32)"]
+params = [{ name = "x", inout = "f32[n]" }, { name = "n", scalar = "i32" }]
+"""
+
+
+def project(tmp_path, body="x[i] = 2 * x[i];"):
+    root = tmp_path / "proj"
+    root.mkdir(exist_ok=True)
+    (root / "k.cu").write_text(
+        'extern "C" __global__ void k(float* x, int n) { int i = blockIdx.x * 32 + threadIdx.x; if (i < n) { %s } }\n' % body
+    )
+    (root / "kitdispatch.toml").write_text(TOML)
+    return root
+
+
+def test_second_generate_compiles_nothing(tmp_path, isolated_cache):
+    root = project(tmp_path)
+    options = BuildOptions.create("sm_80,sm_90")
+    first = generate(root, options, tmp_path / "a")
+    second = generate(root, options, tmp_path / "b")
+    assert first.compiler_runs == 1 and second.compiler_runs == 0
+    assert (tmp_path / "a" / first.objects[0].name).read_bytes() == (tmp_path / "b" / second.objects[0].name).read_bytes()
+    assert generate(root, BuildOptions.create("sm_80,sm_90", use_cache=False), tmp_path / "c").compiler_runs == 1
+
+
+@needs_iree_compile
+def test_unchanged_build_skips_iree_compile_and_an_edit_relinks(tmp_path):
+    root = project(tmp_path)
+    options = BuildOptions.create("sm_80", format="ptx")
+    assert build(root, options, tmp_path / "a").iree_compile_runs == 1
+    again = build(root, options, tmp_path / "b")
+    assert (again.compiler_runs, again.iree_compile_runs) == (0, 0)
+    project(tmp_path, body="x[i] = 3 * x[i];")
+    edited = build(root, options, tmp_path / "c")
+    assert (edited.compiler_runs, edited.iree_compile_runs) == (1, 1)
+
+
+def test_corrupt_entry_is_a_miss_and_is_replaced(tmp_path, isolated_cache):
+    root = project(tmp_path)
+    options = BuildOptions.create("sm_80", format="ptx")
+    generate(root, options, tmp_path / "a")
+    (entry,) = Cache().entries()
+    blob = bytearray(entry.read_bytes())
+    blob[-5] ^= 0xFF
+    entry.write_bytes(bytes(blob))
+    result = generate(root, options, tmp_path / "b")
+    assert result.compiler_runs == 1
+    assert b".entry k" in result.objects[0].read_bytes()
+    (entry,) = Cache().entries()
+    assert Cache().get("object", entry.name) is not None  # valid again
+    entry.write_bytes(entry.read_bytes()[:20])  # truncated
+    assert generate(root, options, tmp_path / "c").compiler_runs == 1
+
+
+def test_size_bound_evicts_least_recently_used(tmp_path):
+    cache = Cache(tmp_path / "c", max_bytes=10_000)
+    for i in range(5):
+        cache.put("object", f"{i:02d}" + "0" * 62, {}, os.urandom(3000))
+        os.utime(cache._path("object", f"{i:02d}" + "0" * 62), (i, i))
+    names = sorted(p.name[:2] for p in cache.entries())
+    assert cache.size() <= 10_000
+    assert "04" in names and "00" not in names
+
+
+@pytest.mark.parametrize("make_unsafe, why", [
+    (lambda d: (d.rmdir(), d.symlink_to(d.parent / "elsewhere", target_is_directory=True)), "symbolic link"),
+    (lambda d: d.chmod(0o777), "writable by group or others"),
+    (lambda d: os.chown(d, 65534, -1) if os.getuid() == 0 else pytest.skip("needs root to chown"), "another user"),
+])
+def test_unsafe_cache_folder_is_refused_but_the_build_works(tmp_path, make_unsafe, why):
+    (tmp_path / "elsewhere").mkdir()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    make_unsafe(cache_dir)
+    root = project(tmp_path)
+    with pytest.warns(CacheWarning, match=why):
+        result = generate(root, BuildOptions.create("sm_80", cache_dir=str(cache_dir)), tmp_path / "out")
+    assert result.objects[0].is_file()
+    assert not list((tmp_path / "elsewhere").iterdir())
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    from kitdispatch import BuildOptions, generate
+    generate(sys.argv[1], BuildOptions.create("sm_80,sm_90"), sys.argv[2])
+""")
+
+
+def test_sixteen_concurrent_processes_share_one_entry(tmp_path, isolated_cache):
+    root = project(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(tmp_path / f"out{i}")], env=env, stderr=subprocess.PIPE)
+        for i in range(16)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+    assert len(Cache().entries()) == 1
+    leftovers = [p for p in isolated_cache.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import os, sys, time
+    real_fsync = os.fsync
+    def stall(fd):
+        print("writing", flush=True)
+        time.sleep(600)  # killed here: the entry is half-written in its temp file
+    os.fsync = stall
+    from kitdispatch import BuildOptions, generate
+    generate(sys.argv[1], BuildOptions.create("sm_80"), sys.argv[2])
+""")
+
+
+def test_writer_killed_mid_write_leaves_no_entry_and_no_lock(tmp_path, isolated_cache):
+    root = project(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(root), str(tmp_path / "dead")], env=env, stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert Cache().entries() == []  # the temp file is not an entry
+    start = time.monotonic()
+    result = generate(root, BuildOptions.create("sm_80"), tmp_path / "next")
+    assert time.monotonic() - start < 60
+    assert result.compiler_runs == 1 and len(Cache().entries()) == 1
