@@ -7,6 +7,7 @@ only substitute the names and types computed below.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,6 +100,7 @@ def render_module(
     return RenderedModule(text, tuple(e["name"] for e in executables), tuple(f["name"] for f in functions))
 
 
+@functools.cache
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("mlir_templates"))),
