@@ -1,8 +1,8 @@
 // Row argmax of a row-major f32[rows, cols] tensor to i32[rows], as numpy.argmax(x, axis=1):
-// the first index of the largest value, NaN counting as the largest. Through kit::fold_rows: a
-// warp per short row, the block of 256 threads per long one; each thread scans its elements
-// (16-byte loads) in increasing column order, then the team combines (value, index) pairs with
-// warp shuffles. This is the job of IREE's argmax ukernel sample, as a custom dispatch.
+// the first index of the largest value, NaN counting as the largest. Through kit::fold_rows: 8
+// lanes, a warp or the block of 256 threads per row (kit::row_team); each thread scans its
+// elements (16-byte loads) in increasing column order, then the team combines (value, index)
+// pairs with warp shuffles. This is the job of IREE's argmax ukernel sample, as a custom dispatch.
 #include "../common/kit_device.cuh"
 
 constexpr int kThreads = 256;

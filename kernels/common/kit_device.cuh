@@ -11,7 +11,6 @@ constexpr unsigned kFullMask = 0xffffffffu;  // every lane of a warp
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
 __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<unsigned long long>(p) & 15) == 0;
@@ -137,18 +136,19 @@ __device__ __forceinline__ T block_allreduce(T v, Op op, T identity) {
 // Who works on a row: a slice of kLanes lanes of a warp (short rows: no block barrier, several
 // rows in flight per warp or block), or the whole block (long rows). Both walk the rows
 // grid-stride, so any grid size is correct; the manifests size the grid as
-// ceildiv(rows, 8) + 1024 blocks (README).
+// ceildiv(rows, 32) + 1024 blocks (README).
 template <int kLanes>  // 32: a warp; 8: a quarter warp (a power of 2)
 struct LaneTeam {
   static_assert(kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "a power-of-2 slice of a warp");
   __device__ int rank() const { return threadIdx.x & (kLanes - 1); }
   __device__ int size() const { return kLanes; }
-  __device__ long long first_row() const { return ((long long)blockIdx.x * blockDim.x + threadIdx.x) / kLanes; }
-  __device__ long long row_stride() const { return (long long)gridDim.x * blockDim.x / kLanes; }
+  __device__ long long first_row() const { return (long long)blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes; }
+  __device__ long long row_stride() const { return (long long)gridDim.x * (blockDim.x / kLanes); }
   // Slices of one warp may run different numbers of rows, so each shuffles with its own lanes only.
   template <class T, class Op>
   __device__ T allreduce(T v, Op op, T) const {
-    const unsigned mask = kLanes == 32 ? kFullMask : ((1u << kLanes) - 1) << (threadIdx.x & 31 & ~(kLanes - 1));
+    if (kLanes == 32) return warp_allreduce(v, op);
+    const unsigned mask = ((1u << (kLanes & 31)) - 1) << (threadIdx.x & 31 & ~(kLanes - 1));
 #pragma unroll
     for (int m = kLanes / 2; m > 0; m >>= 1) v = op(v, shfl_xor(v, m, mask));
     return v;
@@ -173,16 +173,16 @@ __device__ __forceinline__ RowTeam row_team(long long rows, int cols) {
   return cols <= 256 ? RowTeam::kSlice8 : (cols <= 1024 || rows >= 2048) ? RowTeam::kWarp : RowTeam::kBlock;
 }
 
+// The rows of [0, rows) that this thread's team owns, grid-stride: body(team, row) for each.
 template <class Team, class Body>
-__device__ __forceinline__ void walk_rows(Team team, long long rows, const Body& body) {
+__device__ __forceinline__ void walk_rows(Team team, long long rows, Body body) {
   for (long long r = team.first_row(); r < rows; r += team.row_stride()) body(team, r);
 }
 
-// Calls body(team, row) for each row of [0, rows) that this thread's team owns. `body` is a
-// struct with a `template <class Team> __device__ void operator()(Team, long long) const` (NVRTC
+// walk_rows with the team `kind` says. `body` is a struct with a `template <class Team> __device__ void operator()(Team, long long) const` (NVRTC
 // treats a generic lambda's call operator as host code). blockDim.x must be kThreads.
 template <int kThreads, class Body>
-__device__ __forceinline__ void for_each_row(long long rows, RowTeam kind, const Body& body) {
+__device__ __forceinline__ void for_each_row(long long rows, RowTeam kind, Body body) {
   static_assert(kThreads % 32 == 0, "whole warps");
   if (kind == RowTeam::kSlice8) {
     walk_rows(LaneTeam<8>{}, rows, body);

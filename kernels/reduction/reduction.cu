@@ -1,7 +1,7 @@
-// Row reductions of a row-major f32[rows, cols] tensor to f32[rows], through kit::fold_rows: a
-// warp reduces a short row (no block barrier, 8 rows in flight per block), the whole block a long
-// one; each thread folds its elements from 16-byte loads, then warp shuffles (and, for a block,
-// one shared-memory step) combine the partial results.
+// Row reductions of a row-major f32[rows, cols] tensor to f32[rows], through kit::fold_rows: 8
+// lanes, a warp or the whole block take a row (kit::row_team: short rows need no block barrier
+// and keep many rows in flight); each thread folds its elements from 16-byte loads, then warp
+// shuffles (and, for a block, one shared-memory step) combine the partial results.
 #include "../common/kit_device.cuh"
 
 constexpr int kThreads = 256;

@@ -2,8 +2,9 @@
 // out[r, c] = exp(x[r, c] - max_r) / sum_c' exp(x[r, c'] - max_r).
 //
 // DRAM sees one read and one write per element:
-// - rows of up to 32 * kCached columns: a warp per row, each lane keeping its kCached values in
-//   registers between the max, the sum and the write;
+// - rows of up to 8 * kCached columns: 8 lanes per row (4 rows per warp), each lane keeping its
+//   values in registers between the max, the sum and the write;
+// - up to 32 * kCached columns: the same with a warp per row;
 // - up to 256 * kCached columns: the same with the whole block on a row;
 // - longer rows: the block makes two passes. The first keeps a running (max, sum) per thread
 //   ("online softmax": the sum is rescaled whenever the max grows), the block combines those
@@ -12,7 +13,9 @@
 #include "../common/kit_device.cuh"
 
 constexpr int kThreads = 256;
-constexpr int kCached = 32;  // values per thread kept in registers
+constexpr int kCached = 32;     // values per thread kept in registers (a warp or the block on a row)
+constexpr int kSliceLanes = 8;  // short rows (up to 8 * kCached columns): 8 lanes per row, 4 rows per warp
+constexpr int kTinySlots = 8;   // values per lane for rows of up to 64 columns (fewer idle slots)
 
 __device__ __forceinline__ float exp_shifted(float x, float max) { return exp2f((x - max) * kit::kLog2e); }
 __device__ __forceinline__ float max_op(float a, float b) { return fmaxf(a, b); }
@@ -20,12 +23,12 @@ __device__ __forceinline__ float sum_op(float a, float b) { return a + b; }
 
 // The row in registers: columns rank, rank + size, ... (coalesced 4-byte loads, kCached in flight).
 // Slots past the row end are skipped, not computed: for a warp they are whole iterations.
-template <class Team>
+template <int kSlots, class Team>
 __device__ __forceinline__ void softmax_cached(Team team, const float* __restrict__ row, float* __restrict__ dst, int cols) {
-  float v[kCached];
+  float v[kSlots];
   float max = kit::neg_inf();
 #pragma unroll
-  for (int i = 0; i < kCached; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     const int c = team.rank() + i * team.size();
     v[i] = c < cols ? row[c] : kit::neg_inf();
     max = fmaxf(max, v[i]);
@@ -33,7 +36,7 @@ __device__ __forceinline__ void softmax_cached(Team team, const float* __restric
   max = team.allreduce(max, max_op, kit::neg_inf());
   float sum = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kCached; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     if (team.rank() + i * team.size() < cols) {
       v[i] = exp_shifted(v[i], max);
       sum += v[i];
@@ -41,7 +44,7 @@ __device__ __forceinline__ void softmax_cached(Team team, const float* __restric
   }
   const float inv_sum = 1.0f / team.allreduce(sum, sum_op, 0.0f);
 #pragma unroll
-  for (int i = 0; i < kCached; ++i) {
+  for (int i = 0; i < kSlots; ++i) {
     const int c = team.rank() + i * team.size();
     if (c < cols) dst[c] = v[i] * inv_sum;
   }
@@ -96,18 +99,24 @@ struct RowSoftmax {
 
   template <class Team>
   __device__ void operator()(Team team, long long r) const {
-    if (cols <= team.size() * kCached) {
-      softmax_cached(team, x + r * cols, out + r * cols, cols);
+    if (team.size() == kSliceLanes && cols <= kSliceLanes * kTinySlots) {
+      softmax_cached<kTinySlots>(team, x + r * cols, out + r * cols, cols);
+    } else if (cols <= team.size() * kCached) {
+      softmax_cached<kCached>(team, x + r * cols, out + r * cols, cols);
     } else {
       softmax_online(team, x + r * cols, out + r * cols, cols);
     }
   }
 };
 
-extern "C" __global__ void __launch_bounds__(kThreads, 3)
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
 row_softmax(const float* __restrict__ x, float* __restrict__ out, int rows, int cols) {
-  // Registers hold up to 8 * kCached columns for 8 lanes, 32 * kCached for a warp,
-  // kThreads * kCached for the block.
-  const kit::RowTeam team = cols <= 8 * kCached ? kit::RowTeam::kSlice8 : cols <= 32 * kCached ? kit::RowTeam::kWarp : kit::RowTeam::kBlock;
-  kit::for_each_row<kThreads>(rows, team, RowSoftmax{x, out, cols});
+  const RowSoftmax body{x, out, cols};
+  if (cols <= kSliceLanes * kCached) {
+    kit::walk_rows(kit::LaneTeam<kSliceLanes>{}, rows, body);
+  } else if (cols <= 32 * kCached) {
+    kit::walk_rows(kit::LaneTeam<32>{}, rows, body);
+  } else {
+    kit::walk_rows(kit::BlockTeam<kThreads>{}, rows, body);
+  }
 }
