@@ -17,7 +17,7 @@ from . import __version__
 from ._files import publish, staging_dir, write_atomic
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
 from .cache import Cache, CachedCompiler, vmfb_key
-from .compilers import OBJECT_FORMATS, CompileOptions, ObjectCode, check_archs, get_compiler
+from .compilers import CompileOptions, ObjectCode, check_archs, get_compiler
 from .errors import IreeCompileError, KitError, ManifestError
 from .iree_compile import choose_codegen_target, compile_args, compile_vmfb, iree_compiler_version
 from .manifest import load_manifest
@@ -25,7 +25,7 @@ from .preflight import PreflightError, Version, check_ptx_loads, local_driver, p
 from .ptx import check_kernel_against_ptx, parse_entries
 from .render import ExecutableObjects, VariantObject, render_module
 from .runtime import RECORD_SUFFIX
-from .spec import ModuleSpec
+from .spec import OBJECT_FORMATS, ModuleSpec
 
 RECORD_SCHEMA = 1
 
@@ -263,7 +263,7 @@ def _preflight(objects: list[ObjectCode], options: BuildOptions) -> tuple[str, .
         is_primary = obj.format == "ptx" and options.format == "ptx"
         try:
             check_ptx_loads(version, driver, compiler=obj.compiler, where=obj.file_name)
-        except PreflightError as exc:
+        except PreflightError:
             if is_primary:
                 raise
             notes.append(f"{obj.file_name}: PTX ISA {version} is newer than driver {driver} loads; "

@@ -19,7 +19,6 @@ from .archs import Arch, check_supported, ptx_fallback_archs
 from .errors import CompileError, KitError
 
 ObjectFormat = Literal["ptx", "cubin", "fatbin"]
-from .spec import OBJECT_FORMATS  # noqa: E402  (one list, shared with kernel descriptions)
 NVCC_TIMEOUT_S = 300.0
 
 

@@ -19,7 +19,7 @@ from . import __version__
 from ._resources import data_dir
 from .archs import Arch
 from .errors import ManifestError
-from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, TensorType
+from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, TensorType
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,9 @@ def _export_view(kernel: Kernel, ordinal: int) -> dict:
         "name": kernel.name,
         "ordinal": ordinal,
         "constants": len(kernel.scalars),
-        "bindings": ["" if not b.read_only else ", ReadOnly" for b in _binding_order(kernel)],
+        # IREE binds tensor operands in operand order, then untied results; the function
+        # keeps every buffer's C slot (see `_needs_empty`), so bindings follow the C order.
+        "bindings": ["" if not b.read_only else ", ReadOnly" for b in kernel.buffers],
         "workload": list(workload),
         "count": count,
         "workgroup_size": list(kernel.workgroup_size),
@@ -185,12 +187,6 @@ def _describe_params(kernel: Kernel) -> str:
     ]
     return ", ".join(parts)
 
-
-def _binding_order(kernel: Kernel) -> list[Buffer]:
-    """IREE binds tensor operands in operand order, then untied results: so a kernel's
-    buffers keep their C order as long as every output that is followed by an input is
-    passed as a tied operand (see `_needs_empty`)."""
-    return list(kernel.buffers)
 
 
 def _needs_empty(kernel: Kernel, buffer: Buffer) -> bool:

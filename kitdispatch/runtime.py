@@ -17,7 +17,7 @@ import numpy as np
 
 from ._proc import ToolResult, run_tool
 from .errors import KitError, RuntimeUnavailable, ToolError
-from .spec import ELEMENT_TYPES, FunctionSignature, ScalarType, TensorType
+from .spec import ELEMENT_TYPES, FunctionSignature, ScalarType
 
 RUN_TIMEOUT_S = 600.0
 RECORD_SUFFIX = ".kitdispatch.json"
