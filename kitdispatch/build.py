@@ -19,7 +19,7 @@ from .archs import Arch, parse_arch_list, ptx_fallback_archs
 from .cache import Cache, CachedCompiler, vmfb_key
 from .compilers import CompileOptions, ObjectCode, check_archs, get_compiler
 from .errors import IreeCompileError, KitError, ManifestError
-from .iree_compile import choose_codegen_target, compile_args, compile_vmfb, iree_compiler_version
+from .iree_compile import choose_codegen_target, compile_args, compile_in_process, compile_vmfb, iree_compiler_version
 from .manifest import load_manifest
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
 from .ptx import check_kernel_against_ptx, parse_entries
@@ -43,6 +43,8 @@ class BuildOptions:
     jobs: int | None = None
     # Oldest CUDA driver the build must load on (PTX ISA check); None: the local GPU's.
     min_driver: str | None = None
+    # Link through IREE's in-process compiler API (faster); False: always run iree-compile.
+    iree_in_process: bool = True
     use_cache: bool = True
     cache_dir: str | None = None  # None: KITDISPATCH_CACHE_DIR, XDG_CACHE_HOME or ~/.cache
 
@@ -147,7 +149,9 @@ def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, 
         iree_runs = 0
         if make_vmfb:
             vmfb_name = f"{spec.name}.vmfb"
-            iree_runs = _link(stage, mlir_name, vmfb_name, codegen.target, options, progress, len(objects), cache)
+            # The in-process API has no object search path: it gets absolute object paths.
+            linkable = render_module(spec, _executable_objects(spec, objects, stage), programs=programs).text
+            iree_runs = _link(stage, mlir_name, vmfb_name, linkable, codegen.target, options, progress, len(objects), cache)
             names.append(vmfb_name)
         if reference is not None:
             shutil.copyfile(reference, stage / reference.name)
@@ -271,9 +275,10 @@ def _preflight(objects: list[ObjectCode], options: BuildOptions) -> tuple[str, .
     return tuple(dict.fromkeys(notes))
 
 
-def _executable_objects(spec: ModuleSpec, objects: list[ObjectCode]) -> list[ExecutableObjects]:
+def _executable_objects(spec: ModuleSpec, objects: list[ObjectCode], object_dir: Path | None = None) -> list[ExecutableObjects]:
     """Per source and format: the variants' objects in the order they are tried: the
-    primary objects newest first, then (for cubin) the PTX fallbacks newest first."""
+    primary objects newest first, then (for cubin) the PTX fallbacks newest first.
+    Object paths are file names, or absolute under `object_dir` when given."""
     out = []
     for source, fmt in dict.fromkeys((k.source, k.format) for k in spec.kernels):
         path = spec.source_path(source)
@@ -283,7 +288,12 @@ def _executable_objects(spec: ModuleSpec, objects: list[ObjectCode]) -> list[Exe
             fallback = sorted((o for o in objects if o.source == path and o.format == "ptx"), key=lambda o: o.arch, reverse=True)
         out.append(
             ExecutableObjects(
-                source, fmt, tuple(VariantObject(o.arch, o.format, o.file_name) for o in primary + fallback)
+                source,
+                fmt,
+                tuple(
+                    VariantObject(o.arch, o.format, str(object_dir / o.file_name) if object_dir else o.file_name)
+                    for o in primary + fallback
+                ),
             )
         )
     return out
@@ -292,9 +302,12 @@ def _executable_objects(spec: ModuleSpec, objects: list[ObjectCode]) -> list[Exe
 # ---------------------------------------------------------------------------- linking
 
 
-def _link(stage: Path, mlir_name: str, vmfb_name: str, codegen: Arch, options: BuildOptions, progress, n_objects, cache) -> int:
-    """iree-compile, unless the cache holds a module linked from the very same inputs.
-    Returns the number of iree-compile runs (0 or 1)."""
+def _link(
+    stage: Path, mlir_name: str, vmfb_name: str, linkable: str, codegen: Arch, options: BuildOptions, progress, n_objects, cache
+) -> int:
+    """Links the module, unless the cache holds one linked from the very same inputs.
+    In process first; iree-compile as a subprocess when that is off or fails (for its log).
+    Returns the number of links run (0 or 1)."""
     start = time.perf_counter()
     argv = compile_args(stage / mlir_name, stage / vmfb_name, codegen, stage, options.iree_flags)
     key = None
@@ -308,8 +321,10 @@ def _link(stage: Path, mlir_name: str, vmfb_name: str, codegen: Arch, options: B
             if progress:
                 progress(ProgressEvent(n_objects + 1, n_objects + 1, f"cached: {vmfb_name}", time.perf_counter() - start))
             return 0
+    linked = options.iree_in_process and compile_in_process(linkable, stage / vmfb_name, codegen, options.iree_flags)
     try:
-        compile_vmfb(argv, stage / mlir_name)
+        if not linked:
+            compile_vmfb(argv, stage / mlir_name)
     except IreeCompileError as exc:
         raise _keep_for_rerun(exc, stage) from None
     if key is not None:

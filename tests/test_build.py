@@ -254,3 +254,17 @@ def test_ptx_newer_than_the_minimum_driver_fails_early(tmp_path):
     result = build(PROBE, BuildOptions.create("sm_80", format="cubin", min_driver="12.4"), tmp_path)
     assert any("PTX fallback" in n for n in result.notes)
     build(PROBE, BuildOptions.create("sm_80", format="ptx", min_driver="13.0"), tmp_path / "ok")
+
+
+def test_in_process_link_matches_the_subprocess(tmp_path):
+    """Same module both ways; only the embedded source name differs (the subprocess sees
+    the staging folder's path)."""
+    import re
+
+    fast = build(SAMPLES / "simple_mul", BuildOptions.create("sm_80", use_cache=False), tmp_path / "a")
+    slow = build(SAMPLES / "simple_mul", BuildOptions.create("sm_80", use_cache=False, iree_in_process=False), tmp_path / "b")
+    strings = lambda p: set(re.findall(rb"[\x20-\x7e]{12,}", p.read_bytes()))  # noqa: E731
+    differ = strings(fast.vmfb) ^ strings(slow.vmfb)
+    assert all(s.endswith(b"simple_mul.mlir") for s in differ), differ
+    assert (fast.iree_compile_runs, slow.iree_compile_runs) == (1, 1)
+    assert b".staging" not in fast.vmfb.read_bytes()
