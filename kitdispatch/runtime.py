@@ -89,6 +89,7 @@ class Module:
         self.device = device
         self.signatures = read_signatures(self.path)
         config = rt.Config(device=rt.get_device(device))
+        self.hal_device = config.device  # for rt.asdevicearray: inputs that stay on the GPU
         self._context = rt.SystemContext(config=config)
         vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
         self._context.add_vm_module(vm_module)
@@ -98,6 +99,15 @@ class Module:
     @property
     def function_names(self) -> tuple[str, ...]:
         return tuple(self.signatures) if self.signatures else ()
+
+    def raw(self, name: str):
+        """IREE's own callable: no argument checks, and it takes device arrays
+        (`iree.runtime.asdevicearray(module.hal_device, x)`) as well as numpy."""
+        try:
+            return self._functions[name]
+        except (KeyError, AttributeError):
+            known = ", ".join(self.function_names) or "see `iree-dump-module`"
+            raise KitError(f"{self.path} has no function {name!r}", fix=f"call one of: {known}") from None
 
     def __getitem__(self, name: str):
         return functools.partial(self.call, name)
@@ -112,12 +122,7 @@ class Module:
         sig = self.signatures.get(name)
         if sig is not None:
             args = check_arguments(sig, args)
-        try:
-            fn = self._functions[name]
-        except (KeyError, AttributeError):
-            known = ", ".join(self.function_names) or "see `iree-dump-module`"
-            raise KitError(f"{self.path} has no function {name!r}", fix=f"call one of: {known}") from None
-        results = fn(*args)
+        results = self.raw(name)(*args)
         if isinstance(results, (list, tuple)):
             return tuple(_to_numpy(r) for r in results)
         return _to_numpy(results)
