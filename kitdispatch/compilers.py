@@ -130,24 +130,9 @@ class NvrtcCompiler:
 
     def compile(self, source: Path, arch: Arch, fmt: ObjectFormat, options: CompileOptions) -> ObjectCode:
         nvrtc = self._nvrtc
-        text = read_source(source)
-        (prog,) = self._check(nvrtc.nvrtcCreateProgram(text, str(source).encode(), 0, [], []), "create")
+        target = arch.compute_name if fmt == "ptx" else arch.name
+        prog = self._compiled(source, [f"--gpu-architecture={target}", *self._flags(source, options)], ())
         try:
-            target = arch.compute_name if fmt == "ptx" else arch.name
-            opts = [f"--gpu-architecture={target}", *options.flags()]
-            # NVRTC resolves quoted includes against the working folder, nvcc against the
-            # source's folder; make NVRTC behave like nvcc.
-            opts.append(f"-I{source.parent}")
-            (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-            log = self._log(prog)
-            if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-                raise CompileError(
-                    f"NVRTC failed to compile {source} for {arch.name}",
-                    where=_first_error_location(log) or str(source),
-                    log=log,
-                    argv=["nvrtc", *opts, str(source)],
-                    fix="fix the error in the kernel source shown in the log",
-                )
             if fmt == "ptx":
                 return ObjectCode.from_ptx(self._ptx(prog), arch, source, self.name)
             (size,) = self._check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
@@ -156,6 +141,52 @@ class NvrtcCompiler:
             return ObjectCode.from_cubin(bytes(buf), arch, source, self.name, ptx=self._ptx(prog))
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
+
+    def lowered_names(self, source: Path, names: tuple[str, ...], options: CompileOptions) -> dict[str, str]:
+        """The mangled entry names of C++ kernels (`scale`, `scale<float>`) through NVRTC
+        name expressions; a template instantiation must also be instantiated in the source,
+        since the build's compile does not add name expressions."""
+        prog = self._compiled(source, self._flags(source, options), names)
+        try:
+            out = {}
+            for name in names:
+                (lowered,) = self._check(self._nvrtc.nvrtcGetLoweredName(prog, name.encode()), f"lowered name of {name}")
+                out[name] = lowered.decode() if isinstance(lowered, bytes) else str(lowered)
+            return out
+        finally:
+            self._nvrtc.nvrtcDestroyProgram(prog)
+
+    def _flags(self, source: Path, options: CompileOptions) -> list[str]:
+        # NVRTC resolves quoted includes against the working folder, nvcc against the
+        # source's folder; make NVRTC behave like nvcc. The CUDA headers (cuda_fp16.h,
+        # mma.h, ...) come from the nvidia-cuda-runtime wheel, as nvcc has its own.
+        flags = [*options.flags(), f"-I{source.parent}"]
+        headers = cuda_include_dir()
+        return flags + [f"-I{headers}"] if headers else flags
+
+    def _compiled(self, source: Path, opts: list[str], names: tuple[str, ...]):
+        """A compiled NVRTC program (the caller destroys it), or a CompileError with the log."""
+        nvrtc = self._nvrtc
+        text = read_source(source)
+        (prog,) = self._check(nvrtc.nvrtcCreateProgram(text, str(source).encode(), 0, [], []), "create")
+        try:
+            for name in names:
+                self._check(nvrtc.nvrtcAddNameExpression(prog, name.encode()), f"name expression {name}")
+            (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+            log = self._log(prog)
+            if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                target = next((o.split("=", 1)[1] for o in opts if o.startswith("--gpu-architecture=")), "")
+                raise CompileError(
+                    f"NVRTC failed to compile {source}" + (f" for {target}" if target else ""),
+                    where=_first_error_location(log) or str(source),
+                    log=log,
+                    argv=["nvrtc", *opts, str(source)],
+                    fix="fix the error in the kernel source shown in the log",
+                )
+        except BaseException:
+            nvrtc.nvrtcDestroyProgram(prog)
+            raise
+        return prog
 
     def _ptx(self, prog) -> bytes:
         (size,) = self._check(self._nvrtc.nvrtcGetPTXSize(prog), "ptx size")
@@ -186,6 +217,25 @@ class NvrtcCompiler:
         if err != self._nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise KitError(f"NVRTC call {what} failed: {err}", fix="check the NVRTC installation (kitdispatch doctor)")
         return tuple(values)
+
+
+@functools.cache
+def cuda_include_dir() -> str | None:
+    """The CUDA headers of the nvidia-cuda-runtime wheel (`kitdispatch[build]`), if installed."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory("cudart")
+    except Exception:  # an older cuda-pathfinder, or none: look for the wheel's folder
+        found = None
+    if found is None:
+        try:
+            import nvidia.cu13
+
+            found = next((str(Path(p) / "include") for p in nvidia.cu13.__path__ if (Path(p) / "include" / "cuda_fp16.h").is_file()), None)
+        except ImportError:
+            return None
+    return str(found) if found else None
 
 
 @functools.cache

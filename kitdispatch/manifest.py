@@ -6,8 +6,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from .errors import ManifestError
+from .errors import KitError, ManifestError
+from .signature import KernelSignature, find_kernel
 from .spec import (
+    C_SCALAR_TYPES,
     Buffer,
     FunctionSignature,
     IndexExpr,
@@ -19,6 +21,10 @@ from .spec import (
     TensorType,
     TestSpec,
     check_identifier,
+    check_kernel_name,
+    check_params,
+    cpp_base_name,
+    infer_params,
     parse_value_type,
 )
 
@@ -28,7 +34,12 @@ _TOP_KEYS = {"name": False, "kernels": True, "programs": False, "test": False}
 _KERNEL_KEYS = {
     "name": True,
     "source": True,
-    "params": True,
+    "params": False,
+    "shapes": False,
+    "inout": False,
+    "in": False,
+    "scalars": False,
+    "values": False,
     "workgroup_size": True,
     "workgroup_count": True,
     "function": False,
@@ -38,6 +49,8 @@ _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
 _TEST_KEYS = {"reference": False, "sizes": False, "seed": False}
 _ACCESS_KEYS = ("in", "out", "inout", "scalar")
+_INFERENCE_KEYS = ("shapes", "inout", "in", "scalars", "values")
+FLOAT_SCALARS = ("f32", "f64", "f16", "bf16")
 
 
 def find_manifest(path: str | Path) -> Path:
@@ -86,22 +99,105 @@ def _default_name(root: Path) -> str:
 
 def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
     _check_keys(data, _KERNEL_KEYS, where)
-    name = _string(data["name"], f"{where}: name")
+    name = check_kernel_name(_string(data["name"], f"{where}: name"), f"{where}: name")
     where = f"{where} ({name})"
-    params = [
-        _parse_param(p, f"{where}: params[{i}]")
-        for i, p in enumerate(_list_of_tables(data["params"], f"{where}: params"))
-    ]
+    source = _string(data["source"], f"{where}: source")
+    sig = _signature(root / source, name, where, required="params" not in data)
+    if "params" in data:
+        inference = [k for k in _INFERENCE_KEYS if k in data]
+        if inference:
+            raise ManifestError(
+                f"{', '.join(map(repr, inference))} and 'params' both describe the parameters",
+                where=where,
+                fix="give either 'params' (every C parameter) or 'shapes' (and inout, in, scalars, values)",
+            )
+        params = [
+            _parse_param(p, f"{where}: params[{i}]")
+            for i, p in enumerate(_list_of_tables(data["params"], f"{where}: params"))
+        ]
+        if sig is not None:
+            check_params(tuple(params), sig, where)
+    else:
+        params = _infer_params(data, sig, where)
     return Kernel.create(
         name,
-        _string(data["source"], f"{where}: source"),
+        source,
         params,
         workgroup_size=_list(data["workgroup_size"], f"{where}: workgroup_size"),
         workgroup_count=_list(data["workgroup_count"], f"{where}: workgroup_count"),
         function=data.get("function"),
         format=data.get("format"),
+        symbol=None if sig is None or sig.extern_c else resolve_symbol(root / source, name, where),
         where=where,
     )
+
+
+def resolve_symbol(path: Path, name: str, where: str) -> str:
+    """The mangled entry of a C++ (not extern "C") kernel, through an NVRTC name expression."""
+    from .compilers import CompileOptions, NvrtcCompiler
+
+    try:
+        return NvrtcCompiler().lowered_names(path, (name,), CompileOptions())[name]
+    except KitError as exc:
+        raise ManifestError(
+            f"cannot resolve the mangled name of C++ kernel {name!r}: {exc.what}",
+            where=where,
+            fix='declare the kernel extern "C", or make the source compile with NVRTC (for a '
+            "template, instantiate it explicitly in the source)",
+        ) from None
+
+
+def _signature(path: Path, name: str, where: str, *, required: bool) -> KernelSignature | None:
+    """The kernel's C signature from its source. Explicit params are only cross-checked when
+    the source can be read and the kernel found in it (otherwise the compiler, or the check of
+    the compiled object's entries, reports the problem with its own, better, message)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        if not required:
+            return None
+        raise ManifestError(
+            f"cannot read kernel source {path}: {getattr(exc, 'strerror', None) or exc}",
+            where=where,
+            fix="check 'source' (relative to the manifest), or declare every parameter in 'params'",
+        ) from None
+    try:
+        return find_kernel(text, cpp_base_name(name), path=str(path))
+    except ManifestError:
+        if required:
+            raise
+        return None  # explicit params: the compiler and the PTX check report what is wrong
+
+
+def _infer_params(data: dict, sig: KernelSignature | None, where: str) -> tuple[Param, ...]:
+    assert sig is not None
+    shapes = _table(data.get("shapes", {}), f"{where}: shapes")
+    scalars = _table(data.get("scalars", {}), f"{where}: scalars")
+    values = _table(data.get("values", {}), f"{where}: values")
+    types = {k: _string(v, f"{where}: scalars.{k}") for k, v in scalars.items()}
+    c_types = {c.name: C_SCALAR_TYPES.get(c.type) for c in sig.params}
+    return infer_params(
+        sig,
+        shapes={k: TensorType.parse(v, f"{where}: shapes.{k}") for k, v in shapes.items()},
+        inout=tuple(_names(data.get("inout", []), f"{where}: inout")),
+        inputs=tuple(_names(data.get("in", []), f"{where}: in")),
+        scalars=types,
+        values={
+            k: _parse_scalar_value(v, types.get(k) or c_types.get(k) or "i32", f"{where}: values.{k}")
+            for k, v in values.items()
+        },
+        where=where,
+    )
+
+
+def _table(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ManifestError(f"expected a table, got {value!r}", where=where, fix='e.g. { x = "f32[n]" }')
+    return value
+
+
+def _names(value: Any, where: str) -> list[str]:
+    return [_string(v, where) for v in _list(value, where)]
 
 
 def _parse_param(data: dict, where: str) -> Param:
@@ -129,12 +225,14 @@ def _parse_param(data: dict, where: str) -> Param:
 def _parse_scalar_value(value: Any, dtype: str, where: str) -> IndexExpr | float | None:
     if value is None:
         return None
-    if dtype == "f32":
+    if dtype in FLOAT_SCALARS:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ManifestError(
-                f"value {value!r} of an f32 scalar is not a number", where=where, fix="e.g. value = 0.5"
+                f"value {value!r} of an {dtype} scalar is not a number", where=where, fix="e.g. value = 0.5"
             )
         return float(value)
+    if dtype == "bool" and isinstance(value, bool):
+        return IndexExpr.parse(int(value), f"{where}: value")
     return IndexExpr.parse(value, f"{where}: value")
 
 

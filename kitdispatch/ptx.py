@@ -46,30 +46,46 @@ def parse_entries(ptx: str) -> dict[str, PtxEntry]:
 
 
 def check_kernel_against_ptx(kernel: Kernel, entries: dict[str, PtxEntry], where: str) -> None:
-    """The object must export the kernel with the parameters and block size the layout declares."""
-    entry = entries.get(kernel.name)
+    """The object must export the kernel with the parameters and block size the layout declares.
+
+    Each C parameter must have exactly the size IREE fills: a pointer 8 bytes; a push
+    constant lands in its own parameter slot as 32 bits, of which a 4-, 2- (f16, bf16) or
+    1-byte (bool) parameter reads the low bytes; an 8-byte parameter would read 32 bits of
+    garbage, so 64-bit scalars are two 4-byte parameters (spec.SCALAR_TYPES)."""
+    entry = entries.get(kernel.entry)
     if entry is None:
         have = ", ".join(sorted(entries)) or "none"
+        named = kernel.name if kernel.entry == kernel.name else f"{kernel.name} ({kernel.entry})"
         raise AbiError(
-            f"kernel {kernel.name!r} is not in the compiled object (entries found: {have})",
+            f"kernel {named!r} is not in the compiled object (entries found: {have})",
             where=where,
             fix='declare it `extern "C" __global__` in the source, or correct the name in the manifest',
         )
-    if len(entry.params) != len(kernel.params):
+    slots = kernel.c_slots
+    if len(entry.params) != len(slots):
         raise AbiError(
             f"kernel {kernel.name!r} takes {len(entry.params)} parameters in the compiled object "
-            f"but the manifest declares {len(kernel.params)} "
-            f"({', '.join(p.name for p in kernel.params)})",
+            f"but the manifest declares {len(slots)} ({', '.join(s.name for s in slots)})",
             where=where,
-            fix="declare every C parameter of the kernel, in the order of its signature",
+            fix="declare every C parameter of the kernel, in the order of its signature; a 64-bit "
+            "scalar NAME is two 32-bit parameters NAME_lo, NAME_hi",
         )
-    for i, (declared, compiled) in enumerate(zip(kernel.params, entry.params)):
-        want = 8 if isinstance(declared, Buffer) else 4
-        if compiled.size != want:
-            what = "a pointer (8 bytes)" if isinstance(declared, Buffer) else f"{declared.dtype} (4 bytes)"
+    for i, (slot, compiled) in enumerate(zip(slots, entry.params)):
+        if compiled.size != slot.size:
+            p = slot.param
+            what = (
+                "a pointer" if isinstance(p, Buffer)
+                else f"a 32-bit half of {p.dtype} {p.name!r}" if p.is_wide
+                else p.dtype
+            )
+            hint = (
+                "; IREE passes 32 bits per parameter, so take a 64-bit value as two 32-bit halves "
+                "and declare it i64/u64/f64"
+                if compiled.size == 8 and not isinstance(p, Buffer) else ""
+            )
             raise AbiError(
-                f"kernel {kernel.name!r} parameter {i} ({declared.name!r}) is declared as {what} "
-                f"but the compiled kernel takes {compiled.size} bytes there",
+                f"kernel {kernel.name!r} parameter {i} ({slot.name!r}) is declared as {what} "
+                f"({slot.size} bytes) but the compiled kernel takes {compiled.size} bytes there{hint}",
                 where=where,
                 fix="make the manifest's params match the C signature, in order",
             )

@@ -8,7 +8,9 @@ only substitute the names and types computed below.
 from __future__ import annotations
 
 import functools
+import math
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,7 @@ from . import __version__
 from ._resources import data_dir
 from .archs import Arch
 from .errors import ManifestError
-from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, TensorType
+from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def _export_view(kernel: Kernel, ordinal: int) -> dict:
     ]
     return {
         "doc": f"{kernel.name}: {_describe_params(kernel)}",
-        "name": kernel.name,
+        "name": kernel.entry,
         "ordinal": ordinal,
         "constants": len(kernel.scalars),
         # IREE binds tensor operands in operand order, then untied results; the function
@@ -204,10 +206,7 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
     ssa = _SsaNames()
     args = kernel.function_arguments
     arg_ssa = {p.name: ssa.take(p.name) for p in args}
-    arg_types = {
-        p.name: (p.type.mlir if isinstance(p, Buffer) else ("i32" if p.dtype == "u32" else p.dtype))
-        for p in args
-    }
+    arg_types = {p.name: p.type.mlir if isinstance(p, Buffer) else ScalarType(p.dtype).mlir for p in args}
 
     # Symbol values (index): dimensions of tensor arguments, then integer scalar arguments.
     symbol_ssa: dict[str, str] = {}
@@ -232,18 +231,12 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
     for s in kernel.scalars:
         if kernel.is_function_argument(s) and s.name in kernel.known_symbols and s.name not in symbol_ssa:
             symbol_ssa[s.name] = ssa.take(f"dim_{s.name}")
-            symbol_casts.append(
-                {
-                    "ssa": symbol_ssa[s.name],
-                    "op": "index_castui" if s.dtype == "u32" else "index_cast",
-                    "src": arg_ssa[s.name],
-                    "src_type": "i32",
-                    "dst_type": "index",
-                }
-            )
+            op = "arith.index_castui" if s.dtype in ("u32", "u64") else "arith.index_cast"
+            symbol_casts.append(_op(symbol_ssa[s.name], op, f"%{arg_ssa[s.name]}", f"{arg_types[s.name]} to index"))
 
-    # Push constant values, in C order.
-    applies, constant_casts, float_constants, bitcasts, constant_ssa = [], [], [], [], []
+    # Push constant values, in C order: one i32 per constant (two for 64-bit scalars).
+    constants = _Constants(ssa)
+    applies = []
     for s in kernel.scalars:
         value = s.value if s.value is not None or kernel.is_function_argument(s) else IndexExpr.parse(s.name, "")
         if isinstance(value, IndexExpr):
@@ -256,21 +249,11 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
                     "operands": ", ".join(f"%{symbol_ssa[sym]}" for sym in symbols),
                 }
             )
-            out = ssa.take(f"{s.name}_i32")
-            constant_casts.append({"ssa": out, "op": "index_cast", "src": idx, "src_type": "index", "dst_type": "i32"})
-            constant_ssa.append(out)
+            constants.from_index(s, idx)
         elif isinstance(value, float):
-            lit = ssa.take(f"{s.name}_f32")
-            float_constants.append({"ssa": lit, "literal": _float_literal(value)})
-            out = ssa.take(f"{s.name}_bits")
-            bitcasts.append({"ssa": out, "src": lit})
-            constant_ssa.append(out)
-        elif s.dtype == "f32":
-            out = ssa.take(f"{s.name}_bits")
-            bitcasts.append({"ssa": out, "src": arg_ssa[s.name]})
-            constant_ssa.append(out)
+            constants.from_literal(s, value)
         else:
-            constant_ssa.append(arg_ssa[s.name])
+            constants.from_argument(s, arg_ssa[s.name])
 
     def shaped(t: TensorType) -> str:
         dyn = [f"%{symbol_ssa[d]}" for d in t.shape if isinstance(d, str)]
@@ -293,9 +276,9 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
             results.append(shaped(b.type))
 
     result_buffers = [b for b in kernel.buffers if b.is_result]
-    targets = [f"@{exe['name']}::@{kernel.name}"]
+    targets = [f"@{exe['name']}::@{kernel.entry}"]
     if exe["template"] == "executable_variants.mlir.j2":
-        targets = [f"@{exe['name']}::@{v['name']}::@{kernel.name}" for v in exe["variants"]]
+        targets = [f"@{exe['name']}::@{v['name']}::@{kernel.entry}" for v in exe["variants"]]
     return {
         "doc": f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})",
         "name": kernel.function,
@@ -304,14 +287,12 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
         "dims": dims,
         "symbol_casts": symbol_casts,
         "applies": applies,
-        "constant_casts": constant_casts,
-        "float_constants": float_constants,
-        "bitcasts": bitcasts,
+        "constant_ops": constants.ops,
         "empties": empties,
         "target": targets[0] if len(targets) == 1 else "{" + ", ".join(targets) + "}",
         "workload": ", ".join(f"%{symbol_ssa[w]}" for w in kernel.workload),
-        "operands": ", ".join([f"%{c}" for c in constant_ssa] + operands),
-        "operand_types": ", ".join(["i32"] * len(constant_ssa) + operand_types),
+        "operands": ", ".join([f"%{c}" for c in constants.values] + operands),
+        "operand_types": ", ".join(["i32"] * len(constants.values) + operand_types),
         "dispatch_results": ", ".join(results),
         "result_count": len(result_buffers),
         "returns": ", ".join(f"%result#{i}" for i in range(len(result_buffers))),
@@ -319,11 +300,79 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
     }
 
 
-def _float_literal(value: float) -> str:
-    text = repr(float(value))
-    if text in ("inf", "-inf", "nan"):
-        raise ManifestError(f"scalar value {text} cannot be written as an MLIR literal", fix="use a finite number")
-    return text if ("." in text or "e" in text) else f"{text}.0"
+def _op(ssa: str, op: str, operands: str, types: str) -> dict:
+    """One `%ssa = op operands : types` line of the generated function."""
+    return {"ssa": ssa, "op": op, "operands": operands, "types": types}
+
+
+class _Constants:
+    """Turns each scalar into its i32 push constants, in order (see spec.SCALAR_TYPES):
+    one for 32-bit, narrower (f16, bf16: low 16 bits; bool: 0 or 1) types, two (low half
+    first) for i64, u64 and f64."""
+
+    def __init__(self, ssa: "_SsaNames") -> None:
+        self.ssa = ssa
+        self.ops: list[dict] = []
+        self.values: list[str] = []
+        self._c32: str | None = None
+
+    def from_argument(self, s: Scalar, arg: str) -> None:
+        """From the generated function's argument, of type ScalarType(s.dtype).mlir."""
+        if s.dtype in ("i32", "u32"):
+            self.values.append(arg)
+        elif s.dtype == "f32":
+            self.values.append(self._emit(f"{s.name}_bits", "arith.bitcast", f"%{arg}", "f32 to i32"))
+        elif s.dtype in ("f16", "bf16"):
+            narrow = self._emit(f"{s.name}_{s.dtype}", "arith.truncf", f"%{arg}", f"f32 to {s.dtype}")
+            bits = self._emit(f"{s.name}_bits16", "arith.bitcast", f"%{narrow}", f"{s.dtype} to i16")
+            self.values.append(self._emit(f"{s.name}_bits", "arith.extui", f"%{bits}", "i16 to i32"))
+        elif s.dtype == "bool":
+            self.values.append(self._emit(f"{s.name}_i32", "arith.extui", f"%{arg}", "i1 to i32"))
+        else:  # i64, u64, and f64 as its bits
+            self._split(s.name, arg)
+
+    def from_index(self, s: Scalar, idx: str) -> None:
+        if s.is_wide:
+            self._split(s.name, self._emit(f"{s.name}_i64", "arith.index_cast", f"%{idx}", "index to i64"))
+        else:
+            self.values.append(self._emit(f"{s.name}_i32", "arith.index_cast", f"%{idx}", "index to i32"))
+
+    def from_literal(self, s: Scalar, value: float) -> None:
+        """Float literals become their bits here: IREE would demote an f64 constant to f32."""
+        for half, word in zip(("_lo", "_hi") if s.is_wide else ("",), _float_words(s.dtype, value)):
+            self.values.append(self._emit(f"{s.name}{half}_bits", "arith.constant", str(word), "i32"))
+
+    def _split(self, name: str, value: str) -> None:
+        if self._c32 is None:
+            self._c32 = self._emit("c32_i64", "arith.constant", "32", "i64")
+        lo = self._emit(f"{name}_lo", "arith.trunci", f"%{value}", "i64 to i32")
+        shifted = self._emit(f"{name}_shifted", "arith.shrui", f"%{value}, %{self._c32}", "i64")
+        hi = self._emit(f"{name}_hi", "arith.trunci", f"%{shifted}", "i64 to i32")
+        self.values += [lo, hi]
+
+    def _emit(self, stem: str, op: str, operands: str, types: str) -> str:
+        name = self.ssa.take(stem)
+        self.ops.append(_op(name, op, operands, types))
+        return name
+
+
+def _float_words(dtype: str, value: float) -> tuple[int, ...]:
+    """A float literal as the signed i32 words of its push constants."""
+    if not math.isfinite(value) or (dtype == "f16" and abs(value) > 65504):
+        raise ManifestError(
+            f"scalar value {value} is not a finite {dtype}", fix=f"use a number an {dtype} can hold"
+        )
+    if dtype == "f64":
+        bits = struct.unpack("<Q", struct.pack("<d", value))[0]
+        words = (bits & 0xFFFFFFFF, bits >> 32)
+    elif dtype == "f16":
+        words = (struct.unpack("<H", struct.pack("<e", value))[0],)
+    elif dtype == "bf16":  # f32 rounded to nearest even, top 16 bits
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        words = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF,)
+    else:
+        words = (struct.unpack("<I", struct.pack("<f", value))[0],)
+    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)
 
 
 class _SsaNames:

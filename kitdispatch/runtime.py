@@ -144,7 +144,7 @@ def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
     for i, (want, got) in enumerate(zip(sig.args, args)):
         where = f"{sig.name} argument {i} ({want})"
         if isinstance(want, ScalarType):
-            out.append(np.array(got, dtype=np.float32 if want.dtype == "f32" else np.int32).item())
+            out.append(scalar_argument(want.dtype, got, where))
             continue
         arr = np.asarray(got)
         want_dtype = numpy_dtype(want.dtype)
@@ -162,6 +162,50 @@ def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
                 )
         out.append(np.ascontiguousarray(arr))
     return out
+
+
+# How a Python scalar reaches the generated function (spec.SCALAR_ARGUMENT_TYPES): as the
+# numpy type that checks its range, then viewed as what IREE's VM takes.
+_SCALAR_ARGUMENTS = {
+    "i32": (np.int32, None),
+    "u32": (np.uint32, np.int32),
+    "i64": (np.int64, None),
+    "u64": (np.uint64, np.int64),
+    "f32": (np.float32, None),
+    "f16": (np.float32, None),  # the function narrows it
+    "bf16": (np.float32, None),
+    "f64": (np.float64, np.int64),  # its bits: IREE demotes f64 values to f32
+    "bool": (np.bool_, None),  # VM i1 takes 0 or 1
+}
+
+
+def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float:
+    """A Python or numpy scalar as the generated function takes it, range-checked."""
+    kind, view = _SCALAR_ARGUMENTS[dtype]
+    if dtype == "bool":
+        return int(bool(value))
+    if isinstance(value, (np.ndarray, list, tuple)) and np.ndim(value) != 0:
+        raise KitError(f"{where}: got an array of shape {np.shape(value)}", fix=f"pass one {dtype} number")
+    try:
+        if np.issubdtype(kind, np.integer):
+            number = _integer(value)
+            info = np.iinfo(kind)
+            if not info.min <= number <= info.max:
+                raise OverflowError(f"{value!r} is out of range [{info.min}, {info.max}]")
+            arr = np.array(number, dtype=kind)
+        else:
+            arr = np.array(float(value), dtype=np.float64).astype(kind)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise KitError(f"{where}: {exc}", fix=f"pass a number that fits {dtype}") from None
+    return (arr.view(view) if view is not None else arr).item()
+
+
+def _integer(value) -> int:
+    if isinstance(value, (bool, np.bool_, int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    raise ValueError(f"{value!r} is not an integer")
 
 
 def numpy_dtype(dtype: str) -> np.dtype:

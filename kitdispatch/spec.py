@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal, Union
 
 from .errors import ManifestError
+from .signature import CParam, KernelSignature
 
 # Tensor element types the generated functions accept, with their numpy names.
 ELEMENT_TYPES = {
@@ -27,11 +28,50 @@ ELEMENT_TYPES = {
     "i32": "int32",
     "i64": "int64",
 }
-# Scalars that travel as exactly one 32-bit push constant.
-SCALAR_TYPES = ("i32", "u32", "f32")
-INTEGER_SCALARS = ("i32", "u32")
+# By-value scalar types. IREE's CUDA HAL gives every kernel parameter its own slot and
+# writes one 32-bit push constant into it (runtime/src/iree/hal/drivers/cuda/
+# stream_command_buffer.c and graph_command_buffer.c, `*((uint32_t*)params_ptr[...])`): a
+# parameter reads the low bytes of its slot, so 1-, 2- and 4-byte C parameters work, and a
+# 64-bit value travels as two constants the kernel takes as two 32-bit C parameters.
+SCALAR_TYPES = ("i32", "u32", "f32", "i64", "u64", "f64", "f16", "bf16", "bool")
+INTEGER_SCALARS = ("i32", "u32", "i64", "u64")
+WIDE_SCALARS = ("i64", "u64", "f64")  # two constants: C parameters NAME_lo, NAME_hi
+# Bytes of the C parameter that receives each constant of a scalar type.
+SCALAR_C_BYTES = {"i32": 4, "u32": 4, "f32": 4, "f16": 2, "bf16": 2, "bool": 1}
+# The type a generated function takes for each scalar. IREE's VM has no f16/bf16 values and
+# its input pipeline demotes f64 to f32, so those arrive as f32 (narrowed in the function)
+# and as the f64's bits in an i64 (runtime.check_arguments converts Python floats).
+SCALAR_ARGUMENT_TYPES = {
+    "i32": "i32", "u32": "i32", "f32": "f32", "i64": "i64", "u64": "i64", "f64": "i64",
+    "f16": "f32", "bf16": "f32", "bool": "i1",
+}
+WIDE_HALVES = ("_lo", "_hi")
+
+# C spellings (as signature.py normalizes them) and the types they carry.
+C_SCALAR_TYPES = {
+    "int": "i32", "int32_t": "i32", "unsigned int": "u32", "uint32_t": "u32", "float": "f32",
+    "__half": "f16", "half": "f16", "__nv_bfloat16": "bf16", "nv_bfloat16": "bf16", "bool": "bool",
+}
+C_HALF_TYPES = ("int", "int32_t", "unsigned int", "uint32_t")  # a 64-bit scalar's halves
+# Known C types that no push constant can carry as one parameter.
+C_UNSUPPORTED_SCALARS = (
+    "long", "unsigned long", "long long", "unsigned long long", "int64_t", "uint64_t", "size_t",
+    "ptrdiff_t", "intptr_t", "uintptr_t", "double", "long double", "char", "signed char",
+    "unsigned char", "short", "unsigned short", "int8_t", "uint8_t", "int16_t", "uint16_t",
+)
+C_ELEMENT_TYPES = {
+    "float": "f32", "double": "f64", "__half": "f16", "half": "f16", "__nv_bfloat16": "bf16",
+    "nv_bfloat16": "bf16", "int": "i32", "int32_t": "i32", "unsigned int": "i32", "uint32_t": "i32",
+    "short": "i16", "unsigned short": "i16", "int16_t": "i16", "uint16_t": "i16", "char": "i8",
+    "signed char": "i8", "unsigned char": "i8", "int8_t": "i8", "uint8_t": "i8", "long long": "i64",
+    "unsigned long long": "i64", "long": "i64", "unsigned long": "i64", "int64_t": "i64",
+    "uint64_t": "i64",
+}
 
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A C++ name expression as NVRTC takes it: `scale`, `ns::scale`, `scale<float, 4>`.
+_CPP_NAME_RE = re.compile(r"^(?:::)?[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*(?:<[\w\s,:*&<>().+-]*>)?$")
+MAX_IDENTIFIER_LENGTH = 256
 _TENSOR_RE = re.compile(r"^\s*([a-z0-9]+)\s*\[(.*)\]\s*$")
 MAX_WORKGROUP_THREADS = 1024
 OBJECT_FORMATS = ("ptx", "cubin", "fatbin")
@@ -39,13 +79,42 @@ OBJECT_FORMATS = ("ptx", "cubin", "fatbin")
 
 def check_identifier(name: object, what: str, where: str) -> str:
     """C and MLIR share this identifier alphabet; anything else is refused up front."""
-    if not isinstance(name, str) or not _IDENT_RE.match(name):
+    if not isinstance(name, str) or not _IDENT_RE.match(name) or len(name) > MAX_IDENTIFIER_LENGTH:
         raise ManifestError(
-            f"{what} {name!r} is not a valid identifier",
+            f"{what} {_shown(name)} is not a valid identifier",
             where=where,
-            fix="use letters, digits and '_' only, not starting with a digit",
+            fix=f"use letters, digits and '_' only, not starting with a digit, at most "
+            f"{MAX_IDENTIFIER_LENGTH} characters",
         )
     return name
+
+
+def check_kernel_name(name: object, where: str) -> str:
+    """A kernel is named by its C identifier or, for C++ kernels, a name expression such as
+    `scale<float>` or `ns::scale` (resolved to the mangled entry through NVRTC)."""
+    if isinstance(name, str) and len(name) <= MAX_IDENTIFIER_LENGTH and _CPP_NAME_RE.match(name):
+        return name
+    raise ManifestError(
+        f"kernel name {_shown(name)} is not a valid identifier, nor a C++ name expression",
+        where=where,
+        fix="use the kernel's name as in the source, e.g. 'scale', 'ns::scale' or 'scale<float>'",
+    )
+
+
+def cpp_base_name(name: str) -> str:
+    """`ns::scale<float>` -> `scale`: the name the signature parser knows the kernel by."""
+    return name.split("<", 1)[0].rsplit("::", 1)[-1]
+
+
+def default_function_name(kernel: str) -> str:
+    """`scale<float>` -> `scale_float`: an identifier for a C++ name expression."""
+    text = re.sub(r"\W+", "_", kernel.replace("::", "_")).strip("_")
+    return text if _IDENT_RE.match(text) else f"k_{text}"
+
+
+def _shown(name: object) -> str:
+    text = repr(name)
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-10:]} ({len(text)} characters)"
 
 
 # ----------------------------------------------------------------------------- types
@@ -95,7 +164,8 @@ class ScalarType:
 
     @property
     def mlir(self) -> str:
-        return "i32" if self.dtype == "u32" else self.dtype
+        """The type a generated function takes for this scalar (see SCALAR_ARGUMENT_TYPES)."""
+        return SCALAR_ARGUMENT_TYPES[self.dtype]
 
     def __str__(self) -> str:
         return self.dtype
@@ -283,7 +353,8 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Scalar:
-    """A by-value parameter, passed as one 32-bit push constant.
+    """A by-value parameter: one 32-bit push constant, or two for i64/u64/f64, which the
+    kernel takes as two 32-bit C parameters NAME_lo, NAME_hi (low half first).
 
     `value` says where it comes from: an index expression over dimension symbols
     (e.g. 'n' or 'm * k'), a literal number, or None, which makes it an argument of
@@ -294,8 +365,38 @@ class Scalar:
     dtype: str
     value: IndexExpr | float | None = None
 
+    @property
+    def is_wide(self) -> bool:
+        return self.dtype in WIDE_SCALARS
+
+    @property
+    def c_names(self) -> tuple[str, ...]:
+        """The C parameters this scalar fills, one per push constant."""
+        return tuple(self.name + h for h in WIDE_HALVES) if self.is_wide else (self.name,)
+
 
 Param = Union[Buffer, Scalar]
+
+
+@dataclass(frozen=True)
+class CSlot:
+    """One C parameter of the kernel as the layout fills it: a buffer's pointer or one
+    push constant of a scalar."""
+
+    name: str
+    param: "Param"
+    size: int  # bytes of the C parameter
+
+
+def c_slots(params: tuple[Param, ...]) -> tuple[CSlot, ...]:
+    slots: list[CSlot] = []
+    for p in params:
+        if isinstance(p, Buffer):
+            slots.append(CSlot(p.name, p, 8))
+        else:
+            size = 4 if p.is_wide else SCALAR_C_BYTES[p.dtype]
+            slots += [CSlot(n, p, size) for n in p.c_names]
+    return tuple(slots)
 
 
 @dataclass(frozen=True)
@@ -309,6 +410,9 @@ class Kernel:
     workgroup_count: tuple[IndexExpr, IndexExpr, IndexExpr]
     function: str
     format: str | None = None  # object format for this kernel's source; None: the build's
+    # The kernel's entry in the compiled object, when it differs from `name`: the mangled
+    # name of a C++ kernel (manifest.py resolves it through NVRTC).
+    symbol: str | None = None
 
     @classmethod
     def create(
@@ -321,11 +425,21 @@ class Kernel:
         workgroup_count: tuple[int | str, ...] | list[int | str],
         function: str | None = None,
         format: str | None = None,
+        symbol: str | None = None,
         where: str | None = None,
     ) -> "Kernel":
-        where = where or f"kernel {name!r}"
-        check_identifier(name, "kernel name", where)
-        function = check_identifier(function or name, "function name", where)
+        where = where or f"kernel {_shown(name)}"
+        check_kernel_name(name, where)
+        function = check_identifier(function or default_function_name(name), "function name", where)
+        if symbol is not None:
+            check_identifier(symbol, "kernel symbol", where)
+        elif not _IDENT_RE.match(name):
+            raise ManifestError(
+                f"kernel {name!r} is a C++ name expression; its entry in the object is a mangled name",
+                where=where,
+                fix="describe it in a manifest (kitdispatch resolves the name through NVRTC) or pass "
+                "symbol= with the lowered name",
+            )
         size = _pad3(workgroup_size, 1, f"{where}: workgroup_size")
         for n in size:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -349,11 +463,21 @@ class Kernel:
             raise ManifestError(
                 f"unknown object format {format!r}", where=where, fix=f"use one of {', '.join(OBJECT_FORMATS)}"
             )
-        kernel = cls(name, Path(source), tuple(params), size, count, function, format)
+        kernel = cls(name, Path(source), tuple(params), size, count, function, format, symbol)
         kernel._validate(where)
         return kernel
 
     # -- derived views -------------------------------------------------------------
+
+    @property
+    def entry(self) -> str:
+        """The kernel's name in the compiled object, and its export name in the MLIR."""
+        return self.symbol or self.name
+
+    @property
+    def c_slots(self) -> tuple[CSlot, ...]:
+        """Every C parameter the layout fills, in order: pointers, then one per constant."""
+        return c_slots(self.params)
 
     @property
     def buffers(self) -> tuple[Buffer, ...]:
@@ -432,6 +556,12 @@ class Kernel:
                         where=pwhere,
                         fix=f"use one of {', '.join(SCALAR_TYPES)}",
                     )
+                if isinstance(p.value, float) and p.dtype in INTEGER_SCALARS + ("bool",):
+                    raise ManifestError(
+                        f"scalar {p.name!r} of type {p.dtype} has the float value {p.value!r}",
+                        where=pwhere,
+                        fix="give an integer or an index expression",
+                    )
             elif seen_scalar:
                 raise ManifestError(
                     f"buffer {p.name!r} follows a scalar; IREE passes every buffer before every "
@@ -461,7 +591,7 @@ class Kernel:
         )
         for s in self.scalars:
             if isinstance(s.value, IndexExpr):
-                if s.dtype not in INTEGER_SCALARS:
+                if s.dtype not in INTEGER_SCALARS + ("bool",):
                     raise ManifestError(
                         f"scalar {s.name!r} of type {s.dtype} takes an index expression",
                         where=where,
@@ -488,6 +618,160 @@ def _pad3(values, fill, where: str) -> tuple:
             f"expected 1 to 3 entries (x, y, z), got {len(values)}", where=where, fix="e.g. [64] or [16, 16, 1]"
         )
     return tuple(values + [fill] * (3 - len(values)))
+
+
+# ------------------------------------------------------------- the kernel's C signature
+
+
+def infer_params(
+    sig: KernelSignature,
+    *,
+    shapes: dict[str, TensorType],
+    inout: tuple[str, ...] = (),
+    inputs: tuple[str, ...] = (),
+    scalars: dict[str, str] | None = None,
+    values: dict[str, IndexExpr | float] | None = None,
+    where: str,
+) -> tuple[Param, ...]:
+    """The layout from the kernel's C signature: a const pointer is an `in` buffer, any other
+    pointer an `out` one (or `inout`/`in` where listed); scalar types come from the C types,
+    or from `scalars` for what C cannot say (a 64-bit value's two halves, a typedef)."""
+    scalars, values = dict(scalars or {}), dict(values or {})
+    c_names = [c.name for c in sig.params]
+    _check_listed(shapes, [c.name for c in sig.params if c.is_pointer], sig, "shapes", "pointer", where)
+    _check_listed(dict.fromkeys(inout + inputs), [c.name for c in sig.params if c.is_pointer], sig,
+                  "inout/in", "pointer", where)
+    wide_halves = {n + WIDE_HALVES[0]: n for n, t in scalars.items() if t in WIDE_SCALARS}
+    scalar_names = [c.name for c in sig.params if not c.is_pointer]
+    known = scalar_names + [n for n, t in scalars.items() if t in WIDE_SCALARS]
+    _check_listed(scalars, known, sig, "scalars", "scalar", where)
+    _check_listed(values, known, sig, "values", "scalar", where)
+    params: list[Param] = []
+    i = 0
+    while i < len(sig.params):
+        c = sig.params[i]
+        pwhere = f"{where}: parameter {c.name or i} of {sig.name}"
+        if not c.name:
+            raise ManifestError(
+                f"parameter {i} of kernel {sig.name!r} has no name", where=pwhere,
+                fix="name every parameter in the kernel's definition, or declare 'params' explicitly",
+            )
+        if c.is_pointer:
+            if c.name not in shapes:
+                raise ManifestError(
+                    f"pointer {c.name!r} of kernel {sig.name!r} has no shape", where=pwhere,
+                    fix=f'add it to shapes, e.g. shapes = {{ {c.name} = "f32[n]" }}',
+                )
+            access = "inout" if c.name in inout else "in" if c.name in inputs or c.is_const_pointee else "out"
+            if c.name in inout and c.is_const_pointee:
+                raise _mismatch(sig, c.name, "inout (written)", f"'{c.type}' (const: read-only)", pwhere)
+            params.append(Buffer(c.name, access, shapes[c.name]))
+            i += 1
+            continue
+        if c.name in wide_halves:
+            name = wide_halves[c.name]
+            params.append(Scalar(name, scalars[name], values.get(name)))
+            i += 2  # the pair is checked against the signature below
+            continue
+        dtype = scalars.get(c.name) or _c_scalar_type(sig, c, pwhere)
+        params.append(Scalar(c.name, dtype, values.get(c.name)))
+        i += 1
+    params = tuple(params)
+    check_params(params, sig, where)
+    return params
+
+
+def _check_listed(table: dict, names: list[str], sig: KernelSignature, key: str, what: str, where: str) -> None:
+    for name in table:
+        if name not in names:
+            raise ManifestError(
+                f"{key} names {name!r}, which is not a {what} parameter of kernel {sig.name!r}",
+                where=where,
+                fix=f"{what} parameters of {sig.name}: {', '.join(names) or 'none'}",
+            )
+
+
+def _c_scalar_type(sig: KernelSignature, c: CParam, where: str) -> str:
+    if c.type in C_SCALAR_TYPES:
+        return C_SCALAR_TYPES[c.type]
+    if c.type in C_UNSUPPORTED_SCALARS:
+        raise ManifestError(
+            f"parameter {c.name!r} of kernel {sig.name!r} has C type '{c.type}', which no push "
+            "constant carries: IREE's CUDA HAL writes 32 bits into each kernel parameter",
+            where=where,
+            fix=f"take a 64-bit value as two 32-bit halves, `unsigned {c.name}_lo, unsigned "
+            f"{c.name}_hi`, declared scalars = {{ {c.name} = \"i64\" }} (or u64, f64); use int for "
+            "narrower integers",
+        )
+    raise ManifestError(
+        f"parameter {c.name!r} of kernel {sig.name!r} has C type '{c.type}', which kitdispatch "
+        "cannot map to a scalar type",
+        where=where,
+        fix=f"declare its type: scalars = {{ {c.name} = \"f32\" }} (one of {', '.join(SCALAR_TYPES)})",
+    )
+
+
+def check_params(params: tuple[Param, ...], sig: KernelSignature, where: str) -> None:
+    """The declared layout against the C signature: count, names, pointer or scalar,
+    const-ness, scalar C types and pointer element types."""
+    slots = c_slots(params)
+    c_names = [c.name for c in sig.params]
+    if len(slots) != len(sig.params):
+        raise ManifestError(
+            f"kernel {sig.name!r} takes {len(sig.params)} parameters in its source "
+            f"({', '.join(c.name or '?' for c in sig.params)}) but the manifest fills {len(slots)} "
+            f"({', '.join(s.name for s in slots)})",
+            where=where,
+            fix="declare every C parameter, in order; a 64-bit scalar NAME fills NAME_lo and NAME_hi",
+        )
+    for slot, c in zip(slots, sig.params):
+        p = slot.param
+        declared = (
+            f"{p.access} {p.type}" if isinstance(p, Buffer) else
+            f"{p.dtype} half {slot.name!r}" if p.is_wide else f"scalar {p.dtype}"
+        )
+        # A name the signature does not use renames the parameter (the generated function's
+        # argument); one that names another C parameter means the order is wrong.
+        if c.name and c.name != slot.name and slot.name in c_names:
+            raise _mismatch(sig, slot.name, f"{declared} named {slot.name!r} at position {c_names.index(c.name)}",
+                            f"'{c.type} {c.name}' there and {slot.name!r} at position "
+                            f"{c_names.index(slot.name)}", where)
+        if isinstance(p, Buffer) != c.is_pointer:
+            raise _mismatch(sig, slot.name, declared, f"'{c.type}' ({'a pointer' if c.is_pointer else 'by value'})", where)
+        if isinstance(p, Buffer):
+            if c.is_const_pointee and p.is_result:
+                raise _mismatch(sig, p.name, declared, f"'{c.type}' (const: the kernel cannot write it)", where)
+            element = C_ELEMENT_TYPES.get(c.base_type)
+            if element is not None and element != p.type.dtype:
+                raise _mismatch(sig, p.name, declared, f"'{c.type}' (elements of type {element})", where)
+            if c.type.count("*") > 1:
+                raise _mismatch(sig, p.name, declared, f"'{c.type}' (a pointer to pointers)", where)
+            continue
+        if p.is_wide:
+            ok = c.type in C_HALF_TYPES or _unknown_c_type(c.type)
+        else:
+            ok = C_SCALAR_TYPES.get(c.type) == p.dtype or _unknown_c_type(c.type)
+        if not ok:
+            want = "a 32-bit integer half" if p.is_wide else _c_spellings(p.dtype)
+            raise _mismatch(sig, slot.name, f"{declared} ({want})", f"'{c.type}'", where)
+
+
+def _unknown_c_type(c_type: str) -> bool:
+    """A typedef or template parameter the kit cannot see through: not checked."""
+    return c_type not in C_SCALAR_TYPES and c_type not in C_UNSUPPORTED_SCALARS and "*" not in c_type
+
+
+def _c_spellings(dtype: str) -> str:
+    return " or ".join(f"'{c}'" for c, t in C_SCALAR_TYPES.items() if t == dtype)
+
+
+def _mismatch(sig: KernelSignature, param: str, declared: str, source: str, where: str) -> ManifestError:
+    return ManifestError(
+        f"kernel {sig.name!r} parameter {param!r}: the manifest declares {declared}, the source "
+        f"(line {sig.line}) has {source}",
+        where=where,
+        fix="make the manifest match the kernel's C signature, or leave 'params' out to infer it",
+    )
 
 
 # -------------------------------------------------------------------------- functions

@@ -79,7 +79,7 @@ def test_signature_of_inplace_kernel():
         (kernel_with(params=[{"name": "x", "in": "f32[n]"}]), "no result buffer"),
         (kernel_with(params=[{"name": "x", "in": "f32[n]"}, {"name": "y", "out": "f32[m]"}]), "uses 'm'"),
         (kernel_with(params=[{"name": "x", "inout": "f32[n]"}, {"name": "x", "scalar": "i32"}]), "appears twice"),
-        (kernel_with(params=[{"name": "x", "inout": "f32[n]"}, {"name": "s", "scalar": "f64"}]), "f64"),
+        (kernel_with(params=[{"name": "x", "inout": "f32[n]"}, {"name": "s", "scalar": "f8"}]), "f8"),
         ({"kernels": [GOOD_KERNEL, GOOD_KERNEL]}, "described twice"),
         ({"kernels": [GOOD_KERNEL], "test": {"sizes": {"n": -1}}}, "positive integers"),
     ],
