@@ -1,0 +1,27 @@
+"""Sample test runs: which tolerance a result gets, and the report's closing line."""
+
+import pytest
+
+from kitdispatch.spec import FunctionSignature, TensorType
+from kitdispatch.verify import CaseResult, Report, _tolerance_dtype
+
+F32, F16, I32 = (TensorType(d, ("n",)) for d in ("f32", "f16", "i32"))
+
+
+@pytest.mark.parametrize(
+    "args, result, expected",
+    [
+        ((F32, F32), F32, "f32"),
+        ((F16, F16), F32, "f16"),  # f16 inputs, f32 accumulation: the f16 tolerance
+        ((F32,), I32, "i32"),  # integer results (argmax) match exactly
+        ((TensorType("bf16", ("n",)), F16), F32, "bf16"),
+    ],
+)
+def test_tolerance_follows_the_least_precise_float(args, result, expected):
+    assert _tolerance_dtype(FunctionSignature("f", args, (result,)), result) == expected
+
+
+def test_summary_line_counts_every_status():
+    report = Report(cases=[CaseResult("m", f, s, "") for f, s in [("a", "pass"), ("b", "fail"), ("c", "skip")]])
+    assert report.summary() == "1 passed, 1 failed, 1 skipped"
+    assert not report.ok
