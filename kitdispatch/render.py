@@ -8,9 +8,7 @@ only substitute the names and types computed below.
 from __future__ import annotations
 
 import functools
-import math
 import re
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,7 @@ from . import __version__
 from ._resources import data_dir
 from .archs import Arch
 from .errors import ManifestError
-from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType
+from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType, float_bits
 
 
 @dataclass(frozen=True)
@@ -164,7 +162,8 @@ def _export_view(kernel: Kernel, ordinal: int) -> dict:
         "doc": f"{kernel.name}: {_describe_params(kernel)}",
         "name": kernel.entry,
         "ordinal": ordinal,
-        "constants": len(kernel.scalars),
+        # One per push constant: 64-bit scalars take two (spec.SCALAR_TYPES).
+        "constants": sum(len(s.c_names) for s in kernel.scalars),
         # IREE binds tensor operands in operand order, then untied results; the function
         # keeps every buffer's C slot (see `_needs_empty`), so bindings follow the C order.
         "bindings": ["" if not b.read_only else ", ReadOnly" for b in kernel.buffers],
@@ -318,14 +317,10 @@ class _Constants:
 
     def from_argument(self, s: Scalar, arg: str) -> None:
         """From the generated function's argument, of type ScalarType(s.dtype).mlir."""
-        if s.dtype in ("i32", "u32"):
+        if s.dtype in ("i32", "u32", "f16", "bf16"):  # f16, bf16: their bits, zero-extended
             self.values.append(arg)
         elif s.dtype == "f32":
             self.values.append(self._emit(f"{s.name}_bits", "arith.bitcast", f"%{arg}", "f32 to i32"))
-        elif s.dtype in ("f16", "bf16"):
-            narrow = self._emit(f"{s.name}_{s.dtype}", "arith.truncf", f"%{arg}", f"f32 to {s.dtype}")
-            bits = self._emit(f"{s.name}_bits16", "arith.bitcast", f"%{narrow}", f"{s.dtype} to i16")
-            self.values.append(self._emit(f"{s.name}_bits", "arith.extui", f"%{bits}", "i16 to i32"))
         elif s.dtype == "bool":
             self.values.append(self._emit(f"{s.name}_i32", "arith.extui", f"%{arg}", "i1 to i32"))
         else:  # i64, u64, and f64 as its bits
@@ -357,21 +352,9 @@ class _Constants:
 
 
 def _float_words(dtype: str, value: float) -> tuple[int, ...]:
-    """A float literal as the signed i32 words of its push constants."""
-    if not math.isfinite(value) or (dtype == "f16" and abs(value) > 65504):
-        raise ManifestError(
-            f"scalar value {value} is not a finite {dtype}", fix=f"use a number an {dtype} can hold"
-        )
-    if dtype == "f64":
-        bits = struct.unpack("<Q", struct.pack("<d", value))[0]
-        words = (bits & 0xFFFFFFFF, bits >> 32)
-    elif dtype == "f16":
-        words = (struct.unpack("<H", struct.pack("<e", value))[0],)
-    elif dtype == "bf16":  # f32 rounded to nearest even, top 16 bits
-        bits = struct.unpack("<I", struct.pack("<f", value))[0]
-        words = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF,)
-    else:
-        words = (struct.unpack("<I", struct.pack("<f", value))[0],)
+    """A float literal as the signed i32 words of its push constants, low word first."""
+    bits = float_bits(dtype, value)
+    words = (bits & 0xFFFFFFFF, bits >> 32) if dtype == "f64" else (bits,)
     return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ._proc import ToolResult, run_tool
 from .errors import KitError, RuntimeUnavailable, ToolError
-from .spec import ELEMENT_TYPES, FunctionSignature, ScalarType
+from .spec import ELEMENT_TYPES, FLOAT_BITS_ARGUMENTS, FunctionSignature, ScalarType, float_bits
 
 RUN_TIMEOUT_S = 600.0
 RECORD_SUFFIX = ".kitdispatch.json"
@@ -172,18 +172,20 @@ _SCALAR_ARGUMENTS = {
     "i64": (np.int64, None),
     "u64": (np.uint64, np.int64),
     "f32": (np.float32, None),
-    "f16": (np.float32, None),  # the function narrows it
-    "bf16": (np.float32, None),
-    "f64": (np.float64, np.int64),  # its bits: IREE demotes f64 values to f32
-    "bool": (np.bool_, None),  # VM i1 takes 0 or 1
 }
 
 
 def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float:
     """A Python or numpy scalar as the generated function takes it, range-checked."""
-    kind, view = _SCALAR_ARGUMENTS[dtype]
     if dtype == "bool":
-        return int(bool(value))
+        return int(bool(value))  # the VM's i1 takes 0 or 1
+    if dtype in FLOAT_BITS_ARGUMENTS:  # the VM has no f16/bf16, and IREE demotes f64
+        try:
+            bits = float_bits(dtype, value)
+        except (TypeError, ValueError, KitError) as exc:
+            raise KitError(f"{where}: {getattr(exc, 'what', exc)}", fix=f"pass a number that fits {dtype}") from None
+        return bits - (1 << 64) if bits >= 1 << 63 else bits
+    kind, view = _SCALAR_ARGUMENTS[dtype]
     if isinstance(value, (np.ndarray, list, tuple)) and np.ndim(value) != 0:
         raise KitError(f"{where}: got an array of shape {np.shape(value)}", fix=f"pass one {dtype} number")
     try:

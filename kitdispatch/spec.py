@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Union
@@ -38,13 +39,15 @@ INTEGER_SCALARS = ("i32", "u32", "i64", "u64")
 WIDE_SCALARS = ("i64", "u64", "f64")  # two constants: C parameters NAME_lo, NAME_hi
 # Bytes of the C parameter that receives each constant of a scalar type.
 SCALAR_C_BYTES = {"i32": 4, "u32": 4, "f32": 4, "f16": 2, "bf16": 2, "bool": 1}
-# The type a generated function takes for each scalar. IREE's VM has no f16/bf16 values and
-# its input pipeline demotes f64 to f32, so those arrive as f32 (narrowed in the function)
-# and as the f64's bits in an i64 (runtime.check_arguments converts Python floats).
+# The type a generated function takes for each scalar. IREE's VM has no f16/bf16 values
+# (nor can its host code narrow f32 to them) and its input pipeline demotes f64 to f32, so
+# those arrive as their bits: f16/bf16 in an i32, f64 in an i64 (runtime.check_arguments
+# converts Python floats with `float_bits`).
 SCALAR_ARGUMENT_TYPES = {
     "i32": "i32", "u32": "i32", "f32": "f32", "i64": "i64", "u64": "i64", "f64": "i64",
-    "f16": "f32", "bf16": "f32", "bool": "i1",
+    "f16": "i32", "bf16": "i32", "bool": "i1",
 }
+FLOAT_BITS_ARGUMENTS = ("f16", "bf16", "f64")
 WIDE_HALVES = ("_lo", "_hi")
 
 # C spellings (as signature.py normalizes them) and the types they carry.
@@ -115,6 +118,22 @@ def default_function_name(kernel: str) -> str:
 def _shown(name: object) -> str:
     text = repr(name)
     return text if len(text) <= 60 else f"{text[:40]}...{text[-10:]} ({len(text)} characters)"
+
+
+
+def float_bits(dtype: str, value: float) -> int:
+    """The bits of `value` as an f32, f64, f16 or bf16 (rounded to nearest even), unsigned."""
+    value = float(value)
+    if not math.isfinite(value) or (dtype == "f16" and abs(value) > 65504):
+        raise ManifestError(f"{value} is not a finite {dtype}", fix=f"use a number an {dtype} can hold")
+    if dtype == "f64":
+        return struct.unpack("<Q", struct.pack("<d", value))[0]
+    if dtype == "f16":
+        return struct.unpack("<H", struct.pack("<e", value))[0]
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    if dtype == "bf16":
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    return bits
 
 
 # ----------------------------------------------------------------------------- types
