@@ -125,7 +125,7 @@ def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
         params,
         workgroup_size=_list(data["workgroup_size"], f"{where}: workgroup_size"),
         workgroup_count=_list(data["workgroup_count"], f"{where}: workgroup_count"),
-        function=data.get("function"),
+        function=_string(data["function"], f"{where}: function") if "function" in data else None,
         format=data.get("format"),
         symbol=None if sig is None or sig.extern_c else resolve_symbol(root / source, name, where),
         where=where,

@@ -73,7 +73,7 @@ C_ELEMENT_TYPES = {
 
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # A C++ name expression as NVRTC takes it: `scale`, `ns::scale`, `scale<float, 4>`.
-_CPP_NAME_RE = re.compile(r"^(?:::)?[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*(?:<[\w\s,:*&<>().+-]*>)?$")
+_CPP_NAME_RE = re.compile(r"^(?:::)?[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*(?:<[\w ,:*&<>().+-]*>)?$", re.ASCII)
 MAX_IDENTIFIER_LENGTH = 256
 _TENSOR_RE = re.compile(r"^\s*([a-z0-9]+)\s*\[(.*)\]\s*$")
 MAX_WORKGROUP_THREADS = 1024
@@ -111,7 +111,7 @@ def cpp_base_name(name: str) -> str:
 
 def default_function_name(kernel: str) -> str:
     """`scale<float>` -> `scale_float`: an identifier for a C++ name expression."""
-    text = re.sub(r"\W+", "_", kernel.replace("::", "_")).strip("_")
+    text = re.sub(r"\W+", "_", kernel.replace("::", "_"), flags=re.ASCII).strip("_")
     return text if _IDENT_RE.match(text) else f"k_{text}"
 
 
