@@ -89,6 +89,9 @@ def iree_flags(codegen: Arch, extra: Sequence[str] = ()) -> list[str]:
         # dispatch whose inputs are all constant (e.g. a kernel function with no tensor
         # arguments) crashes iree-compile 3.13 in LinkExecutables when it tries.
         "--iree-opt-const-eval=false",
+        # IREE demotes f64 to f32 by default; a hand-written kernel that takes double* must
+        # get the f64 buffers it was written for.
+        "--iree-input-demote-f64-to-f32=false",
         *extra,
     ]
 

@@ -268,3 +268,10 @@ def test_in_process_link_matches_the_subprocess(tmp_path):
     assert all(s.endswith(b"simple_mul.mlir") for s in differ), differ
     assert (fast.iree_compile_runs, slow.iree_compile_runs) == (1, 1)
     assert b".staging" not in fast.vmfb.read_bytes()
+
+
+def test_f64_tensors_stay_f64(tmp_path):
+    """IREE would demote f64 to f32 by default; a double* kernel must get f64 buffers."""
+    result = build(SAMPLES.parent / "tests" / "data" / "f64_tensor", BuildOptions.create("sm_80"), tmp_path)
+    assert "tensor<?xf64>" in result.mlir.read_text()
+    assert result.vmfb.is_file()

@@ -1,0 +1,2 @@
+def add_tiny(x):
+    return x + 1e-12
