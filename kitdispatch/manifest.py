@@ -44,6 +44,7 @@ _KERNEL_KEYS = {
     "workgroup_count": True,
     "function": False,
     "format": False,
+    "dynamic_shared_memory": False,
 }
 _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
@@ -127,6 +128,7 @@ def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
         workgroup_count=_list(data["workgroup_count"], f"{where}: workgroup_count"),
         function=_string(data["function"], f"{where}: function") if "function" in data else None,
         format=data.get("format"),
+        dynamic_shared_memory=data.get("dynamic_shared_memory", 0),
         symbol=None if sig is None or sig.extern_c else resolve_symbol(root / source, name, where),
         where=where,
     )

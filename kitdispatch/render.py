@@ -170,6 +170,10 @@ def _export_view(kernel: Kernel, ordinal: int) -> dict:
         "workload": list(workload),
         "count": count,
         "workgroup_size": list(kernel.workgroup_size),
+        # Dynamic shared memory travels as the export's workgroup_local_memory property.
+        "local_memory": (
+            f", workgroup_local_memory = {kernel.dynamic_shared_memory}" if kernel.dynamic_shared_memory else ""
+        ),
     }
 
 

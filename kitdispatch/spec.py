@@ -77,6 +77,10 @@ _CPP_NAME_RE = re.compile(r"^(?:::)?[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*(?:<[\w ,:*&<
 MAX_IDENTIFIER_LENGTH = 256
 _TENSOR_RE = re.compile(r"^\s*([a-z0-9]+)\s*\[(.*)\]\s*$")
 MAX_WORKGROUP_THREADS = 1024
+# The largest per-block opt-in of current GPUs (sm_90: 227 KiB). IREE's CUDA driver sets the
+# kernel's MAX_DYNAMIC_SHARED_SIZE_BYTES to the export's value and checks the device's own
+# limit when it loads the module (runtime/src/iree/hal/drivers/cuda/native_executable.c).
+MAX_DYNAMIC_SHARED_MEMORY = 227 * 1024
 OBJECT_FORMATS = ("ptx", "cubin", "fatbin")
 
 
@@ -432,6 +436,9 @@ class Kernel:
     # The kernel's entry in the compiled object, when it differs from `name`: the mangled
     # name of a C++ kernel (manifest.py resolves it through NVRTC).
     symbol: str | None = None
+    # Bytes of `extern __shared__` memory each block gets at launch (the export's
+    # workgroup_local_memory, which IREE's CUDA driver passes as dynamic shared memory).
+    dynamic_shared_memory: int = 0
 
     @classmethod
     def create(
@@ -445,6 +452,7 @@ class Kernel:
         function: str | None = None,
         format: str | None = None,
         symbol: str | None = None,
+        dynamic_shared_memory: int = 0,
         where: str | None = None,
     ) -> "Kernel":
         where = where or f"kernel {_shown(name)}"
@@ -467,6 +475,15 @@ class Kernel:
                     where=where,
                     fix="give the CUDA block size, e.g. [256] or [16, 16]",
                 )
+        if isinstance(dynamic_shared_memory, bool) or not isinstance(dynamic_shared_memory, int) or not (
+            0 <= dynamic_shared_memory <= MAX_DYNAMIC_SHARED_MEMORY
+        ):
+            raise ManifestError(
+                f"dynamic_shared_memory {dynamic_shared_memory!r} is not a byte count from 0 to "
+                f"{MAX_DYNAMIC_SHARED_MEMORY}",
+                where=where,
+                fix="give the bytes of `extern __shared__` memory a block needs",
+            )
         if math.prod(size) > MAX_WORKGROUP_THREADS:
             raise ManifestError(
                 f"workgroup_size {list(size)} has {math.prod(size)} threads, over CUDA's "
@@ -482,7 +499,7 @@ class Kernel:
             raise ManifestError(
                 f"unknown object format {format!r}", where=where, fix=f"use one of {', '.join(OBJECT_FORMATS)}"
             )
-        kernel = cls(name, Path(source), tuple(params), size, count, function, format, symbol)
+        kernel = cls(name, Path(source), tuple(params), size, count, function, format, symbol, dynamic_shared_memory)
         kernel._validate(where)
         return kernel
 

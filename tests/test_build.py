@@ -275,3 +275,21 @@ def test_f64_tensors_stay_f64(tmp_path):
     result = build(SAMPLES.parent / "tests" / "data" / "f64_tensor", BuildOptions.create("sm_80"), tmp_path)
     assert "tensor<?xf64>" in result.mlir.read_text()
     assert result.vmfb.is_file()
+
+
+def test_dynamic_shared_memory_becomes_workgroup_local_memory(tmp_path):
+    result = build(SAMPLES.parent / "tests" / "data" / "dynamic_shared", BuildOptions.create("sm_80"), tmp_path)
+    assert "<workgroup_size = [64 : index, 1 : index, 1 : index], workgroup_local_memory = 256>" in result.mlir.read_text()
+
+
+def test_dynamic_shared_memory_must_be_a_byte_count(tmp_path):
+    root = write_kernel_project(tmp_path / "src", KERNELS_CU, KERNELS_TOML.replace('name = "fill"', 'name = "fill"\ndynamic_shared_memory = -1'))
+    with pytest.raises(ManifestError, match="dynamic_shared_memory -1 is not a byte count"):
+        build(root, BuildOptions.create("sm_80"), tmp_path / "out")
+
+
+def test_three_dimensional_grid(tmp_path):
+    result = build(SAMPLES.parent / "tests" / "data" / "grid3d", BuildOptions.create("sm_80"), tmp_path)
+    mlir = result.mlir.read_text()
+    assert "count(%device: !hal.device, %X: index, %Y: index, %Z: index)" in mlir
+    assert "<workgroup_size = [8 : index, 4 : index, 2 : index]>" in mlir
