@@ -214,17 +214,25 @@ def _jobs(spec: ModuleSpec, options: BuildOptions) -> list[_Job]:
     return jobs
 
 
+def compile_options_for(spec: ModuleSpec, source: Path, options: BuildOptions) -> CompileOptions:
+    """The build's options plus the C++ kernel names of this source, which NVRTC must
+    instantiate and name (`scale<float>`)."""
+    names = tuple(k.name for k in spec.kernels if k.symbol is not None and spec.source_path(k.source) == source)
+    return dataclasses.replace(options.compile_options, name_expressions=names) if names else options.compile_options
+
+
 def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, progress: Progress | None) -> list[ObjectCode]:
     jobs = _jobs(spec, options)
+    source_options = {job.source: compile_options_for(spec, job.source, options) for job in jobs}
     workers = max(1, min(len(jobs), options.jobs or os.cpu_count() or 1))
     total = len(jobs) + 1  # + the iree-compile step
 
     def one(job: _Job):
         start = time.perf_counter()
         if job.format == "fatbin":
-            obj = compiler.compile_fatbin(job.source, job.archs, options.compile_options)
+            obj = compiler.compile_fatbin(job.source, job.archs, source_options[job.source])
         else:
-            obj = compiler.compile(job.source, job.archs[0], job.format, options.compile_options)
+            obj = compiler.compile(job.source, job.archs[0], job.format, source_options[job.source])
         return job, obj, time.perf_counter() - start
 
     objects = []
@@ -247,7 +255,7 @@ def _check_abi(spec: ModuleSpec, objects: list[ObjectCode], compiler, options: B
         src = spec.source_path(kernel.source)
         if src not in ptx_by_source:
             oldest = min(options.archs)
-            probe = compiler.compile(src, oldest, "ptx", options.compile_options)
+            probe = compiler.compile(src, oldest, "ptx", compile_options_for(spec, src, options))
             ptx_by_source[src] = (probe.ptx, oldest.name)
         ptx, arch = ptx_by_source[src]
         check_kernel_against_ptx(kernel, parse_entries(ptx.decode(errors="replace")), f"{src} ({arch})")

@@ -110,6 +110,7 @@ def object_key(
     key.add("compiler", compiler).add("compiler_version", compiler_version).add("format", fmt)
     key.add("archs", ",".join(a.name for a in archs))
     key.add("options", json.dumps(options.flags()))
+    key.add("name_expressions", json.dumps(list(options.name_expressions)))
     for i, (_, data) in enumerate(source_closure(source, options)):
         # Paths stay out: the same text compiles to the same object wherever it lives.
         key.add(f"file{i}", data)

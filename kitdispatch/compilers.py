@@ -33,6 +33,9 @@ class CompileOptions:
     fast_math: bool = False
     line_info: bool = False
     extra_flags: tuple[str, ...] = ()
+    # C++ kernel names (`scale<float>`) NVRTC must instantiate and name in the object; nvcc
+    # has no such switch, so there a template kernel needs an explicit instantiation.
+    name_expressions: tuple[str, ...] = ()
 
     def flags(self) -> list[str]:
         flags = [f"-I{d}" for d in self.include_dirs] + [f"-D{d}" for d in self.defines]
@@ -131,7 +134,7 @@ class NvrtcCompiler:
     def compile(self, source: Path, arch: Arch, fmt: ObjectFormat, options: CompileOptions) -> ObjectCode:
         nvrtc = self._nvrtc
         target = arch.compute_name if fmt == "ptx" else arch.name
-        prog = self._compiled(source, [f"--gpu-architecture={target}", *self._flags(source, options)], ())
+        prog = self._compiled(source, [f"--gpu-architecture={target}", *self._flags(source, options)], options.name_expressions)
         try:
             if fmt == "ptx":
                 return ObjectCode.from_ptx(self._ptx(prog), arch, source, self.name)
@@ -144,8 +147,8 @@ class NvrtcCompiler:
 
     def lowered_names(self, source: Path, names: tuple[str, ...], options: CompileOptions) -> dict[str, str]:
         """The mangled entry names of C++ kernels (`scale`, `scale<float>`) through NVRTC
-        name expressions; a template instantiation must also be instantiated in the source,
-        since the build's compile does not add name expressions."""
+        name expressions (the build's NVRTC compiles add the same expressions, which also
+        instantiates templates)."""
         prog = self._compiled(source, self._flags(source, options), names)
         try:
             out = {}
