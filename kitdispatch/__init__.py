@@ -19,7 +19,7 @@ from .errors import (  # noqa: E402
     RuntimeUnavailable,
     ToolError,
 )
-from .manifest import load_manifest  # noqa: E402
+from .manifest import kernel_from_source, load_manifest  # noqa: E402
 from .runtime import Module, cuda_status, load_module, run_module  # noqa: E402
 from .spec import Buffer, FunctionSignature, Kernel, ModuleSpec, Program, Scalar, TensorType, TestSpec  # noqa: E402
 
@@ -27,6 +27,6 @@ __all__ = [
     "AbiError", "Arch", "ArchError", "Buffer", "BuildOptions", "BuildResult", "CompileError",
     "CompileOptions", "FunctionSignature", "IreeCompileError", "Kernel", "KitError", "ManifestError",
     "Module", "ModuleSpec", "Program", "RuntimeUnavailable", "Scalar", "TensorType", "TestSpec",
-    "ToolError", "build", "cuda_status", "generate", "load_manifest", "load_module", "parse_arch_list",
+    "ToolError", "build", "cuda_status", "generate", "kernel_from_source", "load_manifest", "load_module", "parse_arch_list",
     "run_module",
 ]

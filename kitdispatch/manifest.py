@@ -98,6 +98,45 @@ def _default_name(root: Path) -> str:
     return name if not name[0].isdigit() else f"m_{name}"
 
 
+def kernel_from_source(
+    name: str,
+    source: str | Path,
+    *,
+    shapes: dict[str, str],
+    workgroup_size: list[int],
+    workgroup_count: list[int | str],
+    inout: list[str] | tuple[str, ...] = (),
+    inputs: list[str] | tuple[str, ...] = (),
+    scalars: dict[str, str] | None = None,
+    values: dict[str, int | float | str] | None = None,
+    function: str | None = None,
+    format: str | None = None,
+    dynamic_shared_memory: int = 0,
+    root: str | Path = ".",
+) -> Kernel:
+    """The Python API's twin of a manifest entry without `params`: the layout comes from the
+    kernel's C signature, and the arguments say only what it cannot (shapes, which buffers
+    are in place, scalar types C cannot tell). Same checks, same errors as the manifest."""
+    data: dict[str, Any] = {
+        "name": name,
+        "source": str(source),
+        "shapes": dict(shapes),
+        "workgroup_size": list(workgroup_size),
+        "workgroup_count": list(workgroup_count),
+    }
+    optional = {
+        "inout": list(inout),
+        "in": list(inputs),
+        "scalars": dict(scalars or {}),
+        "values": dict(values or {}),
+        "function": function,
+        "format": format,
+        "dynamic_shared_memory": dynamic_shared_memory,
+    }
+    data.update({k: v for k, v in optional.items() if v})
+    return _parse_kernel(data, Path(root), f"kernel {name!r}")
+
+
 def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
     _check_keys(data, _KERNEL_KEYS, where)
     name = check_kernel_name(_string(data["name"], f"{where}: name"), f"{where}: name")
