@@ -7,11 +7,12 @@ Describe kernels (`Kernel`, `ModuleSpec` or a kitdispatch.toml), `build` them in
 __version__ = "0.1.0"
 
 from .archs import Arch, parse_arch_list  # noqa: E402
-from .build import BuildOptions, BuildResult, build, generate  # noqa: E402
+from .build import BuildOptions, BuildResult, build, build_all, generate, generate_all  # noqa: E402
 from .compilers import CompileOptions  # noqa: E402
 from .errors import (  # noqa: E402
     AbiError,
     ArchError,
+    BuildsFailed,
     CompileError,
     IreeCompileError,
     KitError,
@@ -24,9 +25,9 @@ from .runtime import Module, cuda_status, load_module, run_module  # noqa: E402
 from .spec import Buffer, FunctionSignature, Kernel, ModuleSpec, Program, Scalar, TensorType, TestSpec  # noqa: E402
 
 __all__ = [
-    "AbiError", "Arch", "ArchError", "Buffer", "BuildOptions", "BuildResult", "CompileError",
+    "AbiError", "Arch", "ArchError", "Buffer", "BuildOptions", "BuildResult", "BuildsFailed", "CompileError",
     "CompileOptions", "FunctionSignature", "IreeCompileError", "Kernel", "KitError", "ManifestError",
     "Module", "ModuleSpec", "Program", "RuntimeUnavailable", "Scalar", "TensorType", "TestSpec",
-    "ToolError", "build", "cuda_status", "generate", "kernel_from_source", "load_manifest", "load_module", "parse_arch_list",
+    "ToolError", "build", "build_all", "cuda_status", "generate", "generate_all", "kernel_from_source", "load_manifest", "load_module", "parse_arch_list",
     "run_module",
 ]

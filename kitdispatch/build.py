@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -15,10 +15,11 @@ from pathlib import Path
 
 from . import __version__
 from ._files import publish, staging_dir, write_atomic
+from ._parallel import CpuSlots
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
 from .cache import Cache, CachedCompiler, vmfb_key
 from .compilers import CompileOptions, ObjectCode, check_archs, get_compiler
-from .errors import IreeCompileError, KitError, ManifestError
+from .errors import BuildsFailed, IreeCompileError, KitError, ManifestError
 from .iree_compile import choose_codegen_target, compile_args, compile_in_process, compile_vmfb, iree_compiler_version
 from .manifest import load_manifest
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
@@ -53,6 +54,8 @@ class BuildOptions:
         fmt = kwargs.get("format", cls.format)
         if fmt not in OBJECT_FORMATS:
             raise KitError(f"unknown object format {fmt!r}", fix=f"use one of {', '.join(OBJECT_FORMATS)}")
+        if kwargs.get("jobs") is not None and kwargs["jobs"] < 1:
+            raise KitError(f"--jobs must be at least 1, got {kwargs['jobs']}", fix="pass a positive number, or leave it out for one per core")
         if kwargs.get("min_driver") is not None:
             Version.parse(kwargs["min_driver"], "--min-driver")
         return cls(parse_arch_list(archs), **kwargs)
@@ -105,7 +108,7 @@ def build(
     progress: Progress | None = None,
 ) -> BuildResult:
     """Compiles every kernel, renders the MLIR and links a .vmfb into `out_dir`."""
-    return _run(spec, options, Path(out_dir), progress, make_vmfb=True)
+    return _build_modules([spec], options, [Path(out_dir)], progress, make_vmfb=True)[0]
 
 
 def generate(
@@ -116,60 +119,148 @@ def generate(
     progress: Progress | None = None,
 ) -> BuildResult:
     """Like `build` but stops after the objects and the MLIR, for splicing by hand."""
-    return _run(spec, options, Path(out_dir), progress, make_vmfb=False)
+    return _build_modules([spec], options, [Path(out_dir)], progress, make_vmfb=False)[0]
 
 
-def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, *, make_vmfb: bool) -> BuildResult:
-    if not isinstance(spec, ModuleSpec):
-        spec = load_manifest(spec)
-    spec = dataclasses.replace(
+def build_all(
+    specs: Sequence[ModuleSpec | str | Path],
+    options: BuildOptions,
+    out_root: str | Path,
+    *,
+    progress: Progress | None = None,
+) -> tuple[BuildResult, ...]:
+    """Builds several modules at once, each into `out_root/<module name>`.
+
+    Their compiler runs and links share the cores (`options.jobs`), so a link runs while
+    another module still compiles. Every module is published on its own: when some fail,
+    the others are still built, and the error (`BuildsFailed` for several) names each failure.
+    """
+    return _build_many(specs, options, Path(out_root), progress, make_vmfb=True)
+
+
+def generate_all(
+    specs: Sequence[ModuleSpec | str | Path],
+    options: BuildOptions,
+    out_root: str | Path,
+    *,
+    progress: Progress | None = None,
+) -> tuple[BuildResult, ...]:
+    """Like `build_all` but stops after the objects and the MLIR."""
+    return _build_many(specs, options, Path(out_root), progress, make_vmfb=False)
+
+
+def _build_many(specs, options: BuildOptions, out_root: Path, progress, *, make_vmfb: bool) -> tuple[BuildResult, ...]:
+    loaded = [_loaded(s) for s in specs]
+    _check_unique_names(loaded)
+    return _build_modules(loaded, options, [out_root / s.name for s in loaded], progress, make_vmfb=make_vmfb)
+
+
+def _loaded(spec: ModuleSpec | str | Path) -> ModuleSpec:
+    return spec if isinstance(spec, ModuleSpec) else load_manifest(spec)
+
+
+def _check_unique_names(specs: Sequence[ModuleSpec]) -> None:
+    seen: dict[str, ModuleSpec] = {}
+    for spec in specs:
+        if spec.name in seen:
+            raise ManifestError(
+                f"the modules of {seen[spec.name].root} and {spec.root} are both named {spec.name!r}, "
+                "and each module is built into a folder of its name",
+                fix="give every module its own 'name', or build them one at a time into separate folders",
+            )
+        seen[spec.name] = spec
+
+
+@dataclass
+class _Shared:
+    """What the modules of one build share: the cache, the compiler, the cores, the count."""
+
+    cache: Cache | None
+    compiler: object
+    slots: CpuSlots
+    progress: Progress | None
+    total: int  # steps: compiler jobs and links, over every module
+    modules: int
+    done: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def report(self, what: str, seconds: float) -> None:
+        if self.progress is None:
+            return
+        with self.lock:  # one line at a time, numbered in the order steps finish
+            self.done += 1
+            self.progress(ProgressEvent(self.done, self.total, what, seconds))
+
+
+def _build_modules(specs, options: BuildOptions, out_dirs: list[Path], progress, *, make_vmfb: bool) -> tuple[BuildResult, ...]:
+    specs = [_with_formats(_loaded(s), options) for s in specs]
+    slots = CpuSlots(options.jobs)
+    cache = Cache(Path(options.cache_dir) if options.cache_dir else None) if options.use_cache else None
+    compiler = get_compiler(options.compiler, slots)
+    check_archs(compiler, options.archs)
+    total = sum(len(_jobs(s, options)) + make_vmfb for s in specs)
+    shared = _Shared(cache, compiler, slots, progress, total, len(specs))
+    if len(specs) == 1:
+        return (_run(specs[0], options, out_dirs[0], shared, make_vmfb=make_vmfb),)
+    # A thread per module: they wait on slots, not on each other.
+    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        futures = [pool.submit(_run, s, options, d, shared, make_vmfb=make_vmfb) for s, d in zip(specs, out_dirs)]
+    failures = [(s.name, f.exception()) for s, f in zip(specs, futures) if f.exception() is not None]
+    for _, exc in failures:
+        if not isinstance(exc, KitError):
+            raise exc  # a kitdispatch bug: its traceback matters more than the other modules
+    if len(failures) == 1:
+        raise failures[0][1]
+    if failures:
+        raise BuildsFailed(failures, len(specs))
+    return tuple(f.result() for f in futures)
+
+
+def _with_formats(spec: ModuleSpec, options: BuildOptions) -> ModuleSpec:
+    """Kernels that name no object format take the build's."""
+    return dataclasses.replace(
         spec, kernels=tuple(dataclasses.replace(k, format=k.format or options.format) for k in spec.kernels)
     )
-    cache = Cache(Path(options.cache_dir) if options.cache_dir else None) if options.use_cache else None
-    compiler = _counting(get_compiler(options.compiler), cache)
-    check_archs(compiler, options.archs)
+
+
+def _run(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Shared, *, make_vmfb: bool) -> BuildResult:
+    compiler = _counting(shared.compiler, shared.cache)
     codegen = choose_codegen_target(options.archs, options.codegen_target)
     programs = [_read_program(spec, p.source) for p in spec.programs]
     reference = _reference_path(spec)
+    label = f"{spec.name}: " if shared.modules > 1 else ""  # whose step it is, when there are several
 
-    objects = _compile_all(spec, options, compiler, progress)
+    objects = _compile_all(spec, options, compiler, lambda what, secs: shared.report(label + what, secs))
     _check_abi(spec, objects, compiler, options)
     preflight_notes = _preflight(objects, options)
 
+    templates = shared.cache.template_dir if shared.cache is not None else None
+    rendered = render_module(spec, _executable_objects(spec, objects), programs=programs, template_cache=templates)
+    mlir_name, record_name = f"{spec.name}.mlir", f"{spec.name}{RECORD_SUFFIX}"
+    outputs = {o.file_name: o.data for o in objects} | {mlir_name: rendered.text.encode()}
+    vmfb_name, iree_runs = None, 0
     with staging_dir(out_dir) as stage:
-        names: list[str] = []
-        for obj in objects:
-            write_atomic(stage / obj.file_name, obj.data)
-            names.append(obj.file_name)
-        rendered = render_module(spec, _executable_objects(spec, objects), programs=programs)
-        mlir_name = f"{spec.name}.mlir"
-        write_atomic(stage / mlir_name, rendered.text)
-        names.append(mlir_name)
-        vmfb_name = None
-        iree_runs = 0
         if make_vmfb:
             vmfb_name = f"{spec.name}.vmfb"
-            # The in-process API has no object search path: it gets absolute object paths.
-            linkable = render_module(spec, _executable_objects(spec, objects, stage), programs=programs).text
-            iree_runs = _link(stage, mlir_name, vmfb_name, linkable, codegen.target, options, progress, len(objects), cache)
-            names.append(vmfb_name)
+            link = _Link(spec, programs, objects, codegen.target, stage, mlir_name, vmfb_name)
+            outputs[vmfb_name], iree_runs = _link(link, outputs, options, shared, label)
         if reference is not None:
-            shutil.copyfile(reference, stage / reference.name)
-            names.append(reference.name)
-        record_name = f"{spec.name}{RECORD_SUFFIX}"
+            outputs[reference.name] = reference.read_bytes()
         record = _record(spec, options, compiler, codegen.target, objects, mlir_name, vmfb_name, reference)
-        write_atomic(stage / record_name, json.dumps(record, indent=2) + "\n")
-        names.append(record_name)  # last: its presence marks a complete build
-        published = publish(stage, out_dir, names)
+        outputs[record_name] = (json.dumps(record, indent=2) + "\n").encode()  # last: it marks a complete build
+        if not _already_published(out_dir, outputs):  # a build with nothing new leaves its folder untouched
+            for name, data in outputs.items():
+                if not (stage / name).exists():
+                    write_atomic(stage / name, data)
+            publish(stage, out_dir, list(outputs))
 
-    by_name = {p.name: p for p in published}
     return BuildResult(
         name=spec.name,
         out_dir=out_dir,
-        mlir=by_name[mlir_name],
-        vmfb=by_name[vmfb_name] if vmfb_name else None,
-        record=by_name[record_name],
-        objects=tuple(by_name[o.file_name] for o in objects),
+        mlir=out_dir / mlir_name,
+        vmfb=out_dir / vmfb_name if vmfb_name else None,
+        record=out_dir / record_name,
+        objects=tuple(out_dir / o.file_name for o in objects),
         codegen_target=codegen.target.name,
         notes=((codegen.note,) if codegen.note and programs else ()) + preflight_notes,
         compiler_runs=compiler.compiles,
@@ -177,9 +268,19 @@ def _run(spec, options: BuildOptions, out_dir: Path, progress: Progress | None, 
     )
 
 
+def _already_published(out_dir: Path, outputs: dict[str, bytes]) -> bool:
+    for name, data in outputs.items():
+        try:
+            if (out_dir / name).stat().st_size != len(data) or (out_dir / name).read_bytes() != data:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def _counting(compiler, cache: Cache | None) -> CachedCompiler:
-    """Every build goes through CachedCompiler, which counts compiler runs; with no cache it
-    uses an unusable one, so every compile is a miss."""
+    """Every module goes through a CachedCompiler of its own, which counts its compiler runs;
+    with no cache it uses an unusable one, so every compile is a miss."""
     return CachedCompiler(compiler, cache if cache is not None else Cache.disabled())
 
 
@@ -221,27 +322,22 @@ def compile_options_for(spec: ModuleSpec, source: Path, options: BuildOptions) -
     return dataclasses.replace(options.compile_options, name_expressions=names) if names else options.compile_options
 
 
-def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, progress: Progress | None) -> list[ObjectCode]:
+def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Callable[[str, float], None]) -> list[ObjectCode]:
+    """Every job on a thread of its own: the compiler's slots bound how many run at once."""
     jobs = _jobs(spec, options)
     source_options = {job.source: compile_options_for(spec, job.source, options) for job in jobs}
-    workers = max(1, min(len(jobs), options.jobs or os.cpu_count() or 1))
-    total = len(jobs) + 1  # + the iree-compile step
 
-    def one(job: _Job):
+    def one(job: _Job) -> ObjectCode:
         start = time.perf_counter()
         if job.format == "fatbin":
             obj = compiler.compile_fatbin(job.source, job.archs, source_options[job.source])
         else:
             obj = compiler.compile(job.source, job.archs[0], job.format, source_options[job.source])
-        return job, obj, time.perf_counter() - start
+        report(f"{compiler.name}: {job.describe()}", time.perf_counter() - start)
+        return obj
 
-    objects = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for n, (job, obj, secs) in enumerate(pool.map(one, jobs), start=1):
-            objects.append(obj)
-            if progress:
-                progress(ProgressEvent(n, total, f"{compiler.name}: {job.describe()}", secs))
-    return objects
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        return list(pool.map(one, jobs))
 
 
 def _check_abi(spec: ModuleSpec, objects: list[ObjectCode], compiler, options: BuildOptions) -> None:
@@ -310,36 +406,52 @@ def _executable_objects(spec: ModuleSpec, objects: list[ObjectCode], object_dir:
 # ---------------------------------------------------------------------------- linking
 
 
-def _link(
-    stage: Path, mlir_name: str, vmfb_name: str, linkable: str, codegen: Arch, options: BuildOptions, progress, n_objects, cache
-) -> int:
-    """Links the module, unless the cache holds one linked from the very same inputs.
-    In process first; iree-compile as a subprocess when that is off or fails (for its log).
-    Returns the number of links run (0 or 1)."""
+@dataclass(frozen=True)
+class _Link:
+    """One module's link step: what it renders and where it stages its inputs."""
+
+    spec: ModuleSpec
+    programs: list
+    objects: list[ObjectCode]
+    codegen: Arch
+    stage: Path
+    mlir_name: str
+    vmfb_name: str
+
+
+def _link(link: _Link, outputs: dict[str, bytes], options: BuildOptions, shared: _Shared, label: str) -> tuple[bytes, int]:
+    """The module's .vmfb bytes, and how many links ran (0 or 1): from the cache when it holds
+    one linked from the very same inputs, else linked in process, or by iree-compile as a
+    subprocess when that is off or fails (for its log and a command to re-run)."""
     start = time.perf_counter()
-    argv = compile_args(stage / mlir_name, stage / vmfb_name, codegen, stage, options.iree_flags)
-    key = None
+    stage, mlir, vmfb = link.stage, link.stage / link.mlir_name, link.stage / link.vmfb_name
+    argv = compile_args(mlir, vmfb, link.codegen, stage, options.iree_flags)
+    cache, key = shared.cache, None
     if cache is not None and cache.usable:
         flags = [a.replace(str(stage), "<out>") for a in argv[2:]]
-        inputs = [(p.name, p.read_bytes()) for p in stage.iterdir() if p.name != mlir_name]
-        key = vmfb_key((stage / mlir_name).read_text(), inputs, flags, iree_compiler_version())
+        key = vmfb_key(outputs[link.mlir_name].decode(), [(o.file_name, o.data) for o in link.objects], flags, iree_compiler_version())
         hit = cache.get("vmfb", key)
         if hit is not None:
-            write_atomic(stage / vmfb_name, hit[1])
-            if progress:
-                progress(ProgressEvent(n_objects + 1, n_objects + 1, f"cached: {vmfb_name}", time.perf_counter() - start))
-            return 0
-    linked = options.iree_in_process and compile_in_process(linkable, stage / vmfb_name, codegen, options.iree_flags)
-    try:
-        if not linked:
-            compile_vmfb(argv, stage / mlir_name)
-    except IreeCompileError as exc:
-        raise _keep_for_rerun(exc, stage) from None
+            shared.report(f"{label}cached: {link.vmfb_name}", time.perf_counter() - start)
+            return hit[1], 0
+    for name in [o.file_name for o in link.objects] + [link.mlir_name]:
+        write_atomic(stage / name, outputs[name])
+    # The in-process API has no object search path: its MLIR names objects by absolute path.
+    templates = cache.template_dir if cache is not None else None
+    objects = _executable_objects(link.spec, link.objects, stage)
+    linkable = render_module(link.spec, objects, programs=link.programs, template_cache=templates).text
+    with shared.slots:
+        linked = options.iree_in_process and compile_in_process(linkable, vmfb, link.codegen, options.iree_flags)
+        try:
+            if not linked:
+                compile_vmfb(argv, mlir)
+        except IreeCompileError as exc:
+            raise _keep_for_rerun(exc, stage) from None
+    data = vmfb.read_bytes()
     if key is not None:
-        cache.put("vmfb", key, {"name": vmfb_name}, (stage / vmfb_name).read_bytes())
-    if progress:
-        progress(ProgressEvent(n_objects + 1, n_objects + 1, f"iree-compile: {vmfb_name}", time.perf_counter() - start))
-    return 1
+        cache.put("vmfb", key, {"name": link.vmfb_name}, data)
+    shared.report(f"{label}iree-compile: {link.vmfb_name}", time.perf_counter() - start)
+    return data, 1
 
 
 def _keep_for_rerun(exc: IreeCompileError, stage: Path) -> IreeCompileError:

@@ -36,6 +36,9 @@ ENV_MAX_BYTES = "KITDISPATCH_CACHE_MAX_BYTES"
 _INCLUDE_RE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*(?:"([^"\n]+)"|<([^>\n]+)>|(\S+))', re.M)
 
 
+TEMPLATES = "templates"  # beside the entries: jinja2's own checksummed, atomically written files
+
+
 class CacheWarning(UserWarning):
     """The cache folder is unsafe or unusable; the build goes on without it."""
 
@@ -215,6 +218,11 @@ class Cache:
             return
         self.evict()
 
+    @property
+    def template_dir(self) -> Path | None:
+        """Where the MLIR templates' compiled form is kept (jinja2 bytecode), if anywhere."""
+        return self.root / TEMPLATES if self.usable else None
+
     # -- management ------------------------------------------------------------------
 
     def entries(self) -> list[Path]:
@@ -243,7 +251,7 @@ class Cache:
     def clear(self) -> int:
         n = len(self.entries())
         if self.usable:
-            for kind in ("object", "vmfb"):
+            for kind in ("object", "vmfb", TEMPLATES):
                 shutil.rmtree(self.root / kind, ignore_errors=True)
         return n
 

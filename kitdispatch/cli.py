@@ -80,12 +80,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("build", parents=[common, building], help="compile kernels, generate MLIR and link a .vmfb")
-    b.add_argument("manifest", help="kitdispatch.toml, or the folder holding it")
-    b.add_argument("-o", "--output", required=True, help="output folder")
-
     g = sub.add_parser("gen", parents=[common, building], help="compile kernels and generate MLIR, no .vmfb")
-    g.add_argument("manifest", help="kitdispatch.toml, or the folder holding it")
-    g.add_argument("-o", "--output", required=True, help="output folder")
+    for cmd in (b, g):
+        cmd.add_argument(
+            "manifests", nargs="+", metavar="manifest",
+            help="kitdispatch.toml, or the folder holding it; several build at once, sharing the cores",
+        )
+        cmd.add_argument(
+            "-o", "--output", required=True,
+            help="output folder (with several manifests: one folder per module inside it, named after the module)",
+        )
 
     r = sub.add_parser("run", parents=[common], help="run a function of a .vmfb on the cuda device")
     r.add_argument("vmfb", help="the module to run")
@@ -154,16 +158,24 @@ def _build_options(args):
 
 
 def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
-    from .build import build, generate
+    from .build import build, build_all, generate, generate_all
 
-    step = build if make_vmfb else generate
-    result = step(Path(args.manifest), _build_options(args), Path(args.output), progress=out.progress)
-    for note in result.notes:
-        out.info(f"note: {note}")
-    made = result.vmfb or result.mlir
-    text = f"built {made}" if make_vmfb else f"generated {result.mlir} and {len(result.objects)} object file(s)"
-    out.detail(f"compiler runs: {result.compiler_runs}, iree-compile runs: {result.iree_compile_runs}")
-    out.result(result.to_json(), text)
+    options = _build_options(args)
+    if len(args.manifests) == 1:
+        step = build if make_vmfb else generate
+        results = (step(Path(args.manifests[0]), options, Path(args.output), progress=out.progress),)
+    else:
+        step = build_all if make_vmfb else generate_all
+        results = step([Path(m) for m in args.manifests], options, Path(args.output), progress=out.progress)
+    lines = []
+    for result in results:
+        for note in result.notes:
+            out.info(f"note: {result.name}: {note}" if len(results) > 1 else f"note: {note}")
+        made = result.vmfb or result.mlir
+        lines.append(f"built {made}" if make_vmfb else f"generated {result.mlir} and {len(result.objects)} object file(s)")
+        out.detail(f"{result.name}: compiler runs: {result.compiler_runs}, iree-compile runs: {result.iree_compile_runs}")
+    data = results[0].to_json() if len(results) == 1 else {"modules": [r.to_json() for r in results]}
+    out.result(data, "\n".join(lines))
     return 0
 
 

@@ -7,14 +7,15 @@ object cache and the build wrap them once.
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from ._parallel import CpuSlots
 from ._proc import run_tool
 from .archs import Arch, check_supported, ptx_fallback_archs
 from .errors import CompileError, KitError
@@ -120,8 +121,9 @@ class NvrtcCompiler:
 
     name = "nvrtc"
 
-    def __init__(self) -> None:
+    def __init__(self, slots: CpuSlots | None = None) -> None:
         self._nvrtc = _load_nvrtc()
+        self._slots = slots or CpuSlots()
 
     def version(self) -> str:
         major, minor = self._check(self._nvrtc.nvrtcVersion(), "nvrtcVersion")
@@ -175,7 +177,8 @@ class NvrtcCompiler:
         try:
             for name in names:
                 self._check(nvrtc.nvrtcAddNameExpression(prog, name.encode()), f"name expression {name}")
-            (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+            with self._slots:
+                (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
             log = self._log(prog)
             if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
                 target = next((o.split("=", 1)[1] for o in opts if o.startswith("--gpu-architecture=")), "")
@@ -201,7 +204,7 @@ class NvrtcCompiler:
         """SASS for every architecture plus PTX (see `ptx_fallback_archs`), packed with
         nvFatbin from pip: no toolkit needed."""
         # NVRTC releases the GIL: the architectures compile in parallel (1.66 s -> 0.89 s for
-        # three architectures of kernels/softmax on two cores).
+        # three architectures of kernels/softmax on two cores), each in a slot of its own.
         with ThreadPoolExecutor(max_workers=len(archs)) as pool:
             cubins = list(pool.map(lambda arch: self.compile(source, arch, "cubin", options), archs))
         by_arch = {c.arch: c for c in cubins}
@@ -268,7 +271,8 @@ class NvccCompiler:
 
     name = "nvcc"
 
-    def __init__(self, nvcc: str | None = None) -> None:
+    def __init__(self, nvcc: str | None = None, slots: CpuSlots | None = None) -> None:
+        self._slots = slots or CpuSlots()
         found = nvcc or shutil.which("nvcc")
         if not found:
             raise KitError(
@@ -312,7 +316,8 @@ class NvccCompiler:
             return ObjectCode.from_fatbin(out.read_bytes(), tuple(archs), source, self.name)
 
     def _run(self, argv: list[str], source: Path, what: str) -> None:
-        res = run_tool(argv, timeout=NVCC_TIMEOUT_S)
+        with self._slots:
+            res = run_tool(argv, timeout=NVCC_TIMEOUT_S)
         if res.returncode != 0:
             log = res.stderr + res.stdout
             raise CompileError(
@@ -357,11 +362,13 @@ def pack_fatbin(cubins: list[ObjectCode], ptx: list[ObjectCode]) -> bytes:
 COMPILERS = ("nvrtc", "nvcc")
 
 
-def get_compiler(name: str) -> Compiler:
+def get_compiler(name: str, slots: CpuSlots | None = None) -> Compiler:
+    """A backend by name; `slots` bounds its compiler runs together with the build's other
+    CPU-heavy steps (default: a bound of its own, one run per core)."""
     if name == "nvrtc":
-        return NvrtcCompiler()
+        return NvrtcCompiler(slots)
     if name == "nvcc":
-        return NvccCompiler()
+        return NvccCompiler(slots=slots)
     raise KitError(f"unknown compiler {name!r}", fix=f"use one of {', '.join(COMPILERS)}")
 
 

@@ -79,6 +79,18 @@ class IreeCompileError(ToolError):
     """iree-compile rejected the generated MLIR."""
 
 
+class BuildsFailed(KitError):
+    """Several modules of one multi-module build failed; each failure is kept whole."""
+
+    def __init__(self, failures: Sequence[tuple[str, KitError]], total: int):
+        self.failures = tuple(failures)
+        self.exit_code = max(exc.exit_code for _, exc in self.failures)
+        super().__init__(f"{len(self.failures)} of {total} modules failed")
+
+    def render(self) -> str:
+        return "\n".join([f"{self.what}:"] + [f"[{name}] {exc.render()}" for name, exc in self.failures])
+
+
 class RuntimeUnavailable(KitError):
     """No CUDA device or no IREE runtime: GPU work cannot run here."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 import shutil
 from collections.abc import Sequence
@@ -70,14 +71,39 @@ def find_iree_compile() -> str:
 
 @functools.cache
 def iree_compiler_version() -> str:
+    """The installed iree-base-compiler's version (part of every link's cache key)."""
+    return _version_from_dist_info() or _version_from_metadata() or _version_from_tool()
+
+
+def _version_from_dist_info() -> str | None:
+    """Read beside the package, not through importlib.metadata, whose import alone takes
+    longer (~15 ms) than a whole build with nothing to do spends on everything else."""
+    try:
+        spec = importlib.util.find_spec("iree.compiler")
+    except ImportError:
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    for metadata in Path(spec.origin).parents[2].glob("iree_base_compiler-*.dist-info/METADATA"):
+        m = re.search(r"^Version: (\S+)$", metadata.read_text(errors="replace"), re.M)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _version_from_metadata() -> str | None:
     try:
         from importlib.metadata import version
 
         return version("iree-base-compiler")
     except Exception:
-        out = run_tool([find_iree_compile(), "--version"], timeout=60).stdout
-        m = re.search(r"compiler version (\S+)", out)
-        return m.group(1) if m else "unknown"
+        return None
+
+
+def _version_from_tool() -> str:
+    out = run_tool([find_iree_compile(), "--version"], timeout=60).stdout
+    m = re.search(r"compiler version (\S+)", out)
+    return m.group(1) if m else "unknown"
 
 
 def iree_flags(codegen: Arch, extra: Sequence[str] = ()) -> list[str]:

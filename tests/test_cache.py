@@ -120,6 +120,21 @@ def test_unchanged_build_skips_iree_compile_and_an_edit_relinks(tmp_path):
     assert (edited.compiler_runs, edited.iree_compile_runs) == (1, 1)
 
 
+@needs_iree_compile
+def test_rebuild_with_nothing_new_leaves_the_output_folder_untouched(tmp_path):
+    root = project(tmp_path)
+    options = BuildOptions.create("sm_80", format="ptx")
+    build(root, options, tmp_path / "out")
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "out").iterdir()}
+    again = build(root, options, tmp_path / "out")
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "out").iterdir()} == before
+    assert again.vmfb.is_file() and again.record.is_file()
+    # A changed output (here, an edit to the build record by hand) is replaced by the build's own.
+    again.record.write_text("{}")
+    build(root, options, tmp_path / "out")
+    assert again.record.read_text() != "{}" and again.record.stat().st_ino != before[again.record.name][0]
+
+
 def test_corrupt_entry_is_a_miss_and_is_replaced(tmp_path, isolated_cache):
     root = project(tmp_path)
     options = BuildOptions.create("sm_80", format="ptx")
