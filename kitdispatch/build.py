@@ -18,7 +18,7 @@ from ._files import publish, staging_dir, write_atomic
 from ._parallel import CpuSlots
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
 from .cache import Cache, CachedCompiler, vmfb_key
-from .compilers import CompileOptions, ObjectCode, check_archs, get_compiler
+from .compilers import CompileOptions, ObjectCode, get_compiler
 from .errors import BuildsFailed, IreeCompileError, KitError, ManifestError
 from .iree_compile import choose_codegen_target, compile_args, compile_in_process, compile_vmfb, iree_compiler_version
 from .manifest import load_manifest
@@ -196,8 +196,7 @@ def _build_modules(specs, options: BuildOptions, out_dirs: list[Path], progress,
     specs = [_with_formats(_loaded(s), options) for s in specs]
     slots = CpuSlots(options.jobs)
     cache = Cache(Path(options.cache_dir) if options.cache_dir else None) if options.use_cache else None
-    compiler = get_compiler(options.compiler, slots)
-    check_archs(compiler, options.archs)
+    compiler = get_compiler(options.compiler, slots)  # it checks the architectures as it compiles
     total = sum(len(_jobs(s, options)) + make_vmfb for s in specs)
     shared = _Shared(cache, compiler, slots, progress, total, len(specs))
     if len(specs) == 1:
@@ -209,8 +208,8 @@ def _build_modules(specs, options: BuildOptions, out_dirs: list[Path], progress,
     for _, exc in failures:
         if not isinstance(exc, KitError):
             raise exc  # a kitdispatch bug: its traceback matters more than the other modules
-    if len(failures) == 1:
-        raise failures[0][1]
+    if len({exc.render() for _, exc in failures}) == 1:
+        raise failures[0][1]  # one failure, or the same one in every module (an unknown arch)
     if failures:
         raise BuildsFailed(failures, len(specs))
     return tuple(f.result() for f in futures)

@@ -17,6 +17,7 @@ from typing import Literal, Protocol
 
 from ._parallel import CpuSlots
 from ._proc import run_tool
+from ._resources import installed_version
 from .archs import Arch, check_supported, ptx_fallback_archs
 from .errors import CompileError, KitError
 
@@ -122,18 +123,33 @@ class NvrtcCompiler:
     name = "nvrtc"
 
     def __init__(self, slots: CpuSlots | None = None) -> None:
-        self._nvrtc = _load_nvrtc()
         self._slots = slots or CpuSlots()
 
+    @functools.cached_property
+    def _nvrtc(self):
+        # Loaded on the first compile, not before: a build whose objects all come from the
+        # cache never needs it (importing cuda-python's NVRTC takes ~40 ms).
+        return _load_nvrtc()
+
     def version(self) -> str:
+        """The nvidia-cuda-nvrtc wheel's full version, which cuda-python loads before any
+        other NVRTC (no need to load it here); else the loaded library's major.minor."""
+        return installed_version("nvidia-cuda-nvrtc", "nvidia") or self.library_version()
+
+    def library_version(self) -> str:
         major, minor = self._check(self._nvrtc.nvrtcVersion(), "nvrtcVersion")
         return f"{major}.{minor}"
 
-    def supported_archs(self) -> tuple[Arch, ...]:
+    @functools.cached_property
+    def _supported(self) -> tuple[Arch, ...]:
         (archs,) = self._check(self._nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs")
         return tuple(Arch(a // 10, a % 10) for a in archs)
 
+    def supported_archs(self) -> tuple[Arch, ...]:
+        return self._supported
+
     def compile(self, source: Path, arch: Arch, fmt: ObjectFormat, options: CompileOptions) -> ObjectCode:
+        check_archs(self, (arch,))
         nvrtc = self._nvrtc
         target = arch.compute_name if fmt == "ptx" else arch.name
         prog = self._compiled(source, [f"--gpu-architecture={target}", *self._flags(source, options)], options.name_expressions)
@@ -205,6 +221,7 @@ class NvrtcCompiler:
         nvFatbin from pip: no toolkit needed."""
         # NVRTC releases the GIL: the architectures compile in parallel (1.66 s -> 0.89 s for
         # three architectures of kernels/softmax on two cores), each in a slot of its own.
+        check_archs(self, archs)
         with ThreadPoolExecutor(max_workers=len(archs)) as pool:
             cubins = list(pool.map(lambda arch: self.compile(source, arch, "cubin", options), archs))
         by_arch = {c.arch: c for c in cubins}
@@ -295,6 +312,7 @@ class NvccCompiler:
         return self._supported
 
     def compile(self, source: Path, arch: Arch, fmt: ObjectFormat, options: CompileOptions) -> ObjectCode:
+        check_archs(self, (arch,))
         read_source(source)  # a clear error for a missing file before nvcc's own
         with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
             out = Path(tmp) / f"out.{fmt}"
@@ -306,6 +324,7 @@ class NvccCompiler:
         return make(data, arch, source, self.name)
 
     def compile_fatbin(self, source: Path, archs: tuple[Arch, ...], options: CompileOptions) -> ObjectCode:
+        check_archs(self, archs)
         read_source(source)
         gencode = [f"-gencode=arch={a.compute_name},code={a.name}" for a in archs]
         gencode += [f"-gencode=arch={a.compute_name},code={a.compute_name}" for a in ptx_fallback_archs(archs)]
@@ -373,6 +392,8 @@ def get_compiler(name: str, slots: CpuSlots | None = None) -> Compiler:
 
 
 def check_archs(compiler: Compiler, archs) -> None:
+    """Every backend checks its targets as it compiles (not before: a build whose objects
+    all come from the cache never loads its compiler)."""
     check_supported(archs, compiler.supported_archs(), compiler.name)
 
 

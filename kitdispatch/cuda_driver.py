@@ -32,16 +32,31 @@ class DriverInfo:
 
 
 @functools.cache
-def driver_info() -> DriverInfo | None:
-    """None where there is no libcuda (no NVIDIA driver) or it cannot initialise."""
+def _libcuda() -> ctypes.CDLL | None:
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
+        return ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
+
+
+@functools.cache
+def driver_version() -> str | None:
+    """The CUDA version the driver supports, e.g. "13.0"; None where there is no driver.
+    No cuInit: that alone takes a tenth of a second or more on a GPU machine, and a build
+    only needs the version (its PTX check)."""
+    lib = _libcuda()
     version = ctypes.c_int()
-    if lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
+    if lib is None or lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
         return None
-    text = f"{version.value // 1000}.{version.value % 1000 // 10}"
+    return f"{version.value // 1000}.{version.value % 1000 // 10}"
+
+
+@functools.cache
+def driver_info() -> DriverInfo | None:
+    """The version and the devices. None where there is no libcuda (no NVIDIA driver)."""
+    lib, text = _libcuda(), driver_version()
+    if lib is None or text is None:
+        return None
     if lib.cuInit(0) != 0:
         return DriverInfo(text, ())
     count = ctypes.c_int()

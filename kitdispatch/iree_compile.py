@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import re
 import shutil
 from collections.abc import Sequence
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._proc import run_tool
+from ._resources import installed_version
 from .archs import Arch
 from .errors import IreeCompileError, KitError
 
@@ -72,23 +72,7 @@ def find_iree_compile() -> str:
 @functools.cache
 def iree_compiler_version() -> str:
     """The installed iree-base-compiler's version (part of every link's cache key)."""
-    return _version_from_dist_info() or _version_from_metadata() or _version_from_tool()
-
-
-def _version_from_dist_info() -> str | None:
-    """Read beside the package, not through importlib.metadata, whose import alone takes
-    longer (~15 ms) than a whole build with nothing to do spends on everything else."""
-    try:
-        spec = importlib.util.find_spec("iree.compiler")
-    except ImportError:
-        return None
-    if spec is None or spec.origin is None:
-        return None
-    for metadata in Path(spec.origin).parents[2].glob("iree_base_compiler-*.dist-info/METADATA"):
-        m = re.search(r"^Version: (\S+)$", metadata.read_text(errors="replace"), re.M)
-        if m:
-            return m.group(1)
-    return None
+    return installed_version("iree-base-compiler", "iree") or _version_from_metadata() or _version_from_tool()
 
 
 def _version_from_metadata() -> str | None:

@@ -58,10 +58,10 @@ def max_ptx_isa(driver: Version) -> Version:
 
 
 def local_driver() -> Version | None:
-    from .cuda_driver import driver_info
+    from .cuda_driver import driver_version
 
-    info = driver_info()
-    return Version.parse(info.version) if info else None
+    version = driver_version()
+    return Version.parse(version) if version else None
 
 
 def check_ptx_loads(ptx_isa_version: Version, driver: Version, *, compiler: str, where: str) -> None:
