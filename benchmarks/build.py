@@ -78,10 +78,12 @@ def way_kitdispatch(work: Path, tag: str) -> dict:
 
     # "p": the same objects as (a), PTX per architecture, to compare like with like.
     options = BuildOptions.create(ARCHS, **({"format": "ptx"} if tag == "p" else {}))
+    # (b), (c) and (d) are one command run three times: the same output folder.
+    out = work / ("kd" if tag in "bcd" else tag)
     if tag == "s":  # one build() call per sample, one after another
-        results = [build(sample, options, work / tag / sample.name) for sample in samples(work / "samples")]
+        results = [build(sample, options, out / sample.name) for sample in samples(work / "samples")]
     else:
-        results = build_all(samples(work / "samples"), options, work / tag)
+        results = build_all(samples(work / "samples"), options, out)
     return {"compiler_runs": sum(r.compiler_runs for r in results), "iree_compile_runs": sum(r.iree_compile_runs for r in results)}
 
 

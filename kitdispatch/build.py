@@ -322,9 +322,14 @@ def compile_options_for(spec: ModuleSpec, source: Path, options: BuildOptions) -
 
 
 def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Callable[[str, float], None]) -> list[ObjectCode]:
-    """Every job on a thread of its own: the compiler's slots bound how many run at once."""
+    """Cached objects first, in this thread; then what is left, each on a thread of its own
+    (the compiler's slots bound how many run at once)."""
     jobs = _jobs(spec, options)
     source_options = {job.source: compile_options_for(spec, job.source, options) for job in jobs}
+    found = {job: compiler.lookup(job.source, job.archs, job.format, source_options[job.source]) for job in jobs}
+    for job, obj in found.items():
+        if obj is not None:
+            report(f"cached: {job.describe()}", 0.0)
 
     def one(job: _Job) -> ObjectCode:
         start = time.perf_counter()
@@ -335,8 +340,11 @@ def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Call
         report(f"{compiler.name}: {job.describe()}", time.perf_counter() - start)
         return obj
 
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        return list(pool.map(one, jobs))
+    missing = [job for job in jobs if found[job] is None]
+    if missing:
+        with ThreadPoolExecutor(max_workers=len(missing)) as pool:
+            found |= dict(zip(missing, pool.map(one, missing)))
+    return [found[job] for job in jobs]
 
 
 def _check_abi(spec: ModuleSpec, objects: list[ObjectCode], compiler, options: BuildOptions) -> None:

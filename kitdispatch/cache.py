@@ -334,25 +334,38 @@ class CachedCompiler:
     def compile_fatbin(self, source: Path, archs: tuple[Arch, ...], options: CompileOptions) -> ObjectCode:
         return self._cached(source, archs, "fatbin", options, lambda: self.inner.compile_fatbin(source, archs, options))
 
-    def _cached(self, source: Path, archs, fmt: str, options: CompileOptions, make) -> ObjectCode:
+    def lookup(self, source: Path, archs: tuple[Arch, ...], fmt: str, options: CompileOptions) -> ObjectCode | None:
+        """The cached object, if there is one: the build asks first, and starts threads
+        only for what it must compile."""
+        key = self._key(source, archs, fmt, options)
+        hit = self.cache.get("object", key) if key is not None else None
+        if hit is None:
+            return None
+        meta, payload = hit
+        data, ptx = payload[: meta["data_len"]], payload[meta["data_len"] :] or None
+        if meta["format"] == "ptx":
+            ptx = data
+        return ObjectCode(data, meta["format"], tuple(Arch.parse(a) for a in meta["archs"]), source, self.name, ptx)
+
+    def _key(self, source: Path, archs, fmt: str, options: CompileOptions) -> str | None:
         try:
-            key = object_key(self.name, self._version, fmt, archs, options, source)
+            return object_key(self.name, self._version, fmt, archs, options, source)
         except Uncacheable:
             self.cache.stats.bump("uncacheable")
-            return self._run(make)
         except OSError:
-            return self._run(make)  # e.g. a missing source: let the compiler report it
-        hit = self.cache.get("object", key)
-        if hit is not None:
-            meta, payload = hit
-            data, ptx = payload[: meta["data_len"]], payload[meta["data_len"] :] or None
-            if meta["format"] == "ptx":
-                ptx = data
-            return ObjectCode(data, meta["format"], tuple(Arch.parse(a) for a in meta["archs"]), source, self.name, ptx)
+            pass  # e.g. a missing source: let the compiler report it
+        return None
+
+    def _cached(self, source: Path, archs, fmt: str, options: CompileOptions, make) -> ObjectCode:
+        found = self.lookup(source, archs, fmt, options)
+        if found is not None:
+            return found
         obj = self._run(make)
-        meta = {"format": obj.format, "archs": [a.name for a in obj.archs], "data_len": len(obj.data)}
-        extra_ptx = obj.ptx if obj.ptx is not None and obj.format != "ptx" else b""
-        self.cache.put("object", key, meta, obj.data + extra_ptx)
+        key = self._key(source, archs, fmt, options)
+        if key is not None:
+            meta = {"format": obj.format, "archs": [a.name for a in obj.archs], "data_len": len(obj.data)}
+            extra_ptx = obj.ptx if obj.ptx is not None and obj.format != "ptx" else b""
+            self.cache.put("object", key, meta, obj.data + extra_ptx)
         return obj
 
     def _run(self, make) -> ObjectCode:

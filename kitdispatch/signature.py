@@ -11,6 +11,7 @@ and class bodies, and treats identifiers it does not know in a signature as attr
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -55,6 +56,13 @@ def parse_kernels(source: str, *, path: str = "<source>") -> dict[str, KernelSig
             where=path,
             fix="read the .cu file as text (e.g. Path.read_text()) before parsing it",
         )
+    return dict(_parsed(source, path))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(source: str, path: str) -> tuple[tuple[str, KernelSignature], ...]:
+    """Kernels of one source text, parsed once: a file with several kernels in a manifest is
+    asked for each of them (KernelSignature is frozen, so sharing the result is safe)."""
     kernels: dict[str, KernelSignature] = {}
     defined: set[str] = set()
     for toks, extern_c, is_definition in _kernel_declarations(_tokens(source, path), path):
@@ -72,7 +80,7 @@ def parse_kernels(source: str, *, path: str = "<source>") -> dict[str, KernelSig
         kernels[sig.name] = sig
         if is_definition:
             defined.add(sig.name)
-    return kernels
+    return tuple(kernels.items())
 
 
 def find_kernel(source: str, name: str, *, path: str = "<source>") -> KernelSignature:
