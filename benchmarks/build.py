@@ -143,7 +143,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="kitdispatch-bench-") as tmp:
         work = Path(tmp)
-        env = {**os.environ, "KITDISPATCH_CACHE_DIR": str(work / "cache"), "PYTHONPATH": str(REPO)}
+        # The checkout first; a PYTHONPATH already set (where the toolchain was put) stays.
+        pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "KITDISPATCH_CACHE_DIR": str(work / "cache"), "PYTHONPATH": pythonpath}
         prepare(work, env)
         n = len(samples(work / "samples"))
         results = {way: run_way(way, work, env) for way in ("a", "j")}
@@ -162,7 +164,10 @@ def main() -> None:
         "s": "    (b), one build() per sample in turn",
         "p": "    (b), --format ptx: (a)'s objects",
     }
-    print(f"{n} samples x 3 architectures ({ARCHS}), {JOBS} cores\n")
+    import importlib.util
+
+    link = "in process (iree.compiler.api)" if importlib.util.find_spec("iree.compiler") else "iree-compile subprocess"
+    print(f"{n} samples x 3 architectures ({ARCHS}), {JOBS} cores; kitdispatch links {link}\n")
     print(f"{'build':<48} {'seconds':>8} {'peak MB':>8} {'compiler runs':>14} {'iree-compile runs':>18}")
     for k in names:
         r = results[k]
