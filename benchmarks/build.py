@@ -30,8 +30,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from kitdispatch._parallel import default_jobs  # noqa: E402  (the bound kitdispatch itself uses)
+
+JOBS = default_jobs()
 ARCHS = "sm_80,sm_89,sm_90"
-JOBS = len(os.sched_getaffinity(0))
 
 
 def samples(root: Path) -> list[Path]:

@@ -108,7 +108,7 @@ def build(
     progress: Progress | None = None,
 ) -> BuildResult:
     """Compiles every kernel, renders the MLIR and links a .vmfb into `out_dir`."""
-    return _build_modules([spec], options, [Path(out_dir)], progress, make_vmfb=True)[0]
+    return _build_modules([spec], options, lambda _: Path(out_dir), progress, make_vmfb=True)[0]
 
 
 def generate(
@@ -119,7 +119,7 @@ def generate(
     progress: Progress | None = None,
 ) -> BuildResult:
     """Like `build` but stops after the objects and the MLIR, for splicing by hand."""
-    return _build_modules([spec], options, [Path(out_dir)], progress, make_vmfb=False)[0]
+    return _build_modules([spec], options, lambda _: Path(out_dir), progress, make_vmfb=False)[0]
 
 
 def build_all(
@@ -135,7 +135,7 @@ def build_all(
     another module still compiles. Every module is published on its own: when some fail,
     the others are still built, and the error (`BuildsFailed` for several) names each failure.
     """
-    return _build_many(specs, options, Path(out_root), progress, make_vmfb=True)
+    return _build_modules(specs, options, lambda spec: Path(out_root) / spec.name, progress, make_vmfb=True)
 
 
 def generate_all(
@@ -146,13 +146,7 @@ def generate_all(
     progress: Progress | None = None,
 ) -> tuple[BuildResult, ...]:
     """Like `build_all` but stops after the objects and the MLIR."""
-    return _build_many(specs, options, Path(out_root), progress, make_vmfb=False)
-
-
-def _build_many(specs, options: BuildOptions, out_root: Path, progress, *, make_vmfb: bool) -> tuple[BuildResult, ...]:
-    loaded = [_loaded(s) for s in specs]
-    _check_unique_names(loaded)
-    return _build_modules(loaded, options, [out_root / s.name for s in loaded], progress, make_vmfb=make_vmfb)
+    return _build_modules(specs, options, lambda spec: Path(out_root) / spec.name, progress, make_vmfb=False)
 
 
 def _loaded(spec: ModuleSpec | str | Path) -> ModuleSpec:
@@ -193,12 +187,16 @@ class _Shared:
             self.progress(ProgressEvent(self.done, self.total, what, seconds))
 
 
-def _build_modules(specs, options: BuildOptions, out_dirs: list[Path], progress, *, make_vmfb: bool) -> tuple[BuildResult, ...]:
+def _build_modules(
+    specs, options: BuildOptions, out_dir_of: Callable[[ModuleSpec], Path], progress, *, make_vmfb: bool
+) -> tuple[BuildResult, ...]:
     with ThreadPoolExecutor(max_workers=1) as side:
         # Loading libcuda for its version takes ~15 ms on a GPU machine (a third of a build with
         # nothing new): it loads while the manifests are read (dlopen releases the GIL).
         driver = side.submit(lambda: Version.parse(options.min_driver) if options.min_driver else local_driver())
         specs = [_with_formats(_loaded(s), options) for s in specs]
+    _check_unique_names(specs)  # before any work: each module's folder is named after it
+    out_dirs = [out_dir_of(s) for s in specs]
     slots = CpuSlots(options.jobs)
     cache = Cache(Path(options.cache_dir) if options.cache_dir else None) if options.use_cache else None
     compiler = get_compiler(options.compiler, slots)  # it checks the architectures as it compiles

@@ -337,15 +337,7 @@ class CachedCompiler:
     def lookup(self, source: Path, archs: tuple[Arch, ...], fmt: str, options: CompileOptions) -> ObjectCode | None:
         """The cached object, if there is one: the build asks first, and starts threads
         only for what it must compile."""
-        key = self._key(source, archs, fmt, options)
-        hit = self.cache.get("object", key) if key is not None else None
-        if hit is None:
-            return None
-        meta, payload = hit
-        data, ptx = payload[: meta["data_len"]], payload[meta["data_len"] :] or None
-        if meta["format"] == "ptx":
-            ptx = data
-        return ObjectCode(data, meta["format"], tuple(Arch.parse(a) for a in meta["archs"]), source, self.name, ptx)
+        return self._get(source, self._key(source, archs, fmt, options))
 
     def _key(self, source: Path, archs, fmt: str, options: CompileOptions) -> str | None:
         try:
@@ -356,12 +348,22 @@ class CachedCompiler:
             pass  # e.g. a missing source: let the compiler report it
         return None
 
+    def _get(self, source: Path, key: str | None) -> ObjectCode | None:
+        hit = self.cache.get("object", key) if key is not None else None
+        if hit is None:
+            return None
+        meta, payload = hit
+        data, ptx = payload[: meta["data_len"]], payload[meta["data_len"] :] or None
+        if meta["format"] == "ptx":
+            ptx = data
+        return ObjectCode(data, meta["format"], tuple(Arch.parse(a) for a in meta["archs"]), source, self.name, ptx)
+
     def _cached(self, source: Path, archs, fmt: str, options: CompileOptions, make) -> ObjectCode:
-        found = self.lookup(source, archs, fmt, options)
+        key = self._key(source, archs, fmt, options)
+        found = self._get(source, key)
         if found is not None:
             return found
         obj = self._run(make)
-        key = self._key(source, archs, fmt, options)
         if key is not None:
             meta = {"format": obj.format, "archs": [a.name for a in obj.archs], "data_len": len(obj.data)}
             extra_ptx = obj.ptx if obj.ptx is not None and obj.format != "ptx" else b""

@@ -13,7 +13,7 @@ from kitdispatch import BuildOptions, CompileOptions, build, generate
 from kitdispatch.archs import Arch
 from kitdispatch.cache import Cache, CacheWarning, object_key
 
-from conftest import REPO, SAMPLES, needs_iree_compile
+from conftest import REPO, SAMPLES, needs_iree_compile, write_kernel_project
 
 SM80, SM90 = Arch.parse("sm_80"), Arch.parse("sm_90")
 
@@ -89,13 +89,8 @@ params = [{ name = "x", inout = "f32[n]" }, { name = "n", scalar = "i32" }]
 
 
 def project(tmp_path, body="x[i] = 2 * x[i];"):
-    root = tmp_path / "proj"
-    root.mkdir(exist_ok=True)
-    (root / "k.cu").write_text(
-        'extern "C" __global__ void k(float* x, int n) { int i = blockIdx.x * 32 + threadIdx.x; if (i < n) { %s } }\n' % body
-    )
-    (root / "kitdispatch.toml").write_text(TOML)
-    return root
+    cu = 'extern "C" __global__ void k(float* x, int n) { int i = blockIdx.x * 32 + threadIdx.x; if (i < n) { %s } }\n'
+    return write_kernel_project(tmp_path / "proj", cu % body, TOML)
 
 
 def test_second_generate_compiles_nothing(tmp_path, isolated_cache):
