@@ -1,13 +1,20 @@
-"""Atomic file output: nothing half-written is ever visible under its final name."""
+"""Atomic file output: nothing half-written is ever visible under its final name.
+
+Temp files carry the writer's pid in their name, so leftovers of a killed process can be told
+from files another process is still writing (`remove_stale_temp_files`).
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
+import re
+import stat
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
 from pathlib import Path
+
+TEMP_SUFFIX = ".kdtmp"
+_TEMP_RE = re.compile(r"^\..+\.(\d+)\.[^.]+" + re.escape(TEMP_SUFFIX) + r"\Z")
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -15,7 +22,7 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide outputs from other users
         with os.fdopen(fd, "wb") as f:
@@ -28,38 +35,81 @@ def write_atomic(path: Path, data: bytes | str) -> None:
         raise
 
 
-@contextmanager
-def staging_dir(final_dir: Path) -> Iterator[Path]:
-    """A scratch folder beside `final_dir`, removed on exit whatever happens.
-
-    Outputs are made there and published with `publish`, so a failed build leaves
-    the output folder as it was.
-    """
-    final_dir = Path(final_dir)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", suffix=".staging", dir=final_dir.parent))
+def fsync_dir(folder: Path) -> None:
+    """Makes renames inside `folder` durable (a crash must not undo a publish)."""
     try:
-        yield tmp
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.close(fd)
 
 
-def publish(staged: Path, final_dir: Path, names: list[str]) -> list[Path]:
-    """Moves the staged files into `final_dir` by atomic rename, in the order given.
+def pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
 
-    Callers list the file that marks a complete build (the build record) last.
-    """
-    final_dir = Path(final_dir)
-    final_dir.mkdir(parents=True, exist_ok=True)
-    published = []
+
+def is_temp_file(name: str) -> bool:
+    """A write_atomic temp file (of this or another process)."""
+    return _TEMP_RE.match(name) is not None
+
+
+def remove_stale_temp_files(folder: Path, *, min_age_s: float = 60.0) -> int:
+    """Removes write_atomic temp files in `folder` whose writer is gone (killed mid-write)."""
+    removed = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
     for name in names:
-        src = staged / name
-        with open(src, "rb") as f:
-            os.fsync(f.fileno())
-        dst = final_dir / name
-        os.replace(src, dst)
-        published.append(dst)
-    return published
+        m = _TEMP_RE.match(name)
+        if not m or pid_alive(int(m.group(1))):
+            continue
+        path = Path(folder) / name
+        try:
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime >= min_age_s:
+                path.unlink()
+                removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of `path`, refusing anything but a regular file: opening a FIFO or a device
+    would block forever or read without end. Raises OSError (ENOENT, or EINVAL for the kind)."""
+    path = Path(path)
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
+        raise NotRegularFile(kind, str(path))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between the stat and the open
+            raise NotRegularFile("not a regular file", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+class NotRegularFile(OSError):
+    def __init__(self, kind: str, filename: str) -> None:
+        super().__init__(22, f"is {kind}", filename)
+        self.kind = kind
 
 
 def _unlink_quietly(path: Path) -> None:

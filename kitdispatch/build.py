@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import re
 import shutil
 import tempfile
 import threading
@@ -14,21 +14,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from ._files import publish, staging_dir, write_atomic
+from ._files import write_atomic
 from ._parallel import CpuSlots
+from ._workers import run_in_threads
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
-from .cache import Cache, CachedCompiler, vmfb_key
-from .compilers import CompileOptions, ObjectCode, get_compiler
-from .errors import BuildsFailed, IreeCompileError, KitError, ManifestError
-from .iree_compile import choose_codegen_target, compile_args, compile_in_process, compile_vmfb, iree_compiler_version
+from .cache import Cache, CachedCompiler, CachedLinker, Linked
+from .compilers import COMPILE_TIMEOUT_S, CompileOptions, ObjectCode, get_compiler
+from .errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
+from .iree_compile import (
+    IREE_COMPILE_TIMEOUT_S,
+    choose_codegen_target,
+    compile_args,
+    compile_vmfb,
+    iree_compiler_version,
+    iree_flags,
+    link_in_worker,
+)
 from .manifest import load_manifest
+from .outputs import OutputFolder, os_error, prepare_output_dir, staging_dir
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
 from .ptx import check_kernel_against_ptx, parse_entries
+from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
 from .render import ExecutableObjects, VariantObject, render_module
-from .runtime import RECORD_SUFFIX
-from .spec import OBJECT_FORMATS, ModuleSpec
-
-RECORD_SCHEMA = 1
+from .spec import OBJECT_FORMATS, FunctionSignature, ModuleSpec
 
 
 @dataclass(frozen=True)
@@ -44,10 +52,13 @@ class BuildOptions:
     jobs: int | None = None
     # Oldest CUDA driver the build must load on (PTX ISA check); None: the local GPU's.
     min_driver: str | None = None
-    # Link through IREE's in-process compiler API (faster); False: always run iree-compile.
+    # Link through IREE's compiler API in a worker (faster); False: always run iree-compile.
     iree_in_process: bool = True
     use_cache: bool = True
     cache_dir: str | None = None  # None: KITDISPATCH_CACHE_DIR, XDG_CACHE_HOME or ~/.cache
+    # Seconds one compiler run may take, and one link; past it the tool is stopped (an error).
+    compile_timeout: float = COMPILE_TIMEOUT_S
+    link_timeout: float = IREE_COMPILE_TIMEOUT_S
 
     @classmethod
     def create(cls, archs: Sequence[str] | str, **kwargs) -> "BuildOptions":
@@ -58,6 +69,10 @@ class BuildOptions:
             raise KitError(f"--jobs must be at least 1, got {kwargs['jobs']}", fix="pass a positive number, or leave it out for one per core")
         if kwargs.get("min_driver") is not None:
             Version.parse(kwargs["min_driver"], "--min-driver")
+        for name in ("compile_timeout", "link_timeout"):
+            value = kwargs.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e7):
+                raise KitError(f"{name} {value!r} is not a positive number of seconds", fix="e.g. --timeout 300")
         return cls(parse_arch_list(archs), **kwargs)
 
 
@@ -81,6 +96,9 @@ class BuildResult:
     notes: tuple[str, ...] = field(default=())
     compiler_runs: int = 0  # CUDA compiler invocations (0 when every object came from the cache)
     iree_compile_runs: int = 0
+    diagnostics: tuple[Diagnostic, ...] = ()  # tools' warnings on success, also in the record
+    names: dict = field(default_factory=dict)  # kernel -> {function, entry} the kit chose
+    removed: tuple[str, ...] = ()  # stale files of the folder's previous build, removed
 
     def to_json(self) -> dict:
         return {
@@ -94,6 +112,9 @@ class BuildResult:
             "notes": list(self.notes),
             "compiler_runs": self.compiler_runs,
             "iree_compile_runs": self.iree_compile_runs,
+            "diagnostics": [dataclasses.asdict(d) for d in self.diagnostics],
+            "names": self.names,
+            "removed": list(self.removed),
         }
 
 
@@ -199,14 +220,14 @@ def _build_modules(
     out_dirs = [out_dir_of(s) for s in specs]
     slots = CpuSlots(options.jobs)
     cache = Cache(Path(options.cache_dir) if options.cache_dir else None) if options.use_cache else None
-    compiler = get_compiler(options.compiler, slots)  # it checks the architectures as it compiles
+    # The compiler checks the architectures as it compiles (a cached build never loads it).
+    compiler = get_compiler(options.compiler, slots, timeout=options.compile_timeout)
     total = sum(len(_jobs(s, options)) + make_vmfb for s in specs)
     shared = _Shared(cache, compiler, slots, progress, total, len(specs), driver.result())
     if len(specs) == 1:
         return (_run(specs[0], options, out_dirs[0], shared, make_vmfb=make_vmfb),)
     # A thread per module: they wait on slots, not on each other.
-    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        futures = [pool.submit(_run, s, options, d, shared, make_vmfb=make_vmfb) for s, d in zip(specs, out_dirs)]
+    futures = run_in_threads(lambda pair: _run(pair[0], options, pair[1], shared, make_vmfb=make_vmfb), zip(specs, out_dirs))
     failures = [(s.name, f.exception()) for s, f in zip(specs, futures) if f.exception() is not None]
     for _, exc in failures:
         if not isinstance(exc, KitError):
@@ -226,58 +247,72 @@ def _with_formats(spec: ModuleSpec, options: BuildOptions) -> ModuleSpec:
 
 
 def _run(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Shared, *, make_vmfb: bool) -> BuildResult:
+    created = prepare_output_dir(out_dir)
+    try:
+        return _run_in(spec, options, out_dir, shared, make_vmfb=make_vmfb)
+    except BaseException:
+        if created:
+            _remove_if_empty(out_dir)  # a failed build leaves no folder it made
+        raise
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Shared, *, make_vmfb: bool) -> BuildResult:
+    folder = OutputFolder(out_dir, spec.name)  # what the folder's previous build wrote
     compiler = _counting(shared.compiler, shared.cache)
     codegen = choose_codegen_target(options.archs, options.codegen_target)
     programs = [_read_program(spec, p.source) for p in spec.programs]
     reference = _reference_path(spec)
     label = f"{spec.name}: " if shared.modules > 1 else ""  # whose step it is, when there are several
 
-    objects = _compile_all(spec, options, compiler, lambda what, secs: shared.report(label + what, secs))
-    _check_abi(spec, objects, compiler, options)
-    preflight_notes = _preflight(objects, options, shared.driver)
+    built = _compile_all(spec, options, compiler, lambda what, secs: shared.report(label + what, secs))
+    spec = _resolve_entries(spec, built, compiler, options)
+    _check_abi(spec, built, compiler, options)
+    preflight_notes = _preflight(built, shared.driver)
 
     templates = shared.cache.template_dir if shared.cache is not None else None
-    rendered = render_module(spec, _executable_objects(spec, objects), programs=programs, template_cache=templates)
-    mlir_name, record_name = f"{spec.name}.mlir", f"{spec.name}{RECORD_SUFFIX}"
-    outputs = {o.file_name: o.data for o in objects} | {mlir_name: rendered.text.encode()}
-    vmfb_name, iree_runs = None, 0
+    objects = {b.file_name: b.obj.data for b in built}
+    rendered = render_module(
+        spec, _executable_objects(spec, built), programs=programs, archs=options.archs, template_cache=templates
+    )
+    mlir_name, vmfb_name = f"{spec.name}.mlir", f"{spec.name}.vmfb" if make_vmfb else None
+    outputs = objects | {mlir_name: rendered.text.encode()}
+    diagnostics = _compile_diagnostics(built)
+    iree_runs = 0
     with staging_dir(out_dir) as stage:
-        if make_vmfb:
-            vmfb_name = f"{spec.name}.vmfb"
-            link = _Link(spec, programs, objects, codegen.target, stage, mlir_name, vmfb_name)
-            outputs[vmfb_name], iree_runs = _link(link, outputs, options, shared, label)
+        if vmfb_name is not None:
+            link = _Link(rendered.text, objects, codegen.target, stage, mlir_name, vmfb_name)
+            linked = _link(link, options, shared, label)
+            check_declared_functions(spec, linked.declarations)
+            outputs[vmfb_name], iree_runs = linked.vmfb, int(linked.ran)
+            diagnostics += tuple(Diagnostic("iree-compile", mlir_name, d) for d in linked.diagnostics)
         if reference is not None:
-            outputs[reference.name] = reference.read_bytes()
-        record = _record(spec, options, compiler, codegen.target, objects, mlir_name, vmfb_name, reference)
-        outputs[record_name] = (json.dumps(record, indent=2) + "\n").encode()  # last: it marks a complete build
-        if not _already_published(out_dir, outputs):  # a build with nothing new leaves its folder untouched
-            for name, data in outputs.items():
-                if not (stage / name).exists():
-                    write_atomic(stage / name, data)
-            publish(stage, out_dir, list(outputs))
+            outputs[reference.name] = _read_reference(reference)
+        record = _record(spec, options, compiler, codegen.target, built, outputs, mlir_name, vmfb_name, reference, diagnostics)
+        outputs[record_name(spec.name)] = record.to_bytes()  # last: it marks a complete build
+        published = folder.publish(stage, outputs)
 
     return BuildResult(
         name=spec.name,
         out_dir=out_dir,
         mlir=out_dir / mlir_name,
         vmfb=out_dir / vmfb_name if vmfb_name else None,
-        record=out_dir / record_name,
-        objects=tuple(out_dir / o.file_name for o in objects),
+        record=out_dir / record_name(spec.name),
+        objects=tuple(out_dir / name for name in objects),
         codegen_target=codegen.target.name,
         notes=((codegen.note,) if codegen.note and programs else ()) + preflight_notes,
         compiler_runs=compiler.compiles,
         iree_compile_runs=iree_runs,
+        diagnostics=diagnostics,
+        names=record.names,
+        removed=published.removed,
     )
-
-
-def _already_published(out_dir: Path, outputs: dict[str, bytes]) -> bool:
-    for name, data in outputs.items():
-        try:
-            if (out_dir / name).stat().st_size != len(data) or (out_dir / name).read_bytes() != data:
-                return False
-        except OSError:
-            return False
-    return True
 
 
 def _counting(compiler, cache: Cache | None) -> CachedCompiler:
@@ -291,14 +326,29 @@ def _counting(compiler, cache: Cache | None) -> CachedCompiler:
 
 @dataclass(frozen=True)
 class _Job:
-    """One compiler run: a source to one object of one format."""
+    """One compiler run: a source to one object of one format. A `fallback` is PTX shipped
+    beside cubins for GPUs they cannot serve; the build does not depend on it loading."""
 
     source: Path
     format: str
     archs: tuple[Arch, ...]
+    stem: str  # the object's file name stem, unique in the module
+    fallback: bool = False
 
     def describe(self) -> str:
         return f"{self.source.name} for {', '.join(a.name for a in self.archs)} ({self.format})"
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A job's object, and its file name in the output folder."""
+
+    job: _Job
+    obj: ObjectCode
+
+    @property
+    def file_name(self) -> str:
+        return self.obj.file_name(self.job.stem)
 
 
 def _jobs(spec: ModuleSpec, options: BuildOptions) -> list[_Job]:
@@ -306,25 +356,25 @@ def _jobs(spec: ModuleSpec, options: BuildOptions) -> list[_Job]:
     the cubins cannot serve. fatbin: one object holding all of it."""
     jobs: list[_Job] = []
     for kernel in spec.kernels:
-        src = spec.source_path(kernel.source)
+        src, stem = spec.source_path(kernel.source), spec.source_stem(kernel.source)
         if kernel.format == "fatbin":
-            wanted = [_Job(src, "fatbin", options.archs)]
+            wanted = [_Job(src, "fatbin", options.archs, stem)]
         else:
-            wanted = [_Job(src, kernel.format, (a,)) for a in options.archs]
+            wanted = [_Job(src, kernel.format, (a,), stem) for a in options.archs]
             if kernel.format == "cubin":
-                wanted += [_Job(src, "ptx", (a,)) for a in ptx_fallback_archs(options.archs)]
-        jobs += [j for j in wanted if j not in jobs]
+                wanted += [_Job(src, "ptx", (a,), stem, fallback=True) for a in ptx_fallback_archs(options.archs)]
+        jobs += [j for j in wanted if j not in jobs and dataclasses.replace(j, fallback=not j.fallback) not in jobs]
     return jobs
 
 
 def compile_options_for(spec: ModuleSpec, source: Path, options: BuildOptions) -> CompileOptions:
     """The build's options plus the C++ kernel names of this source, which NVRTC must
     instantiate and name (`scale<float>`)."""
-    names = tuple(k.name for k in spec.kernels if k.symbol is not None and spec.source_path(k.source) == source)
+    names = tuple(k.name for k in spec.kernels if k.cpp_name and k.symbol is None and spec.source_path(k.source) == source)
     return dataclasses.replace(options.compile_options, name_expressions=names) if names else options.compile_options
 
 
-def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Callable[[str, float], None]) -> list[ObjectCode]:
+def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Callable[[str, float], None]) -> list[_Built]:
     """Cached objects first, in this thread; then what is left, each on a thread of its own
     (the compiler's slots bound how many run at once)."""
     jobs = _jobs(spec, options)
@@ -344,19 +394,51 @@ def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Call
         return obj
 
     missing = [job for job in jobs if found[job] is None]
-    if missing:
-        with ThreadPoolExecutor(max_workers=len(missing)) as pool:
-            found |= dict(zip(missing, pool.map(one, missing)))
-    return [found[job] for job in jobs]
+    futures = run_in_threads(one, missing)
+    for f in futures:
+        if f.exception() is not None:
+            raise f.exception()
+    found |= {job: f.result() for job, f in zip(missing, futures)}
+    return [_Built(job, found[job]) for job in jobs]
 
 
-def _check_abi(spec: ModuleSpec, objects: list[ObjectCode], compiler, options: BuildOptions) -> None:
+def _resolve_entries(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> ModuleSpec:
+    """C++ kernels get their entries (mangled names) from the build's own compile: NVRTC
+    reports them for the name expressions it was given. nvcc's objects do not say them, so
+    those come from one NVRTC name lookup."""
+    kernels = []
+    for k in spec.kernels:
+        if k.cpp_name and k.symbol is None:
+            src = spec.source_path(k.source)
+            lowered = next((dict(b.obj.lowered).get(k.name) for b in built if b.obj.source == src and dict(b.obj.lowered).get(k.name)), None)
+            if lowered is None:
+                lowered = _lowered_by_nvrtc(src, k.name, compiler, options)
+            k = dataclasses.replace(k, symbol=lowered)
+        kernels.append(k)
+    return dataclasses.replace(spec, kernels=tuple(kernels))
+
+
+def _lowered_by_nvrtc(source: Path, name: str, compiler, options: BuildOptions) -> str:
+    from .compilers import NvrtcCompiler
+
+    lookup = compiler if compiler.name == "nvrtc" else NvrtcCompiler(timeout=options.compile_timeout)
+    try:
+        return lookup.lowered_names(source, (name,), options.compile_options)[name]
+    except KitError as exc:
+        raise ManifestError(
+            f"cannot find the mangled name of C++ kernel {name!r}: {exc.what}",
+            where=str(source),
+            fix='declare the kernel extern "C", or make the source compile with NVRTC too',
+        ) from None
+
+
+def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> None:
     """Every kernel against the PTX of its source: entry name, parameters, block size.
     nvcc's cubins and fatbins carry no PTX, so those sources get one PTX compile to check."""
     ptx_by_source: dict[Path, tuple[bytes, str]] = {}
-    for obj in objects:
-        if obj.ptx is not None:
-            ptx_by_source.setdefault(obj.source, (obj.ptx, obj.arch.name))
+    for b in built:
+        if b.obj.ptx is not None:
+            ptx_by_source.setdefault(b.obj.source, (b.obj.ptx, b.obj.arch.name))
     for kernel in spec.kernels:
         src = spec.source_path(kernel.source)
         if src not in ptx_by_source:
@@ -367,48 +449,62 @@ def _check_abi(spec: ModuleSpec, objects: list[ObjectCode], compiler, options: B
         check_kernel_against_ptx(kernel, parse_entries(ptx.decode(errors="replace")), f"{src} ({arch})")
 
 
-def _preflight(objects: list[ObjectCode], options: BuildOptions, driver: Version | None) -> tuple[str, ...]:
-    """PTX that is the only code for a GPU must load on the oldest driver the build targets;
-    PTX that is a fallback (beside cubins, inside a fatbin) gets a note instead."""
+def _preflight(built: list[_Built], driver: Version | None) -> tuple[str, ...]:
+    """PTX that is the only code for a GPU (a kernel built as PTX, whatever the build's own
+    format) must load on the oldest driver the build targets; PTX that is a fallback (beside
+    cubins, inside a fatbin) gets a note instead."""
     if driver is None:
         return ()
     notes = []
-    for obj in objects:
+    for b in built:
+        obj = b.obj
         version = ptx_isa(obj.data if obj.format == "ptx" else obj.ptx or b"")
         if version is None:
             continue
-        is_primary = obj.format == "ptx" and options.format == "ptx"
         try:
-            check_ptx_loads(version, driver, compiler=obj.compiler, where=obj.file_name)
+            check_ptx_loads(version, driver, compiler=obj.compiler, where=b.file_name)
         except PreflightError:
-            if is_primary:
+            if _is_primary_ptx(b):
                 raise
-            notes.append(f"{obj.file_name}: PTX ISA {version} is newer than driver {driver} loads; "
+            notes.append(f"{b.file_name}: PTX ISA {version} is newer than driver {driver} loads; "
                          "GPUs that need this PTX fallback will not load it")
     return tuple(dict.fromkeys(notes))
 
 
-def _executable_objects(spec: ModuleSpec, objects: list[ObjectCode], object_dir: Path | None = None) -> list[ExecutableObjects]:
+def _is_primary_ptx(b: _Built) -> bool:
+    return b.obj.format == "ptx" and not b.job.fallback
+
+
+def _compile_diagnostics(built: list[_Built]) -> tuple[Diagnostic, ...]:
+    seen: dict[tuple[str, str], Diagnostic] = {}
+    for b in built:
+        for text in b.obj.diagnostics:
+            where = _first_location(text) or str(b.obj.source)
+            seen.setdefault((where, text), Diagnostic(b.obj.compiler, where, text))
+    return tuple(seen.values())
+
+
+_LOCATION_RE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:warning|error|remark)", re.M)
+
+
+def _first_location(log: str) -> str | None:
+    m = _LOCATION_RE.search(log)
+    return f"{m.group('file')}:{m.group('line')}" if m else None
+
+
+def _executable_objects(spec: ModuleSpec, built: list[_Built]) -> list[ExecutableObjects]:
     """Per source and format: the variants' objects in the order they are tried: the
-    primary objects newest first, then (for cubin) the PTX fallbacks newest first.
-    Object paths are file names, or absolute under `object_dir` when given."""
+    primary objects newest first, then (for cubin) the PTX fallbacks newest first."""
     out = []
     for source, fmt in dict.fromkeys((k.source, k.format) for k in spec.kernels):
         path = spec.source_path(source)
-        primary = sorted((o for o in objects if o.source == path and o.format == fmt), key=lambda o: o.arch, reverse=True)
+        mine = [b for b in built if b.obj.source == path]
+        primary = sorted((b for b in mine if b.obj.format == fmt), key=lambda b: b.obj.arch, reverse=True)
         fallback = []
         if fmt == "cubin":
-            fallback = sorted((o for o in objects if o.source == path and o.format == "ptx"), key=lambda o: o.arch, reverse=True)
-        out.append(
-            ExecutableObjects(
-                source,
-                fmt,
-                tuple(
-                    VariantObject(o.arch, o.format, str(object_dir / o.file_name) if object_dir else o.file_name)
-                    for o in primary + fallback
-                ),
-            )
-        )
+            fallback = sorted((b for b in mine if b.job.fallback), key=lambda b: b.obj.arch, reverse=True)
+        variants = tuple(VariantObject(b.obj.arch, b.obj.format, b.file_name) for b in primary + fallback)
+        out.append(ExecutableObjects(source, fmt, variants))
     return out
 
 
@@ -417,68 +513,123 @@ def _executable_objects(spec: ModuleSpec, objects: list[ObjectCode], object_dir:
 
 @dataclass(frozen=True)
 class _Link:
-    """One module's link step: what it renders and where it stages its inputs."""
+    """One module's link step: the MLIR, the objects it names, where it stages its inputs."""
 
-    spec: ModuleSpec
-    programs: list
-    objects: list[ObjectCode]
+    mlir: str
+    objects: dict[str, bytes]
     codegen: Arch
     stage: Path
     mlir_name: str
     vmfb_name: str
 
 
-def _link(link: _Link, outputs: dict[str, bytes], options: BuildOptions, shared: _Shared, label: str) -> tuple[bytes, int]:
-    """The module's .vmfb bytes, and how many links ran (0 or 1): from the cache when it holds
-    one linked from the very same inputs, else linked in process, or by iree-compile as a
-    subprocess when that is off or fails (for its log and a command to re-run)."""
+def _link(link: _Link, options: BuildOptions, shared: _Shared, label: str) -> Linked:
+    """The module's .vmfb: from the cache when it holds one linked from the very same inputs,
+    else linked through IREE's API in a worker, or by iree-compile as a subprocess when that
+    is off or fails (for its log and a command to re-run)."""
     start = time.perf_counter()
+    flags = iree_flags(link.codegen, options.iree_flags)
+    linker = CachedLinker(shared.cache, iree_compiler_version())
+    linked = linker.link(link.mlir, sorted(link.objects.items()), flags, lambda: _run_link(link, options, shared))
+    what = "iree-compile" if linked.ran else "cached"
+    shared.report(f"{label}{what}: {link.vmfb_name}", time.perf_counter() - start)
+    return linked
+
+
+def _run_link(link: _Link, options: BuildOptions, shared: _Shared) -> tuple[bytes, list[str]]:
     stage, mlir, vmfb = link.stage, link.stage / link.mlir_name, link.stage / link.vmfb_name
+    try:
+        for name, data in [*link.objects.items(), (link.mlir_name, link.mlir.encode())]:
+            write_atomic(stage / name, data)
+    except OSError as exc:
+        raise os_error(exc, f"cannot stage the link inputs in {stage}") from None
     argv = compile_args(mlir, vmfb, link.codegen, stage, options.iree_flags)
-    cache, key = shared.cache, None
-    if cache is not None and cache.usable:
-        flags = [a.replace(str(stage), "<out>") for a in argv[2:]]
-        key = vmfb_key(outputs[link.mlir_name].decode(), [(o.file_name, o.data) for o in link.objects], flags, iree_compiler_version())
-        hit = cache.get("vmfb", key)
-        if hit is not None:
-            shared.report(f"{label}cached: {link.vmfb_name}", time.perf_counter() - start)
-            return hit[1], 0
-    for name in [o.file_name for o in link.objects] + [link.mlir_name]:
-        write_atomic(stage / name, outputs[name])
-    # The in-process API has no object search path: its MLIR names objects by absolute path.
-    templates = cache.template_dir if cache is not None else None
-    objects = _executable_objects(link.spec, link.objects, stage)
-    linkable = render_module(link.spec, objects, programs=link.programs, template_cache=templates).text
+    log = ""
     with shared.slots:
-        linked = options.iree_in_process and compile_in_process(linkable, vmfb, link.codegen, options.iree_flags)
         try:
-            if not linked:
-                compile_vmfb(argv, mlir)
-        except IreeCompileError as exc:
+            ok = False
+            if options.iree_in_process:
+                ok, log = link_in_worker(link.mlir, stage, vmfb, link.codegen, options.iree_flags, timeout=options.link_timeout)
+            if not ok:
+                log = compile_vmfb(argv, mlir, timeout=options.link_timeout)
+        except ToolError as exc:
             raise _keep_for_rerun(exc, stage) from None
-    data = vmfb.read_bytes()
-    if key is not None:
-        cache.put("vmfb", key, {"name": link.vmfb_name}, data)
-    shared.report(f"{label}iree-compile: {link.vmfb_name}", time.perf_counter() - start)
-    return data, 1
+    try:
+        return vmfb.read_bytes(), [log] if log.strip() else []
+    except OSError as exc:
+        raise os_error(exc, f"cannot read the linked module {vmfb}") from None
 
 
-def _keep_for_rerun(exc: IreeCompileError, stage: Path) -> IreeCompileError:
+def _keep_for_rerun(exc: ToolError, stage: Path) -> IreeCompileError:
     """The output folder stays untouched; the failing inputs move to a temp folder so the
     printed command can be re-run as it is."""
     keep = Path(tempfile.mkdtemp(prefix="kitdispatch-failed-"))
     for f in stage.iterdir():
-        shutil.move(str(f), keep / f.name)
+        if not f.name.startswith("."):
+            shutil.move(str(f), keep / f.name)
     argv = [a.replace(str(stage), str(keep)) for a in exc.argv or []]
     log = exc.log.replace(str(stage), str(keep))
     return IreeCompileError(
         exc.what,
-        where=(exc.where or "").replace(str(stage), str(keep)),
+        where=(exc.where or "").replace(str(stage), str(keep)) or None,
         argv=argv,
         returncode=exc.returncode,
         log=log,
         fix=f"{exc.fix}; the generated MLIR and objects are kept in {keep}",
     )
+
+
+# ------------------------------------------------------------------ declared functions
+
+
+_DECLARATION_RE = re.compile(r"func @[\w$.-]+\((?P<args>.*)\)\s*->\s*\((?P<results>.*)\)\s*\Z", re.S)
+
+
+def check_declared_functions(spec: ModuleSpec, declarations: dict[str, str]) -> None:
+    """Every function the manifest declares ([[programs]] functions, and each kernel's) is in
+    the linked module with exactly the declared argument and result types."""
+    for program in spec.programs:
+        for sig in program.functions:
+            _check_declaration(sig, declarations, str(spec.source_path(program.source)))
+    for kernel in spec.kernels:
+        _check_declaration(kernel.signature(), declarations, f"kernel {kernel.name!r}")
+
+
+def _check_declaration(sig: FunctionSignature, declarations: dict[str, str], where: str) -> None:
+    if sig.name not in declarations:
+        raise ManifestError(
+            f"function {sig.name!r} is declared but the compiled module has no such function",
+            where=where,
+            fix=f"declare the functions the program defines (the module has: {', '.join(sorted(declarations)) or 'none'})",
+        )
+    m = _DECLARATION_RE.search(declarations[sig.name])
+    if m is None:
+        return  # a declaration IREE wrote in a form this kit does not know: nothing to compare
+    have = (_declared_types(m.group("args")), _declared_types(m.group("results")))
+    want = (tuple(t.mlir for t in sig.args), tuple(t.mlir for t in sig.results))
+    if have != want:
+        raise ManifestError(
+            f"function {sig.name!r} is declared as ({', '.join(want[0])}) -> ({', '.join(want[1])}) but the "
+            f"compiled module has ({', '.join(have[0])}) -> ({', '.join(have[1])})",
+            where=where,
+            fix="make the manifest's args and results match the program's func.func signature",
+        )
+
+
+def _declared_types(text: str) -> tuple[str, ...]:
+    """`%input0: tensor<?xf32>, %input1: i32` -> ('tensor<?xf32>', 'i32')."""
+    items, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "<([{"
+        depth -= ch in ">)]}"
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    items.append(current)
+    types = [item.split(":", 1)[1].strip() if ":" in item else item.strip() for item in items]
+    return tuple(t.split(" {", 1)[0] for t in types if t)
 
 
 # --------------------------------------------------------------------- inputs/record
@@ -487,12 +638,16 @@ def _keep_for_rerun(exc: IreeCompileError, stage: Path) -> IreeCompileError:
 def _read_program(spec: ModuleSpec, source: Path) -> tuple[str, str]:
     path = spec.source_path(source)
     try:
-        return str(path), path.read_text()
+        from ._files import read_regular_file
+
+        return str(path), read_regular_file(path).decode()
     except FileNotFoundError:
         raise ManifestError(
             f"program file {path} does not exist",
             fix="check the program's 'source' path; it is relative to the manifest's folder",
         ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ManifestError(f"cannot read program file {path}: {getattr(exc, 'strerror', None) or exc}", fix="point 'source' at a UTF-8 MLIR file") from None
 
 
 def _reference_path(spec: ModuleSpec) -> Path | None:
@@ -507,27 +662,42 @@ def _reference_path(spec: ModuleSpec) -> Path | None:
     return path
 
 
-def _record(spec, options, compiler, codegen: Arch, objects, mlir_name, vmfb_name, reference) -> dict:
-    ptx_versions = [v for o in objects if o.format == "ptx" and (v := ptx_isa(o.data))]
-    return {
-        "schema": RECORD_SCHEMA,
-        "kitdispatch": __version__,
-        "name": spec.name,
-        "mlir": mlir_name,
-        "vmfb": vmfb_name,
-        "archs": [a.name for a in options.archs],
-        "format": options.format,
-        "kernel_formats": {k.name: k.format for k in spec.kernels},
-        # The PTX ISA the module needs from the driver when it runs PTX only.
-        "ptx_isa": str(max(ptx_versions)) if ptx_versions and options.format == "ptx" else None,
-        "compiler": {"name": compiler.name, "version": compiler.version()},
-        "iree_compiler": iree_compiler_version() if vmfb_name else None,
-        "codegen_target": codegen.name,
-        "objects": [o.file_name for o in objects],
-        "functions": [s.to_json() for s in spec.signatures],
-        "test": {
-            "reference": reference.name if reference else None,
-            "sizes": dict(spec.test.sizes),
-            "seed": spec.test.seed,
+def _read_reference(path: Path) -> bytes:
+    from ._files import read_regular_file
+
+    try:
+        return read_regular_file(path)
+    except OSError as exc:
+        raise ManifestError(f"cannot read reference file {path}: {exc.strerror}", fix="point [test] reference at a Python file") from None
+
+
+def _record(spec, options, compiler, codegen: Arch, built: list[_Built], outputs: dict[str, bytes], mlir_name, vmfb_name, reference, diagnostics) -> BuildRecord:
+    ptx_versions = [v for b in built if _is_primary_ptx(b) and (v := ptx_isa(b.obj.data))]
+    return BuildRecord(
+        name=spec.name,
+        kitdispatch=__version__,
+        mlir=mlir_name,
+        vmfb=vmfb_name,
+        archs=tuple(a.name for a in options.archs),
+        format=options.format,
+        kernel_formats={k.name: k.format for k in spec.kernels},
+        ptx_isa=str(max(ptx_versions)) if ptx_versions else None,
+        compiler={"name": compiler.name, "version": compiler.version()},
+        iree_compiler=iree_compiler_version() if vmfb_name else None,
+        codegen_target=codegen.name,
+        objects=tuple(b.file_name for b in built),
+        functions=spec.signatures,
+        test=TestSettings(
+            reference=reference.name if reference else None,
+            sizes=dict(spec.test.sizes),
+            seed=spec.test.seed,
+            scalars=dict(getattr(spec.test, "scalars", ())),
+        ),
+        files={name: sha256(data) for name, data in outputs.items()},
+        names={
+            k.name: {"function": k.function, "entry": k.entry}
+            for k in spec.kernels
+            if k.function != k.name or k.entry != k.name
         },
-    }
+        diagnostics=diagnostics,
+    )

@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
@@ -15,6 +18,8 @@ from . import __version__
 from .errors import KitError
 
 EXIT_USAGE = 2
+EXIT_NOTHING_CHECKED = 5  # as pytest: the command ran, but no check did
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a kitdispatch bug, not the user's input
 
 
 class _Out:
@@ -74,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     building.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: one per core)")
     building.add_argument("--no-cache", action="store_true", help="compile everything, read and write no cache")
     building.add_argument("--codegen-target", default=None, help="target for IREE-generated dispatches (default: chosen from --arch)")
+    building.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="longest a compiler run or a link may take before it is stopped (default: 300 and 600)",
+    )
 
     p = argparse.ArgumentParser(prog="kitdispatch", description="Hand-written CUDA kernels as IREE custom dispatches.")
     p.add_argument("--version", action="version", version=f"kitdispatch {__version__}")
@@ -115,18 +124,59 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
     stderr = stderr or sys.stderr
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        with _argparse_output(stdout, stderr):
+            args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help/--version/usage errors
-        return int(exc.code or 0)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = _Out(stdout, stderr, -1 if args.quiet else args.verbose, args.json)
     try:
-        return _COMMANDS[args.command](args, out)
+        with _warnings_as_lines(out):
+            return _COMMANDS[args.command](args, out)
     except KitError as exc:
         print(f"kitdispatch {args.command}: error: {exc.render()}", file=stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("kitdispatch: interrupted", file=stderr)
         return 130
+    except OSError as exc:  # a file or folder the command was pointed at
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"kitdispatch {args.command}: error: {exc.strerror or exc}{where}\n  fix: check the path and its permissions", file=stderr)
+        return 1
+    except Exception as exc:  # a kitdispatch bug: one line, the traceback only when asked for
+        if args.verbose:
+            traceback.print_exc(file=stderr)
+        print(
+            f"kitdispatch {args.command}: internal error: {type(exc).__name__}: {exc}\n"
+            "  this is a kitdispatch bug; please report it with the command"
+            + ("" if args.verbose else " (re-run with -v for the traceback)"),
+            file=stderr,
+        )
+        return EXIT_INTERNAL
+
+
+@contextmanager
+def _argparse_output(stdout: TextIO, stderr: TextIO):
+    """argparse prints to sys.stdout/sys.stderr; send that where main() was told to."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = stdout, stderr
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+@contextmanager
+def _warnings_as_lines(out: "_Out"):
+    """The kit's warnings (an unusable cache, ...) as one `warning:` line each, not Python's
+    file:line warning format."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if out.verbosity >= 0:
+            print(f"kitdispatch: warning: {message}", file=out.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = show
+        yield
 
 
 def console_main() -> None:
@@ -154,6 +204,7 @@ def _build_options(args):
         jobs=args.jobs,
         min_driver=args.min_driver,
         use_cache=not args.no_cache,
+        **({"compile_timeout": args.timeout, "link_timeout": args.timeout} if args.timeout is not None else {}),
     )
 
 
@@ -169,8 +220,15 @@ def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
         results = step([Path(m) for m in args.manifests], options, Path(args.output), progress=out.progress)
     lines = []
     for result in results:
+        prefix = f"{result.name}: " if len(results) > 1 else ""
         for note in result.notes:
-            out.info(f"note: {result.name}: {note}" if len(results) > 1 else f"note: {note}")
+            out.info(f"note: {prefix}{note}")
+        for d in result.diagnostics:
+            out.info(f"warning: {prefix}{d.tool}: {d.where}:\n" + "\n".join("  " + line for line in d.text.splitlines()))
+        for kernel, names in result.names.items():
+            out.info(f"note: {prefix}kernel {kernel!r}: function {names['function']!r}, entry {names['entry']!r}")
+        for name in result.removed:
+            out.detail(f"{prefix}removed {name} (written by the folder's previous build)")
         made = result.vmfb or result.mlir
         lines.append(f"built {made}" if make_vmfb else f"generated {result.mlir} and {len(result.objects)} object file(s)")
         out.detail(f"{result.name}: compiler runs: {result.compiler_runs}, iree-compile runs: {result.iree_compile_runs}")
@@ -207,7 +265,15 @@ def _cmd_test(args, out: _Out) -> int:
     out.result(report.to_json(), format_table(report) + "\n" + report.summary())
     if out.as_json:
         print(report.summary(), file=out.stderr)
-    return 0 if report.ok else 1
+    if not report.ok:
+        return 1
+    if report.checked_nothing:
+        print(
+            "kitdispatch test: nothing was checked: every function was skipped (see the table)",
+            file=out.stderr,
+        )
+        return EXIT_NOTHING_CHECKED
+    return 0
 
 
 def _cmd_doctor(args, out: _Out) -> int:

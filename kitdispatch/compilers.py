@@ -6,23 +6,28 @@ object cache and the build wrap them once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from ._files import read_regular_file
 from ._parallel import CpuSlots
 from ._proc import run_tool
+from ._workers import POOL, map_in_threads
 from ._resources import installed_version
 from .archs import Arch, check_supported, ptx_fallback_archs
-from .errors import CompileError, KitError
+from .errors import CompileError, KitError, ToolError
 
 ObjectFormat = Literal["ptx", "cubin", "fatbin"]
-NVCC_TIMEOUT_S = 300.0
+# The wheels whose headers NVRTC compiles read (cuda_fp16.h, mma.h, crt/): their versions
+# are part of every NVRTC cache key.
+CUDA_HEADER_PACKAGES = ("nvidia-cuda-runtime", "nvidia-cuda-crt")
+COMPILE_TIMEOUT_S = 300.0  # a compile of one source for one target; --timeout changes it
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,9 @@ class ObjectCode:
 
     `archs` holds one architecture for PTX and cubin, every SASS architecture for a fatbin.
     `ptx` is the PTX the object was made from, when the compiler gave it: the build reads
-    kernel entries and the PTX ISA version from it.
+    kernel entries and the PTX ISA version from it. `lowered` maps C++ kernel names to their
+    entries in the object (NVRTC name expressions); `diagnostics` holds what the compiler
+    printed on success (warnings).
     """
 
     data: bytes = field(repr=False)
@@ -65,33 +72,65 @@ class ObjectCode:
     source: Path
     compiler: str
     ptx: bytes | None = field(default=None, repr=False)
+    lowered: tuple[tuple[str, str], ...] = ()
+    diagnostics: tuple[str, ...] = ()
 
     @classmethod
-    def from_ptx(cls, data: bytes, arch: Arch, source: Path, compiler: str) -> "ObjectCode":
+    def from_ptx(cls, data: bytes, arch: Arch, source: Path, compiler: str, **extra) -> "ObjectCode":
         ptx = data.rstrip(b"\0")
-        return cls(ptx, "ptx", (arch,), source, compiler, ptx)
+        return cls(ptx, "ptx", (arch,), source, compiler, ptx, **extra)
 
     @classmethod
-    def from_cubin(cls, data: bytes, arch: Arch, source: Path, compiler: str, ptx: bytes | None = None) -> "ObjectCode":
-        return cls(data, "cubin", (arch,), source, compiler, ptx)
+    def from_cubin(cls, data: bytes, arch: Arch, source: Path, compiler: str, ptx: bytes | None = None, **extra) -> "ObjectCode":
+        return cls(data, "cubin", (arch,), source, compiler, ptx, **extra)
 
     @classmethod
-    def from_fatbin(cls, data: bytes, archs: tuple[Arch, ...], source: Path, compiler: str, ptx: bytes | None = None) -> "ObjectCode":
-        return cls(data, "fatbin", archs, source, compiler, ptx)
+    def from_fatbin(cls, data: bytes, archs: tuple[Arch, ...], source: Path, compiler: str, ptx: bytes | None = None, **extra) -> "ObjectCode":
+        return cls(data, "fatbin", archs, source, compiler, ptx, **extra)
 
     @property
     def arch(self) -> Arch:
         return self.archs[0]
 
-    @property
-    def file_name(self) -> str:
+    def file_name(self, stem: str | None = None) -> str:
+        """`stem.sm_90.ptx`; `stem` (default: the source's) tells apart sources of one name."""
+        stem = stem or self.source.stem
         if self.format == "fatbin":
-            return f"{self.source.stem}.{'_'.join(a.name for a in self.archs)}.fatbin"
-        return f"{self.source.stem}.{self.arch.name}.{self.format}"
+            return f"{stem}.{'_'.join(a.name for a in self.archs)}.fatbin"
+        return f"{stem}.{self.arch.name}.{self.format}"
+
+    def check_content(self) -> str | None:
+        """Why these bytes are not an object of this format and architecture, or None: a cache
+        entry must hold what its key says before it is shipped."""
+        if self.format == "ptx":
+            m = re.search(rb"^\s*\.target\s+(sm_\w+)", self.data, re.M)
+            want = self.arch.name
+            if not m or m.group(1).decode().split(",")[0] != want:
+                return f"PTX for {m.group(1).decode() if m else 'no target'}, not {want}"
+            return None
+        if self.format == "cubin":
+            return None if self.data[:4] == b"\x7fELF" else "not an ELF cubin"
+        return None if self.data[:4] == FATBIN_MAGIC else "not a fatbin"
+
+
+FATBIN_MAGIC = (0xBA55ED50).to_bytes(4, "little")
+
+
+@dataclass(frozen=True)
+class IncludeSearch:
+    """Where a compiler looks for headers, for the cache key: `dirs` (after a quoted
+    include's own folder) are the user's and hashed; `toolchain_dirs` hold the toolchain's
+    headers, covered by `header_versions` (package, version) instead."""
+
+    dirs: tuple[str, ...]
+    toolchain_dirs: tuple[str, ...] = ()
+    header_versions: tuple[tuple[str, str], ...] = ()
 
 
 class Compiler(Protocol):
     name: str
+
+    def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch: ...
 
     def version(self) -> str: ...
 
@@ -103,33 +142,45 @@ class Compiler(Protocol):
 
 
 def read_source(source: Path) -> bytes:
+    """The source's bytes; a FIFO or device would block the build, so only regular files."""
     try:
-        return source.read_bytes()
+        return read_regular_file(source)
     except FileNotFoundError:
         raise KitError(
             f"kernel source {source} does not exist",
             fix="check the 'source' path in the manifest; it is relative to the manifest's folder",
         ) from None
     except OSError as exc:
-        raise KitError(f"cannot read kernel source {source}: {exc.strerror}", fix="check the file") from None
+        raise KitError(f"cannot read kernel source {source}: it {exc.strerror}", fix="point 'source' at a regular .cu file") from None
+    except ValueError as exc:  # a NUL in the path
+        raise KitError(f"cannot read kernel source {source!r}: {exc}", fix="use a plain path") from None
 
 
 # -------------------------------------------------------------------------------- NVRTC
 
 
 class NvrtcCompiler:
-    """NVRTC in process, from the nvidia-cuda-nvrtc wheel via cuda-python: no toolkit needed."""
+    """NVRTC from the nvidia-cuda-nvrtc wheel via cuda-python: no toolkit needed. Each compile
+    runs in a worker process (`_workers`), so one that never ends is stopped at its deadline."""
 
     name = "nvrtc"
 
-    def __init__(self, slots: CpuSlots | None = None) -> None:
+    def __init__(self, slots: CpuSlots | None = None, *, timeout: float = COMPILE_TIMEOUT_S) -> None:
         self._slots = slots or CpuSlots()
+        self.timeout = timeout
 
     @functools.cached_property
-    def _nvrtc(self):
-        # Loaded on the first compile, not before: a build whose objects all come from the
-        # cache never needs it (importing cuda-python's NVRTC takes ~40 ms).
-        return _load_nvrtc()
+    def _info(self) -> dict:
+        # Asked on the first compile, not before: a build whose objects all come from the
+        # cache never starts NVRTC.
+        _check_nvrtc_importable()
+        try:
+            return POOL.call("nvrtc_info", None, timeout=60, what="loading NVRTC")
+        except ToolError as exc:
+            raise KitError(
+                f"NVRTC library could not be loaded: {exc.what}",
+                fix="pip install 'nvidia-cuda-nvrtc>=13.0,<13.1', or use --compiler nvcc",
+            ) from None
 
     def version(self) -> str:
         """The nvidia-cuda-nvrtc wheel's full version, which cuda-python loads before any
@@ -137,45 +188,34 @@ class NvrtcCompiler:
         return installed_version("nvidia-cuda-nvrtc", "nvidia") or self.library_version()
 
     def library_version(self) -> str:
-        major, minor = self._check(self._nvrtc.nvrtcVersion(), "nvrtcVersion")
-        return f"{major}.{minor}"
-
-    @functools.cached_property
-    def _supported(self) -> tuple[Arch, ...]:
-        (archs,) = self._check(self._nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs")
-        return tuple(Arch(a // 10, a % 10) for a in archs)
+        return self._info["version"]
 
     def supported_archs(self) -> tuple[Arch, ...]:
-        return self._supported
+        return tuple(Arch(a // 10, a % 10) for a in self._info["archs"])
 
     def compile(self, source: Path, arch: Arch, fmt: ObjectFormat, options: CompileOptions) -> ObjectCode:
         check_archs(self, (arch,))
-        nvrtc = self._nvrtc
         target = arch.compute_name if fmt == "ptx" else arch.name
-        prog = self._compiled(source, [f"--gpu-architecture={target}", *self._flags(source, options)], options.name_expressions)
-        try:
-            if fmt == "ptx":
-                return ObjectCode.from_ptx(self._ptx(prog), arch, source, self.name)
-            (size,) = self._check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-            buf = bytearray(size)
-            self._check(nvrtc.nvrtcGetCUBIN(prog, buf), "cubin")
-            return ObjectCode.from_cubin(bytes(buf), arch, source, self.name, ptx=self._ptx(prog))
-        finally:
-            nvrtc.nvrtcDestroyProgram(prog)
+        reply = self._run(source, [f"--gpu-architecture={target}", *self._flags(source, options)], options, cubin=fmt != "ptx")
+        lowered = tuple(reply["lowered"].items())
+        notes = _diagnostics(reply["log"])
+        if fmt == "ptx":
+            return ObjectCode.from_ptx(reply["ptx"], arch, source, self.name, lowered=lowered, diagnostics=notes)
+        return ObjectCode.from_cubin(reply["cubin"], arch, source, self.name, ptx=reply["ptx"], lowered=lowered, diagnostics=notes)
 
     def lowered_names(self, source: Path, names: tuple[str, ...], options: CompileOptions) -> dict[str, str]:
         """The mangled entry names of C++ kernels (`scale`, `scale<float>`) through NVRTC
-        name expressions (the build's NVRTC compiles add the same expressions, which also
-        instantiates templates)."""
-        prog = self._compiled(source, self._flags(source, options), names)
-        try:
-            out = {}
-            for name in names:
-                (lowered,) = self._check(self._nvrtc.nvrtcGetLoweredName(prog, name.encode()), f"lowered name of {name}")
-                out[name] = lowered.decode() if isinstance(lowered, bytes) else str(lowered)
-            return out
-        finally:
-            self._nvrtc.nvrtcDestroyProgram(prog)
+        name expressions; for nvcc builds, whose objects do not say them."""
+        named = dataclasses.replace(options, name_expressions=tuple(names))
+        return self._run(source, self._flags(source, named), named, cubin=False)["lowered"]
+
+    def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
+        headers = cuda_include_dir()
+        return IncludeSearch(
+            (*options.include_dirs, str(source.parent)),
+            (headers,) if headers else (),
+            tuple((d, installed_version(d, "nvidia") or "none") for d in CUDA_HEADER_PACKAGES),
+        )
 
     def _flags(self, source: Path, options: CompileOptions) -> list[str]:
         # NVRTC resolves quoted includes against the working folder, nvcc against the
@@ -185,61 +225,61 @@ class NvrtcCompiler:
         headers = cuda_include_dir()
         return flags + [f"-I{headers}"] if headers else flags
 
-    def _compiled(self, source: Path, opts: list[str], names: tuple[str, ...]):
-        """A compiled NVRTC program (the caller destroys it), or a CompileError with the log."""
-        nvrtc = self._nvrtc
+    def _run(self, source: Path, opts: list[str], options: CompileOptions, *, cubin: bool) -> dict:
+        """One NVRTC compile in a worker: the reply, or a CompileError with NVRTC's log."""
         text = read_source(source)
-        (prog,) = self._check(nvrtc.nvrtcCreateProgram(text, str(source).encode(), 0, [], []), "create")
-        try:
-            for name in names:
-                self._check(nvrtc.nvrtcAddNameExpression(prog, name.encode()), f"name expression {name}")
-            with self._slots:
-                (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-            log = self._log(prog)
-            if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-                target = next((o.split("=", 1)[1] for o in opts if o.startswith("--gpu-architecture=")), "")
-                raise CompileError(
-                    f"NVRTC failed to compile {source}" + (f" for {target}" if target else ""),
-                    where=_first_error_location(log) or str(source),
-                    log=log,
-                    argv=["nvrtc", *opts, str(source)],
-                    fix="fix the error in the kernel source shown in the log",
-                )
-        except BaseException:
-            nvrtc.nvrtcDestroyProgram(prog)
-            raise
-        return prog
-
-    def _ptx(self, prog) -> bytes:
-        (size,) = self._check(self._nvrtc.nvrtcGetPTXSize(prog), "ptx size")
-        buf = bytearray(size)
-        self._check(self._nvrtc.nvrtcGetPTX(prog, buf), "ptx")
-        return bytes(buf).rstrip(b"\0")
+        _info = self._info  # noqa: F841 (NVRTC loads, or its error is raised, before a slot is taken)
+        target = next((o.split("=", 1)[1] for o in opts if o.startswith("--gpu-architecture=")), "")
+        argv = rerun_command(source, opts)
+        request = {"source": text, "name": str(source), "options": opts, "names": list(options.name_expressions), "cubin": cubin}
+        with self._slots:
+            reply = POOL.call("nvrtc_compile", request, timeout=self.timeout, what=f"NVRTC compiling {source}", argv=argv)
+        if not reply["ok"]:
+            raise CompileError(
+                f"NVRTC failed to compile {source}" + (f" for {target}" if target else ""),
+                where=_first_error_location(reply["log"]) or str(source),
+                log=reply["log"],
+                argv=argv,
+                fix="fix the error in the kernel source shown in the log",
+            )
+        return reply
 
     def compile_fatbin(self, source: Path, archs: tuple[Arch, ...], options: CompileOptions) -> ObjectCode:
         """SASS for every architecture plus PTX (see `ptx_fallback_archs`), packed with
         nvFatbin from pip: no toolkit needed."""
-        # NVRTC releases the GIL: the architectures compile in parallel (1.66 s -> 0.89 s for
-        # three architectures of kernels/softmax on two cores), each in a slot of its own.
+        # The architectures compile in parallel (1.66 s -> 0.89 s for three architectures of
+        # kernels/softmax on two cores), each in a slot of its own.
         check_archs(self, archs)
-        with ThreadPoolExecutor(max_workers=len(archs)) as pool:
-            cubins = list(pool.map(lambda arch: self.compile(source, arch, "cubin", options), archs))
+        cubins = map_in_threads(lambda arch: self.compile(source, arch, "cubin", options), archs)
         by_arch = {c.arch: c for c in cubins}
         ptx = [by_arch[a] for a in ptx_fallback_archs(archs)]
         data = pack_fatbin(cubins, ptx)
-        return ObjectCode.from_fatbin(data, tuple(archs), source, self.name, ptx=cubins[-1].ptx)
+        notes = tuple(dict.fromkeys(n for c in cubins for n in c.diagnostics))
+        return ObjectCode.from_fatbin(data, tuple(archs), source, self.name, ptx=cubins[-1].ptx, lowered=cubins[0].lowered, diagnostics=notes)
 
-    def _log(self, prog) -> str:
-        (size,) = self._check(self._nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        buf = bytearray(size)
-        self._check(self._nvrtc.nvrtcGetProgramLog(prog, buf), "log")
-        return bytes(buf).rstrip(b"\0").decode(errors="replace")
 
-    def _check(self, ret: tuple, what: str) -> tuple:
-        err, *values = ret
-        if err != self._nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise KitError(f"NVRTC call {what} failed: {err}", fix="check the NVRTC installation (kitdispatch doctor)")
-        return tuple(values)
+def rerun_command(source: Path, nvrtc_options: list[str]) -> list[str]:
+    """An nvcc command that compiles like the NVRTC call (NVRTC has no command of its own)."""
+    arch = [o.split("=", 1)[1] for o in nvrtc_options if o.startswith("--gpu-architecture=")]
+    rest = [o for o in nvrtc_options if not o.startswith("--gpu-architecture=")]
+    mode = ["--ptx", f"-arch={arch[0]}"] if arch and arch[0].startswith("compute_") else ["--cubin", f"-arch={arch[0]}"] if arch else ["--ptx"]
+    return ["nvcc", *mode, *rest, "-o", "/dev/null", str(source)]
+
+
+def _diagnostics(log: str) -> tuple[str, ...]:
+    """A successful compile's warnings, as the compiler printed them."""
+    text = log.strip()
+    return (text,) if text else ()
+
+
+def _check_nvrtc_importable() -> None:
+    try:
+        import cuda.bindings.nvrtc  # noqa: F401
+    except ImportError as exc:
+        raise KitError(
+            f"NVRTC is not available: {exc}",
+            fix="pip install 'kitdispatch[build]' (cuda-python and nvidia-cuda-nvrtc), or use --compiler nvcc",
+        ) from None
 
 
 @functools.cache
@@ -261,25 +301,6 @@ def cuda_include_dir() -> str | None:
     return str(found) if found else None
 
 
-@functools.cache
-def _load_nvrtc():
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as exc:
-        raise KitError(
-            f"NVRTC is not available: {exc}",
-            fix="pip install 'kitdispatch[build]' (cuda-python and nvidia-cuda-nvrtc), or use --compiler nvcc",
-        ) from None
-    try:
-        err, *_ = nvrtc.nvrtcVersion()
-    except Exception as exc:  # cuda-python raises RuntimeError when libnvrtc is missing
-        raise KitError(
-            f"NVRTC library could not be loaded: {exc}",
-            fix="pip install 'nvidia-cuda-nvrtc>=13.0,<13.1', or use --compiler nvcc",
-        ) from None
-    return nvrtc
-
-
 # --------------------------------------------------------------------------------- nvcc
 
 
@@ -288,8 +309,9 @@ class NvccCompiler:
 
     name = "nvcc"
 
-    def __init__(self, nvcc: str | None = None, slots: CpuSlots | None = None) -> None:
+    def __init__(self, nvcc: str | None = None, slots: CpuSlots | None = None, *, timeout: float = COMPILE_TIMEOUT_S) -> None:
         self._slots = slots or CpuSlots()
+        self.timeout = timeout
         found = nvcc or shutil.which("nvcc")
         if not found:
             raise KitError(
@@ -297,6 +319,9 @@ class NvccCompiler:
                 fix="install the CUDA toolkit, pass its path, or use the default --compiler nvrtc",
             )
         self.path = found
+
+    def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
+        return IncludeSearch(tuple(options.include_dirs))  # nvcc's own headers: its version
 
     def version(self) -> str:
         out = run_tool([self.path, "--version"], timeout=30).stdout
@@ -336,7 +361,7 @@ class NvccCompiler:
 
     def _run(self, argv: list[str], source: Path, what: str) -> None:
         with self._slots:
-            res = run_tool(argv, timeout=NVCC_TIMEOUT_S)
+            res = run_tool(argv, timeout=self.timeout)
         if res.returncode != 0:
             log = res.stderr + res.stdout
             raise CompileError(
@@ -381,13 +406,13 @@ def pack_fatbin(cubins: list[ObjectCode], ptx: list[ObjectCode]) -> bytes:
 COMPILERS = ("nvrtc", "nvcc")
 
 
-def get_compiler(name: str, slots: CpuSlots | None = None) -> Compiler:
+def get_compiler(name: str, slots: CpuSlots | None = None, *, timeout: float = COMPILE_TIMEOUT_S) -> Compiler:
     """A backend by name; `slots` bounds its compiler runs together with the build's other
-    CPU-heavy steps (default: a bound of its own, one run per core)."""
+    CPU-heavy steps (default: a bound of its own, one run per core); `timeout` bounds each run."""
     if name == "nvrtc":
-        return NvrtcCompiler(slots)
+        return NvrtcCompiler(slots, timeout=timeout)
     if name == "nvcc":
-        return NvccCompiler(slots=slots)
+        return NvccCompiler(slots=slots, timeout=timeout)
     raise KitError(f"unknown compiler {name!r}", fix=f"use one of {', '.join(COMPILERS)}")
 
 

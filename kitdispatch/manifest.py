@@ -168,24 +168,10 @@ def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
         function=_string(data["function"], f"{where}: function") if "function" in data else None,
         format=data.get("format"),
         dynamic_shared_memory=data.get("dynamic_shared_memory", 0),
-        symbol=None if sig is None or sig.extern_c else resolve_symbol(root / source, name, where),
+        # A C++ kernel's entry (its mangled name) comes from the build's own compile.
+        cpp_name=sig is not None and not sig.extern_c,
         where=where,
     )
-
-
-def resolve_symbol(path: Path, name: str, where: str) -> str:
-    """The mangled entry of a C++ (not extern "C") kernel, through an NVRTC name expression."""
-    from .compilers import CompileOptions, NvrtcCompiler
-
-    try:
-        return NvrtcCompiler().lowered_names(path, (name,), CompileOptions())[name]
-    except KitError as exc:
-        raise ManifestError(
-            f"cannot resolve the mangled name of C++ kernel {name!r}: {exc.what}",
-            where=where,
-            fix='declare the kernel extern "C", or make the source compile with NVRTC (for a '
-            "template, instantiate it explicitly in the source)",
-        ) from None
 
 
 def _signature(path: Path, name: str, where: str, *, required: bool) -> KernelSignature | None:
@@ -253,6 +239,8 @@ def _parse_param(data: dict, where: str) -> Param:
         )
     name = check_identifier(data["name"], "parameter name", where)
     kind = kinds[0]
+    if kind == "scalar":
+        parse_value_type(_string(data["scalar"], f"{where}: scalar"), f"{where}: scalar")  # a typo says which types exist
     if kind != "scalar":
         if "value" in data:
             raise ManifestError(

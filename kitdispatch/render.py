@@ -64,8 +64,9 @@ class RenderedModule:
     functions: tuple[str, ...]
 
 
-def executable_name(source: Path, fmt: str | None = None) -> str:
-    stem = re.sub(r"[^A-Za-z0-9_]", "_", source.stem) or "kernels"
+def executable_name(stem: str, fmt: str | None = None) -> str:
+    """An MLIR symbol for a source's executable, from its unique stem (ModuleSpec.source_stem)."""
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", stem) or "kernels"
     stem = stem if not stem[0].isdigit() else f"k{stem}"
     return f"{stem}_{fmt}_executable" if fmt else f"{stem}_executable"
 
@@ -75,22 +76,24 @@ def render_module(
     objects: Sequence[ExecutableObjects],
     *,
     programs: Sequence[tuple[str, str]] = (),
+    archs: Sequence[Arch] = (),
     template_cache: Path | None = None,
 ) -> RenderedModule:
-    """`programs` are (origin, MLIR text) pairs of the user's own functions to append.
+    """`programs` are (origin, MLIR text) pairs of the user's own functions to append; `archs`
+    the build's architectures, for the header.
     `template_cache` keeps the compiled templates between processes (jinja2 bytecode)."""
     by_key = {(o.source, o.format): o for o in objects}
     groups = _group_kernels(spec.kernels)
     sources_with_formats = [source for source, _ in groups]
     executables, functions = [], []
     for (source, fmt), kernels in groups.items():
-        name = executable_name(source, fmt if sources_with_formats.count(source) > 1 else None)
+        name = executable_name(spec.source_stem(source), fmt if sources_with_formats.count(source) > 1 else None)
         exe = _executable_view(name, kernels, by_key[(source, fmt)])
         executables.append(exe)
         functions += [_function_view(k, exe) for k in kernels]
     for origin, text in programs:
         _check_program_text(origin, text)
-    archs = sorted({v.arch for o in objects for v in o.objects}, reverse=True)
+    archs = sorted(set(archs) or {v.arch for o in objects for v in o.objects}, reverse=True)
     text = _environment(template_cache).get_template("module.mlir.j2").render(
         version=__version__,
         origin=spec.name,

@@ -7,7 +7,6 @@ on the GPU box.
 from __future__ import annotations
 
 import functools
-import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,10 +16,10 @@ import numpy as np
 
 from ._proc import ToolResult, run_tool
 from .errors import KitError, RuntimeUnavailable, ToolError
+from .record import RECORD_SUFFIX, BuildRecord, read_record, record_beside  # noqa: F401 (RECORD_SUFFIX: API)
 from .spec import ELEMENT_TYPES, FLOAT_BITS_ARGUMENTS, FunctionSignature, ScalarType, float_bits
 
 RUN_TIMEOUT_S = 600.0
-RECORD_SUFFIX = ".kitdispatch.json"
 
 
 @dataclass(frozen=True)
@@ -55,21 +54,28 @@ def require_cuda(device: str = "cuda") -> None:
         )
 
 
-def read_record(vmfb: Path) -> dict:
-    """The build record next to the .vmfb (empty for modules built without kitdispatch)."""
-    record = vmfb.with_name(vmfb.name.removesuffix(".vmfb") + RECORD_SUFFIX)
-    return json.loads(record.read_text()) if record.is_file() else {}
+def read_record_of(vmfb: Path) -> BuildRecord | None:
+    """The build record next to the .vmfb, after checking the .vmfb is the one it describes;
+    None for modules built without kitdispatch (no record beside them)."""
+    path = record_beside(vmfb)
+    if not path.exists():
+        return None
+    record = read_record(path)
+    record.check_file(vmfb.parent, vmfb.name)
+    return record
 
 
 def read_signatures(vmfb: Path) -> dict[str, FunctionSignature]:
-    return {f["name"]: FunctionSignature.from_json(f, str(vmfb)) for f in read_record(vmfb).get("functions", [])}
+    record = read_record_of(vmfb)
+    return {f.name: f for f in record.functions} if record else {}
 
 
-def preflight_run(vmfb: Path) -> None:
+def preflight_run(vmfb: Path, record: BuildRecord | None = None) -> None:
     """Before loading: a PTX-only module must not need a newer PTX ISA than this driver has."""
     from .preflight import Version, check_ptx_loads, local_driver
 
-    needed = read_record(vmfb).get("ptx_isa")
+    record = record if record is not None else read_record_of(vmfb)
+    needed = record.ptx_isa if record else None
     driver = local_driver()
     if needed and driver:
         check_ptx_loads(Version.parse(needed), driver, compiler="built", where=str(vmfb))
@@ -84,10 +90,11 @@ class Module:
         self.path = Path(vmfb)
         if not self.path.is_file():
             raise KitError(f"no module at {self.path}", fix="build it first: kitdispatch build ... -o DIR")
+        record = read_record_of(self.path)
         require_cuda(device)
-        preflight_run(self.path)
+        preflight_run(self.path, record)
         self.device = device
-        self.signatures = read_signatures(self.path)
+        self.signatures = {f.name: f for f in record.functions} if record else {}
         config = rt.Config(device=rt.get_device(device))
         self.hal_device = config.device  # for rt.asdevicearray: inputs that stay on the GPU
         self._context = rt.SystemContext(config=config)

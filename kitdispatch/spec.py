@@ -8,6 +8,7 @@ front ends give the same errors.
 from __future__ import annotations
 
 import ast
+import hashlib
 import math
 import re
 import struct
@@ -71,12 +72,15 @@ C_ELEMENT_TYPES = {
     "uint64_t": "i64",
 }
 
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # A C++ name expression as NVRTC takes it: `scale`, `ns::scale`, `scale<float, 4>`.
-_CPP_NAME_RE = re.compile(r"^(?:::)?[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*(?:<[\w ,:*&<>().+-]*>)?$", re.ASCII)
+_CPP_NAME_RE = re.compile(r"^(?:::)?[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*(?:<[\w ,:*&<>().+-]*>)?\Z", re.ASCII)
 MAX_IDENTIFIER_LENGTH = 256
-_TENSOR_RE = re.compile(r"^\s*([a-z0-9]+)\s*\[(.*)\]\s*$")
+_TENSOR_RE = re.compile(r"^\s*([a-z0-9]+)\s*\[(.*)\]\s*\Z", re.S)
 MAX_WORKGROUP_THREADS = 1024
+MAX_STATIC_DIM = 2**40  # static tensor dimensions (IREE's index is 64-bit; products must fit)
+MAX_EXPRESSION_LENGTH = 1000  # index expressions are short; a longer one is a mistake or an attack
+MAX_CONSTANT = 2**64  # u64 values fit; anything larger is a mistake
 # The largest per-block opt-in of current GPUs (sm_90: 227 KiB). IREE's CUDA driver sets the
 # kernel's MAX_DYNAMIC_SHARED_SIZE_BYTES to the export's value and checks the device's own
 # limit when it loads the module (runtime/src/iree/hal/drivers/cuda/native_executable.c).
@@ -162,7 +166,12 @@ class TensorType:
         check_element_type(dtype, where)
         dims: list[int | str] = []
         for dim in (d.strip() for d in dims_text.split(",")) if dims_text else ():
-            if dim.isdigit():
+            if dim.isascii() and dim.isdigit():
+                if int(dim) > MAX_STATIC_DIM:
+                    raise ManifestError(
+                        f"dimension {dim} of {text!r} is larger than {MAX_STATIC_DIM}", where=where,
+                        fix="use a dimension name for sizes known only at run time",
+                    )
                 dims.append(int(dim))
             else:
                 dims.append(check_identifier(dim, "dimension", where))
@@ -235,12 +244,20 @@ class IndexExpr:
                 where=where,
                 fix="use an integer or a string such as 'ceildiv(n, 64)' or 'n // 32 + 1'",
             )
+        if isinstance(value, int) and abs(value) > MAX_CONSTANT:
+            raise ManifestError(f"{value} is too large for an index", where=where, fix=f"use integers below {MAX_CONSTANT}")
         text = str(value)
+        if len(text) > MAX_EXPRESSION_LENGTH or text.count("(") > 64:
+            raise ManifestError(
+                f"index expression {_shown(text)} is too long or too deeply nested",
+                where=where,
+                fix=f"keep it under {MAX_EXPRESSION_LENGTH} characters and 64 levels of parentheses",
+            )
         try:
             tree = ast.parse(text.strip(), mode="eval").body
-        except SyntaxError as exc:
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: a NUL
             raise ManifestError(
-                f"cannot parse index expression {text!r}: {exc.msg}",
+                f"cannot parse index expression {_shown(text)}: {getattr(exc, 'msg', None) or type(exc).__name__}",
                 where=where,
                 fix="use integers, dimension names, + - *, // and % by integers, and ceildiv(a, b)",
             ) from None
@@ -274,6 +291,8 @@ class IndexExpr:
         if isinstance(node, ast.Constant):
             if isinstance(node.value, bool) or not isinstance(node.value, int):
                 raise bad(f"{node.value!r} is not an integer")
+            if abs(node.value) > MAX_CONSTANT:
+                raise bad(f"{node.value} is too large for an index")
         elif isinstance(node, ast.Name):
             check_identifier(node.id, "symbol", where)
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
@@ -434,11 +453,13 @@ class Kernel:
     function: str
     format: str | None = None  # object format for this kernel's source; None: the build's
     # The kernel's entry in the compiled object, when it differs from `name`: the mangled
-    # name of a C++ kernel (manifest.py resolves it through NVRTC).
+    # name of a C++ kernel (the build takes it from its own compile, `cpp_name` kernels).
     symbol: str | None = None
     # Bytes of `extern __shared__` memory each block gets at launch (the export's
     # workgroup_local_memory, which IREE's CUDA driver passes as dynamic shared memory).
     dynamic_shared_memory: int = 0
+    # Named as in C++ (not extern "C"): its entry is the mangled name the compiler reports.
+    cpp_name: bool = False
 
     @classmethod
     def create(
@@ -453,6 +474,7 @@ class Kernel:
         format: str | None = None,
         symbol: str | None = None,
         dynamic_shared_memory: int = 0,
+        cpp_name: bool = False,
         where: str | None = None,
     ) -> "Kernel":
         where = where or f"kernel {_shown(name)}"
@@ -460,13 +482,7 @@ class Kernel:
         function = check_identifier(function or default_function_name(name), "function name", where)
         if symbol is not None:
             check_identifier(symbol, "kernel symbol", where)
-        elif not _IDENT_RE.match(name):
-            raise ManifestError(
-                f"kernel {name!r} is a C++ name expression; its entry in the object is a mangled name",
-                where=where,
-                fix="describe it in a manifest (kitdispatch resolves the name through NVRTC) or pass "
-                "symbol= with the lowered name",
-            )
+        cpp_name = cpp_name or (symbol is None and not _IDENT_RE.match(name))  # `ns::k`, `k<float>`
         size = _pad3(workgroup_size, 1, f"{where}: workgroup_size")
         for n in size:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -499,7 +515,7 @@ class Kernel:
             raise ManifestError(
                 f"unknown object format {format!r}", where=where, fix=f"use one of {', '.join(OBJECT_FORMATS)}"
             )
-        kernel = cls(name, Path(source), tuple(params), size, count, function, format, symbol, dynamic_shared_memory)
+        kernel = cls(name, Path(source), tuple(params), size, count, function, format, symbol, dynamic_shared_memory, cpp_name)
         kernel._validate(where)
         return kernel
 
@@ -885,6 +901,16 @@ class ModuleSpec:
 
     def source_path(self, path: Path) -> Path:
         return path if path.is_absolute() else self.root / path
+
+    def source_stem(self, source: Path) -> str:
+        """The name of a source's objects and executable: its file stem, made unique in the
+        module where two sources share one (`a/k.cu`, `b/k.cu` -> `k-1c2d3e4f`, `k-5a6b7c8d`)."""
+        path = self.source_path(Path(source))
+        sharing = {self.source_path(k.source) for k in self.kernels if Path(k.source).stem == path.stem}
+        if len(sharing) <= 1:
+            return path.stem
+        digest = hashlib.sha256(str(Path(source)).encode()).hexdigest()[:8]
+        return f"{path.stem}-{digest}"
 
     @property
     def signatures(self) -> tuple[FunctionSignature, ...]:

@@ -4,7 +4,6 @@ device with generated inputs, and compare with the sample's numpy references."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +13,8 @@ import numpy as np
 
 from .errors import KitError
 from .manifest import MANIFEST_NAME
-from .runtime import RECORD_SUFFIX, Module, cuda_status, numpy_dtype
+from .record import RECORD_SUFFIX, read_record
+from .runtime import Module, cuda_status, numpy_dtype
 from .spec import FunctionSignature, ScalarType, TensorType
 
 DEFAULT_SIZE = 257  # not a multiple of common block sizes, so bounds checks get exercised
@@ -51,8 +51,14 @@ class Report:
     def ok(self) -> bool:
         return self.count("fail") == 0
 
+    @property
+    def checked_nothing(self) -> bool:
+        """No function was compared with a reference: green would mean nothing."""
+        return self.count("pass") == 0 and self.count("fail") == 0
+
     def summary(self) -> str:
-        return f"{self.count('pass')} passed, {self.count('fail')} failed, {self.count('skip')} skipped"
+        line = f"{self.count('pass')} passed, {self.count('fail')} failed, {self.count('skip')} skipped"
+        return line + (" (nothing was checked)" if self.checked_nothing else "")
 
     def to_json(self) -> dict:
         return {
@@ -108,22 +114,27 @@ def verify(
     return report
 
 
-def _verify_record(record: Path, available: bool, reason: str, device: str, log) -> list[CaseResult]:
-    data = json.loads(record.read_text())
-    name = data["name"]
-    sigs = [FunctionSignature.from_json(f, str(record)) for f in data["functions"]]
+def _verify_record(record_path: Path, available: bool, reason: str, device: str, log) -> list[CaseResult]:
+    record = read_record(record_path)
+    name, sigs = record.name, record.functions
+    if record.vmfb is None:
+        return [CaseResult(name, s.name, "skip", "built without a .vmfb (kitdispatch gen)") for s in sigs]
+    vmfb = record.check_file(record_path.parent, record.vmfb)
     if not available:
         return [CaseResult(name, s.name, "skip", "no CUDA device") for s in sigs]
-    test = data.get("test", {})
-    reference = _load_reference(record.parent / test["reference"]) if test.get("reference") else None
-    module = Module(record.parent / data["vmfb"], device=device)
-    rng = np.random.default_rng(test.get("seed", 0))
-    sizes = test.get("sizes", {})
+    test = record.test
+    reference = None
+    if test.reference:
+        reference = _load_reference(record.check_file(record_path.parent, test.reference))
+    module = Module(vmfb, device=device)
+    rng = np.random.default_rng(test.seed)
+    sizes = test.sizes
     results = []
     for sig in sigs:
         ref = getattr(reference, sig.name, None) if reference else None
         if ref is None:
-            results.append(CaseResult(name, sig.name, "skip", "no numpy reference"))
+            why = "no reference file ([test] reference)" if reference is None else f"the reference file has no function {sig.name!r}"
+            results.append(CaseResult(name, sig.name, "skip", why))
             continue
         log(f"running {name}.{sig.name}")
         results.append(_verify_function(name, module, sig, ref, sizes, rng))
@@ -132,8 +143,14 @@ def _verify_record(record: Path, available: bool, reason: str, device: str, log)
 
 def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, rng) -> CaseResult:
     symbols = {s: sizes.get(s, DEFAULT_SIZE) for t in sig.args + sig.results if isinstance(t, TensorType) for s in t.symbols}
-    args = [_make_input(t, symbols, rng) for t in sig.args]
-    expected = ref(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])
+    try:
+        args = [_make_input(t, symbols, rng) for t in sig.args]
+    except (ValueError, MemoryError) as exc:
+        return CaseResult(name, sig.name, "fail", f"cannot make inputs of sizes {symbols}: {exc}")
+    try:
+        expected = ref(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])
+    except Exception as exc:  # the user's reference: its failure is this case's
+        return CaseResult(name, sig.name, "fail", f"the reference raised {type(exc).__name__}: {exc}")
     try:
         got = module.call(sig.name, *args)
     except Exception as exc:  # report the failure of this case and go on with the others
@@ -190,7 +207,10 @@ def _load_reference(path: Path):
     if spec is None or spec.loader is None:
         raise KitError(f"cannot load reference {path}", fix="make it a Python file")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's reference file: its error is theirs to fix, shown as one line
+        raise KitError(f"the reference file failed to load: {type(exc).__name__}: {exc}", where=str(path), fix="fix the reference file") from None
     return module
 
 

@@ -2,6 +2,7 @@
 every scalar type through IREE's 32-bit push constants, C++ kernels by their mangled
 names, and the CUDA headers under NVRTC from pip. Each layout is compiled for real."""
 
+import dataclasses
 import json
 import shutil
 import struct
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kitdispatch import BuildOptions, KitError, ManifestError, build, load_manifest
+from kitdispatch import BuildOptions, KitError, ManifestError, build, generate, load_manifest
+from kitdispatch.record import read_record
 from kitdispatch.compilers import CompileOptions, NvrtcCompiler, cuda_include_dir
 from kitdispatch.archs import Arch
 from kitdispatch.ptx import check_kernel_against_ptx, parse_entries
@@ -140,10 +142,12 @@ def test_scalar_layout_of_every_type():
 
 def test_ptx_check_accepts_exactly_the_sizes_iree_fills():
     spec = load_manifest(ABI_SCALARS)
-    ptx = NvrtcCompiler().compile(ABI_SCALARS / "abi_scalars.cu", Arch.parse("sm_80"), "ptx", CompileOptions()).ptx
+    cpp = tuple(k.name for k in spec.kernels if k.cpp_name)  # C++ kernels: entries from the compile
+    obj = NvrtcCompiler().compile(ABI_SCALARS / "abi_scalars.cu", Arch.parse("sm_80"), "ptx", CompileOptions(name_expressions=cpp))
+    ptx, lowered = obj.ptx, dict(obj.lowered)
     entries = parse_entries(ptx.decode())
     for k in spec.kernels:
-        check_kernel_against_ptx(k, entries, "test")
+        check_kernel_against_ptx(dataclasses.replace(k, symbol=lowered[k.name]) if k.cpp_name else k, entries, "test")
     # A kernel taking a real 64-bit parameter where a half is declared: refused, with the reason.
     bad = ptx.decode().replace(".param .u32 add_i64_param_3", ".param .u64 add_i64_param_3")
     with pytest.raises(KitError, match=r"parameter 3 \('offset_hi'\) .* takes 8 bytes there; IREE passes 32 bits"):
@@ -199,13 +203,19 @@ def test_every_scalar_type_compiles_and_is_split_into_32_bit_constants(tmp_path)
 
 
 def test_cpp_kernels_resolve_to_their_mangled_entries(tmp_path):
+    # Loading a manifest compiles nothing: the entry comes from the build's own compile, and
+    # the build reports (and records) the names it chose.
     spec = load_manifest(ABI_SCALARS)
     k = next(k for k in spec.kernels if k.name == "scale_t<float>")
-    assert (k.entry, k.function) == ("_Z7scale_tIfEvPT_PKS0_S0_i", "scale_float")
+    assert k.cpp_name and k.symbol is None and k.function == "scale_float"
+    result = generate(ABI_SCALARS, BuildOptions.create("sm_80", format="ptx"), tmp_path / "abi")
+    assert result.names["scale_t<float>"] == {"function": "scale_float", "entry": "_Z7scale_tIfEvPT_PKS0_S0_i"}
+    assert read_record(result.record).names == result.names
     cu = "namespace ns { __global__ void fill(int* out, int v) { out[threadIdx.x] = v; } }\n"
     toml = '[[kernels]]\nname = "ns::fill"\nsource = "k.cu"\nworkgroup_size = [32]\nworkgroup_count = [1]\nshapes = { out = "i32[32]" }\n'
-    k = manifest(tmp_path, cu, toml).kernels[0]
-    assert (k.entry, k.function) == ("_ZN2ns4fillEPii", "ns_fill")
+    root = write_kernel_project(tmp_path / "ns", cu, toml)
+    result = generate(root, BuildOptions.create("sm_80", format="ptx"), tmp_path / "ns_out")
+    assert result.names["ns::fill"] == {"function": "ns_fill", "entry": "_ZN2ns4fillEPii"}
 
 
 @needs_iree_compile

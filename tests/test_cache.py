@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from kitdispatch import BuildOptions, CompileOptions, build, generate
+from kitdispatch import BuildOptions, CompileOptions, KitError, build, generate
 from kitdispatch.archs import Arch
 from kitdispatch.cache import Cache, CacheWarning, object_key
+from kitdispatch.compilers import IncludeSearch, NvrtcCompiler
 
 from conftest import REPO, SAMPLES, needs_iree_compile, write_kernel_project
 
@@ -33,7 +34,7 @@ OPTS = CompileOptions(include_dirs=("INC",))
 
 def key(src, *, compiler="nvrtc", version="13.0", fmt="ptx", archs=(SM80,), options=None):
     options = options or CompileOptions(include_dirs=(str(src.parent / "inc"),))
-    return object_key(compiler, version, fmt, archs, options, src)
+    return object_key(compiler, version, fmt, archs, options, src, NvrtcCompiler().include_search(src, options))
 
 
 def test_key_table(src, tmp_path):
@@ -75,7 +76,7 @@ def test_uncacheable_computed_include_still_compiles(tmp_path):
     path = tmp_path / "k.cu"
     path.write_text('#define H "h.h"\n#include H\n')
     with pytest.raises(Uncacheable):
-        source_closure(path, CompileOptions())
+        source_closure(path, IncludeSearch(()))
 
 
 TOML = """
@@ -124,10 +125,17 @@ def test_rebuild_with_nothing_new_leaves_the_output_folder_untouched(tmp_path):
     again = build(root, options, tmp_path / "out")
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "out").iterdir()} == before
     assert again.vmfb.is_file() and again.record.is_file()
-    # A changed output (here, an edit to the build record by hand) is replaced by the build's own.
+    # A changed output is the user's now: the build refuses to overwrite it.
+    again.mlir.write_text("// my edit\n")
+    with pytest.raises(KitError, match="was changed since kitdispatch wrote it"):
+        build(root, options, tmp_path / "out")
+    assert again.mlir.read_text() == "// my edit\n"
+    # A damaged record proves nothing about the files beside it: refused, nothing touched.
+    again.mlir.unlink()
     again.record.write_text("{}")
-    build(root, options, tmp_path / "out")
-    assert again.record.read_text() != "{}" and again.record.stat().st_ino != before[again.record.name][0]
+    with pytest.raises(KitError, match="is not a build record this kitdispatch can read"):
+        build(root, options, tmp_path / "out")
+    assert again.record.read_text() == "{}"
 
 
 def test_corrupt_entry_is_a_miss_and_is_replaced(tmp_path, isolated_cache):

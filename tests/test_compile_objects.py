@@ -44,7 +44,7 @@ def test_nvrtc_ptx_has_the_entries(nvrtc):
     entries = parse_entries(text)
     assert set(entries) == {"simple_mul", "simple_mul_inplace"}
     assert [p.size for p in entries["simple_mul"].params] == [8, 8, 8, 4]
-    assert obj.file_name == "simple_mul.sm_80.ptx"
+    assert obj.file_name() == "simple_mul.sm_80.ptx"
 
 
 def test_nvrtc_cubin_is_elf(nvrtc):
