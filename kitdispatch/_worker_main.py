@@ -16,6 +16,8 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 import pickle  # noqa: E402
 import signal  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
 
 
 def nvrtc_info(_request):
@@ -126,16 +128,18 @@ FUNCTIONS = {"nvrtc_info": nvrtc_info, "nvrtc_compile": nvrtc_compile, "iree_lin
 
 
 def _die_with_parent():
-    """If the build is killed, its workers go too (Linux: PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
+    """If the build is killed, its workers go too, even one stuck inside a compile: a thread
+    watches for the parent's exit (reparenting). PR_SET_PDEATHSIG is no use here: it fires when
+    the parent *thread* that started the worker ends, and builds start workers on short-lived
+    threads."""
+    parent = os.getppid()
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:  # the parent died before the prctl
-        sys.exit(0)
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def main():

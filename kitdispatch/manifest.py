@@ -6,7 +6,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from .errors import KitError, ManifestError
+from ._files import NotRegularFile, read_regular_file
+from .errors import ManifestError
 from .signature import KernelSignature, find_kernel
 from .spec import (
     C_SCALAR_TYPES,
@@ -70,7 +71,7 @@ def find_manifest(path: str | Path) -> Path:
 def load_manifest(path: str | Path) -> ModuleSpec:
     path = find_manifest(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_regular_file(path).decode())
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"invalid TOML: {exc}", where=str(path), fix="fix the TOML syntax") from None
     except UnicodeDecodeError as exc:
@@ -179,14 +180,14 @@ def _signature(path: Path, name: str, where: str, *, required: bool) -> KernelSi
     the source can be read and the kernel found in it (otherwise the compiler, or the check of
     the compiled object's entries, reports the problem with its own, better, message)."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        if not required:
+        text = read_regular_file(path).decode()
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        if not required and not isinstance(exc, NotRegularFile):
             return None
         raise ManifestError(
             f"cannot read kernel source {path}: {getattr(exc, 'strerror', None) or exc}",
             where=where,
-            fix="check 'source' (relative to the manifest), or declare every parameter in 'params'",
+            fix="point 'source' at a regular .cu file (relative to the manifest), or declare every parameter in 'params'",
         ) from None
     try:
         return find_kernel(text, cpp_base_name(name), path=str(path))

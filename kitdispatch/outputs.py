@@ -130,6 +130,7 @@ class OutputFolder:
                 ) from None
             for name, digest in previous.items():
                 owned.setdefault(name, set()).add(digest)
+            owned.setdefault(self.record, set()).add(ANY_CONTENT)  # it read as the kit's record
         journal = self.dir / self.journal
         if journal.is_file():  # an interrupted publish: its files are the kit's too
             try:

@@ -689,7 +689,12 @@ def infer_params(
     pointer an `out` one (or `inout`/`in` where listed); scalar types come from the C types,
     or from `scalars` for what C cannot say (a 64-bit value's two halves, a typedef)."""
     scalars, values = dict(scalars or {}), dict(values or {})
-    c_names = [c.name for c in sig.params]
+    for name, dtype in scalars.items():
+        if dtype not in SCALAR_TYPES:
+            raise ManifestError(
+                f"unknown scalar type {dtype!r} for {name!r}", where=f"{where}: scalars.{name}",
+                fix=f"use one of {', '.join(SCALAR_TYPES)} (C's int is i32, float is f32)",
+            )
     _check_listed(shapes, [c.name for c in sig.params if c.is_pointer], sig, "shapes", "pointer", where)
     _check_listed(dict.fromkeys(inout + inputs), [c.name for c in sig.params if c.is_pointer], sig,
                   "inout/in", "pointer", where)
