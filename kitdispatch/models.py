@@ -114,6 +114,8 @@ def build_model(
         context, module = _parse(stage / f"{name}.{STAGE}.mlir")
         kinds = sorted({kind for k in kernels for kind in k.replaces.ops})
         found = read_ops(module, kinds)
+        # Imported models are published beside the vmfb: their locations name that copy.
+        found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(out_dir)))) for op, f in found]
         decisions = decide([facts for _, facts in found], kernels)
         used = list(dict.fromkeys(d.kernel for d in decisions if d.kernel is not None))
         if not used:
@@ -468,6 +470,8 @@ def _signatures(module) -> list[dict]:
     for op in _top_ops(module):
         if op.name != "util.func" or "iree.abi.stub" not in op.attributes:
             continue
+        if ir.StringAttr(op.attributes["sym_name"]).value.endswith("$async"):
+            continue  # the same function with fences: callers use the plain one
         inputs: dict[int, dict] = {}
         outputs: list[dict] = []
 
