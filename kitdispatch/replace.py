@@ -186,13 +186,9 @@ def _init_source(value) -> str:
 def _is_zero(attr) -> bool:
     from iree.compiler import ir
 
-    if ir.DenseElementsAttr.isinstance(attr):
-        dense = ir.DenseElementsAttr(attr)
-        return dense.is_splat and _is_zero(dense.get_splat_value())
-    for kind in (ir.FloatAttr, ir.IntegerAttr):
-        if kind.isinstance(attr):
-            return kind(attr).value == 0
-    return False
+    if isinstance(attr, ir.DenseElementsAttr):
+        return attr.is_splat and _is_zero(attr.get_splat_value())
+    return isinstance(attr, (ir.FloatAttr, ir.IntegerAttr)) and attr.value == 0
 
 
 def _function_of(op) -> str:
