@@ -219,7 +219,7 @@ def _cmd_profile(args, out: _Out) -> int:
     from .compare import format_dispatch, profile_module
 
     vmfb, times = profile_module(Path(args.built), inputs=args.inputs, function=args.function, device=args.device)
-    text = "\n".join([f"heaviest dispatches of {vmfb} (device time, IREE HAL profiling):"] + [format_dispatch(t) for t in times])
+    text = "\n".join([f"heaviest dispatches of {vmfb} (device time, Nsight Compute):"] + [format_dispatch(t) for t in times])
     out.result({"vmfb": vmfb, "dispatches": [t.to_json() for t in times]}, text)
     return 0
 

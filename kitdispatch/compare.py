@@ -2,15 +2,19 @@
 (baseline) build, and the heaviest dispatches of a module.
 
 Needs only the runtime: a folder built on another machine (`build --model ... --with-baseline`)
-is all it reads. Outputs are compared in process through `iree.runtime`. Times come from
-IREE's tools: whole calls from `iree-benchmark-module` (its JSON report, inputs from .npy
-files), device time per dispatch from IREE's HAL profiler (`--device_profiling_mode=
-dispatch-events`, read back with `iree-profile dispatch`).
+is all it reads. Outputs are compared in process through `iree.runtime`. Whole calls are
+timed by `iree-benchmark-module` (its JSON report, inputs from .npy files). Device time per
+dispatch comes from Nsight Compute (`ncu`, `gpu__time_duration`, clocks left alone) over
+iree-benchmark-module: IREE 3.13's own HAL profiler answers "CUDA HAL-native profiling is
+not implemented" on the cuda device (measured on an H100), so it cannot serve.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import re
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,7 +56,20 @@ class Comparison:
     dispatches: dict[str, tuple[DispatchTime, ...]] = field(default_factory=dict)
     kernel_names: tuple[str, ...] = ()  # exports of the kit's kernels in the replaced module
     replaced_ops: tuple[str, ...] = ()
+    replaced_kinds: tuple[str, ...] = ()  # op kinds replaced ("softmax"): IREE names its dispatches after them
     notes: tuple[str, ...] = ()
+
+    def replaced_dispatches(self) -> tuple[tuple[DispatchTime, ...], tuple[DispatchTime, ...]]:
+        """(the kit kernels' dispatches, IREE's dispatches they replaced): IREE's are the
+        baseline dispatches named after a replaced op kind that the replaced module lacks."""
+        mine = self.dispatches.get("replaced", ())
+        kit = tuple(t for t in mine if t.name in self.kernel_names)
+        left = {t.name for t in mine}
+        iree = tuple(
+            t for t in self.dispatches.get("baseline", ())
+            if t.name not in left and any(re.search(rf"_dispatch_\d+_{kind}", t.name) for kind in self.replaced_kinds)
+        )
+        return kit, iree
 
     def to_json(self) -> dict:
         return {
@@ -65,8 +82,11 @@ class Comparison:
             "dispatches": {k: [d.to_json() for d in v] for k, v in self.dispatches.items()},
             "kernel_names": list(self.kernel_names),
             "replaced_ops": list(self.replaced_ops),
+            "replaced_dispatches": [
+                {"kit": [d.to_json() for d in kit], "iree": [d.to_json() for d in iree]} for kit, iree in [self.replaced_dispatches()]
+            ],
             "notes": list(self.notes),
-            "timing_tools": "whole call: iree-benchmark-module (median real time); dispatches: IREE HAL profiling (iree-profile)",
+            "timing_tools": "whole call: iree-benchmark-module (median real time); dispatches: Nsight Compute gpu__time_duration",
         }
 
 
@@ -99,7 +119,7 @@ def compare_model(
         notes, dispatches = [], {}
         for k, v in vmfbs.items():
             try:
-                dispatches[k] = profile_dispatches(v, sig["name"], flags, Path(tmp) / f"{k}.ireeprof", device=device)
+                dispatches[k] = profile_dispatches(v, sig["name"], flags, Path(tmp), device=device)
             except ToolError as exc:
                 notes.append(f"no dispatch times for the {k} module: {exc.what}")
     return Comparison(
@@ -110,8 +130,9 @@ def compare_model(
         worst=worst,
         call_us=calls,
         dispatches=dispatches,
-        kernel_names=tuple(dict.fromkeys(r["kernel"] for r in record.get("replaced", []))),
+        kernel_names=tuple(dict.fromkeys(r["kernel_entry"] for r in record.get("replaced", []))),
         replaced_ops=tuple(f"{r['op']} at {r['location']}" for r in record.get("replaced", [])),
+        replaced_kinds=tuple(dict.fromkeys(r["op"].split(".")[-1] for r in record.get("replaced", []))),
         notes=tuple(notes),
     )
 
@@ -227,32 +248,40 @@ def benchmark_call(vmfb: Path, function: str, input_flags: Sequence[str], *, dev
 
 
 def profile_dispatches(
-    vmfb: Path, function: str, input_flags: Sequence[str], profile: Path, *, device: str = "cuda", repetitions: int = 20
+    vmfb: Path, function: str, input_flags: Sequence[str], workdir: Path, *, device: str = "cuda", calls: int = 5
 ) -> tuple[DispatchTime, ...]:
-    """Device time per executable function, heaviest first, from IREE's HAL profiler."""
+    """Device time per dispatch (kernel), heaviest first, by Nsight Compute over `calls` calls."""
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        raise ToolError("Nsight Compute (ncu) is not on PATH", fix="install Nsight Compute, or read only the whole-call times")
+    log = workdir / f"{vmfb.stem}.ncu.csv"
     _run(
         [
+            ncu, "--csv", "--log-file", str(log), "--metrics", "gpu__time_duration.sum", "--clock-control", "none",
             find_runtime_tool("iree-benchmark-module"), f"--device={device}", f"--module={vmfb}", f"--function={function}",
-            *input_flags, f"--benchmark_min_time={repetitions}x",
-            "--device_profiling_mode=dispatch-events", f"--device_profiling_output={profile}",
+            *input_flags, f"--benchmark_min_time={calls}x", "--benchmark_repetitions=1",
         ],
-        "iree-benchmark-module (profiling)",
+        "ncu over iree-benchmark-module",
     )
-    rows = _run([find_runtime_tool("iree-profile"), "dispatch", "--format=jsonl", str(profile)], "iree-profile").stdout
-    groups = [json.loads(line) for line in rows.splitlines() if line.strip().startswith("{")]
-    times = [
-        DispatchTime(g.get("key", "?"), int(g.get("count", 0)), g.get("avg_ns", 0) / 1e3, g.get("total_ns", 0) / 1e3)
-        for g in groups
-        if g.get("type") == "dispatch_group"
-    ]
+    times: dict[str, list[float]] = {}
+    for row in _csv_rows(log.read_text(errors="replace")):
+        if row.get("Metric Name") == "gpu__time_duration.sum":
+            value = float(row["Metric Value"].replace(",", ""))
+            times.setdefault(row["Kernel Name"], []).append(value * _NCU_UNITS_US[row.get("Metric Unit", "nsecond")])
     if not times:
-        raise ToolError(
-            "IREE's profiler recorded no dispatch events for this device",
-            argv=[find_runtime_tool("iree-profile"), "summary", str(profile)],
-            log=rows[-2000:],
-            fix="time the dispatches with Nsight Compute (ncu) instead",
-        )
-    return tuple(sorted(times, key=lambda t: t.total_us, reverse=True))
+        raise ToolError("Nsight Compute measured no kernel", argv=[ncu, str(vmfb)], log=log.read_text()[-2000:],
+                        fix="check that ncu may read GPU counters here (it needs profiling permission)")
+    rows = [DispatchTime(k, len(v), sum(v) / len(v), sum(v)) for k, v in times.items()]
+    return tuple(sorted(rows, key=lambda t: t.total_us, reverse=True))
+
+
+_NCU_UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
+
+
+def _csv_rows(text: str) -> list[dict]:
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    return [] if start is None else list(csv.DictReader(lines[start:]))
 
 
 def profile_module(
@@ -267,7 +296,7 @@ def profile_module(
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
     with tempfile.TemporaryDirectory(prefix="kitdispatch-profile-") as tmp:
         flags = _input_flags(args, Path(tmp))
-        return str(vmfb), profile_dispatches(vmfb, sig["name"], flags, Path(tmp) / "module.ireeprof", device=device)
+        return str(vmfb), profile_dispatches(vmfb, sig["name"], flags, Path(tmp), device=device)
 
 
 def _run(argv: list[str], what: str):
@@ -293,9 +322,16 @@ def format_comparison(c: Comparison) -> str:
     lines.append(f"whole call (iree-benchmark-module, median): baseline {base:.1f} us, replaced {mine:.1f} us ({base / mine:.2f}x)")
     for op in c.replaced_ops:
         lines.append(f"replaced: {op}")
+    kit, iree = c.replaced_dispatches()
+    if kit or iree:
+        total = lambda ts: sum(t.total_us for t in ts) / max(1, max((t.count for t in ts), default=1))  # noqa: E731
+        lines.append(
+            f"replaced dispatch, device time per call (Nsight Compute): IREE {total(iree):.1f} us "
+            f"({', '.join(t.name for t in iree) or 'none found'}), kit {total(kit):.1f} us ({', '.join(t.name for t in kit)})"
+        )
     for k in ("baseline", "replaced"):
         if k in c.dispatches:
-            lines.append(f"device time per dispatch, {k} (IREE HAL profiling):")
+            lines.append(f"device time per dispatch, {k} (Nsight Compute):")
             lines += [f"  {format_dispatch(t)}" for t in c.dispatches[k]]
     lines += [f"note: {n}" for n in c.notes]
     return "\n".join(lines)

@@ -463,15 +463,14 @@ def _check_all_replaced(replaced: Path, decisions: Sequence[Decision], executabl
 
 def _signatures(module) -> list[dict]:
     """Public functions with their tensor inputs and outputs, from IREE's ABI ops
-    (hal.tensor.import/export), so `compare` can make inputs on a machine without a compiler."""
+    (hal.tensor.import/export), so `compare` can make inputs on a machine without a compiler.
+    Importers' models have `f` call `f$async`, which holds the ABI ops: `f` takes its types."""
     from iree.compiler import ir
 
-    out = []
+    found: dict[str, dict] = {}
     for op in _top_ops(module):
         if op.name != "util.func" or "iree.abi.stub" not in op.attributes:
             continue
-        if ir.StringAttr(op.attributes["sym_name"]).value.endswith("$async"):
-            continue  # the same function with fences: callers use the plain one
         inputs: dict[int, dict] = {}
         outputs: list[dict] = []
 
@@ -483,14 +482,14 @@ def _signatures(module) -> list[dict]:
             return ir.WalkResult.ADVANCE
 
         op.walk(visit)
-        out.append(
-            {
-                "name": ir.StringAttr(op.attributes["sym_name"]).value,
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        if inputs or outputs or name.removesuffix("$async") not in found:
+            found[name.removesuffix("$async")] = {
+                "name": name.removesuffix("$async"),
                 "inputs": [inputs[i] for i in sorted(inputs)],
                 "outputs": outputs,
             }
-        )
-    return out
+    return list(found.values())
 
 
 def _tensor_json(t) -> dict:

@@ -93,6 +93,7 @@ class Decision:
         data = self.op.to_json()
         if self.kernel is not None:
             data["kernel"] = self.kernel.name
+            data["kernel_entry"] = self.kernel.entry  # its export: the dispatch's name in profiles
             data["function_called"] = wrapper_name(self.kernel)
         else:
             data["reasons"] = list(self.reasons)

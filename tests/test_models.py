@@ -475,3 +475,24 @@ def test_compare_onnx_sample_on_gpu(tmp_path, prebuilt_dir):
     result = compare_model(built)
     assert result.agree, result.worst
     assert result.call_us["replaced"] > 0 and result.call_us["baseline"] > 0
+
+
+@needs_iree_compile
+def test_torch_sample_exports_and_builds(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("iree.turbine")
+    from kitdispatch import BuildOptions
+    from kitdispatch.models import build_model
+
+    sys.path.insert(0, str(SAMPLES / "torch_mlp"))
+    try:
+        from model import export
+    finally:
+        sys.path.pop(0)
+    mlir = export(tmp_path / "mlp.mlir", batch=64)
+    assert "torch.aten.softmax" in mlir.read_text()
+    result = build_model(SAMPLES / "torch_mlp", mlir, BuildOptions.create("sm_90"), tmp_path / "out")
+    [replaced] = result.replaced
+    assert replaced.op.result.shape == (64, 1000) and replaced.kernel.name == "row_softmax"
+    record = json.loads(result.record.read_text())
+    assert record["functions"][0]["name"] == "main" and record["functions"][0]["inputs"] == [{"dtype": "f32", "shape": [64, 256]}]
