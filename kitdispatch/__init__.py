@@ -22,12 +22,14 @@ from .errors import (  # noqa: E402
 )
 from .manifest import kernel_from_source, load_manifest  # noqa: E402
 from .runtime import Module, cuda_status, load_module, run_module  # noqa: E402
-from .spec import Buffer, FunctionSignature, Kernel, ModuleSpec, Program, Scalar, TensorType, TestSpec  # noqa: E402
+from .models import ModelBuild, build_model, export_torch  # noqa: E402
+from .compare import Comparison, compare_model, profile_module  # noqa: E402
+from .spec import Buffer, FunctionSignature, Kernel, ModuleSpec, Program, Replaces, Scalar, TensorType, TestSpec  # noqa: E402
 
 __all__ = [
     "AbiError", "Arch", "ArchError", "Buffer", "BuildOptions", "BuildResult", "BuildsFailed", "CompileError",
     "CompileOptions", "FunctionSignature", "IreeCompileError", "Kernel", "KitError", "ManifestError",
-    "Module", "ModuleSpec", "Program", "RuntimeUnavailable", "Scalar", "TensorType", "TestSpec",
+    "Module", "ModuleSpec", "Program", "Replaces", "RuntimeUnavailable", "Scalar", "TensorType", "TestSpec",
     "ToolError", "build", "build_all", "cuda_status", "generate", "generate_all", "kernel_from_source", "load_manifest", "load_module", "parse_arch_list",
-    "run_module",
+    "run_module", "ModelBuild", "build_model", "export_torch", "Comparison", "compare_model", "profile_module",
 ]

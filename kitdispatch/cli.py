@@ -99,6 +99,17 @@ def _parser() -> argparse.ArgumentParser:
             "-o", "--output", required=True,
             help="output folder (with several manifests: one folder per module inside it, named after the module)",
         )
+    b.add_argument("--model", default=None, help="a model (.mlir, .onnx) whose ops the manifest's `replaces` kernels replace")
+    b.add_argument("--with-baseline", action="store_true", help="with --model: also compile the model with IREE alone")
+
+    cmp = sub.add_parser("compare", parents=[common], help="run a model with and without its replacements on the GPU")
+    cmp.add_argument("built", help="a folder written by `build PROJECT --model MODEL --with-baseline -o DIR`")
+    prof = sub.add_parser("profile", parents=[common], help="list a model's heaviest dispatches on the GPU")
+    prof.add_argument("built", help="a folder written by `build ... --model MODEL` (its baseline module is profiled)")
+    for cmd in (cmp, prof):
+        cmd.add_argument("--inputs", default=None, metavar="FILE.npz", help="inputs in argument order (default: random by dtype)")
+        cmd.add_argument("--function", default=None, help="function to run (default: the model's first)")
+        cmd.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
 
     r = sub.add_parser("run", parents=[common], help="run a function of a .vmfb on the cuda device")
     r.add_argument("vmfb", help="the module to run")
@@ -212,6 +223,10 @@ def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
     from .build import build, build_all, generate, generate_all
 
     options = _build_options(args)
+    if getattr(args, "model", None):
+        return _build_model(args, options, out)
+    if getattr(args, "with_baseline", False):
+        raise KitError("--with-baseline needs --model", fix="add --model MODEL, or leave --with-baseline out")
     if len(args.manifests) == 1:
         step = build if make_vmfb else generate
         results = (step(Path(args.manifests[0]), options, Path(args.output), progress=out.progress),)
@@ -234,6 +249,36 @@ def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
         out.detail(f"{result.name}: compiler runs: {result.compiler_runs}, iree-compile runs: {result.iree_compile_runs}")
     data = results[0].to_json() if len(results) == 1 else {"modules": [r.to_json() for r in results]}
     out.result(data, "\n".join(lines))
+    return 0
+
+
+def _build_model(args, options, out: _Out) -> int:
+    from .models import build_model, format_report
+
+    if len(args.manifests) != 1:
+        raise KitError("--model takes one manifest", fix="pass the one project whose kernels replace the model's ops")
+    result = build_model(Path(args.manifests[0]), Path(args.model), options, Path(args.output), with_baseline=args.with_baseline)
+    text = format_report(args.model, result.decisions) + f"\nbuilt {result.vmfb}"
+    if result.baseline_vmfb:
+        text += f" and {result.baseline_vmfb}"
+    out.result(result.to_json(), text)
+    return 0
+
+
+def _cmd_compare(args, out: _Out) -> int:
+    from .compare import compare_model, format_comparison
+
+    result = compare_model(Path(args.built), inputs=args.inputs, function=args.function, device=args.device)
+    out.result(result.to_json(), format_comparison(result))
+    return 0 if result.agree else 1
+
+
+def _cmd_profile(args, out: _Out) -> int:
+    from .compare import format_dispatch, profile_module
+
+    vmfb, times = profile_module(Path(args.built), inputs=args.inputs, function=args.function, device=args.device)
+    text = "\n".join([f"heaviest dispatches of {vmfb} (device time, Nsight Compute):"] + [format_dispatch(t) for t in times])
+    out.result({"vmfb": vmfb, "dispatches": [t.to_json() for t in times]}, text)
     return 0
 
 
@@ -301,4 +346,4 @@ def _cmd_cache(args, out: _Out) -> int:
     return 0
 
 
-_COMMANDS = {"build": _cmd_build, "gen": _cmd_gen, "run": _cmd_run, "test": _cmd_test, "doctor": _cmd_doctor, "cache": _cmd_cache}
+_COMMANDS = {"build": _cmd_build, "gen": _cmd_gen, "compare": _cmd_compare, "profile": _cmd_profile, "run": _cmd_run, "test": _cmd_test, "doctor": _cmd_doctor, "cache": _cmd_cache}

@@ -18,6 +18,7 @@ from .spec import (
     ModuleSpec,
     Param,
     Program,
+    Replaces,
     Scalar,
     TensorType,
     TestSpec,
@@ -46,7 +47,10 @@ _KERNEL_KEYS = {
     "function": False,
     "format": False,
     "dynamic_shared_memory": False,
+    "replaces": False,
+    "replace_when": False,
 }
+_REPLACE_WHEN_KEYS = {"multiple_of": False, "max": False, "dimension": False}
 _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
 _TEST_KEYS = {"reference": False, "sizes": False, "seed": False}
@@ -113,6 +117,8 @@ def kernel_from_source(
     function: str | None = None,
     format: str | None = None,
     dynamic_shared_memory: int = 0,
+    replaces: list[str] | None = None,
+    replace_when: dict[str, Any] | None = None,
     root: str | Path = ".",
 ) -> Kernel:
     """The Python API's twin of a manifest entry without `params`: the layout comes from the
@@ -133,6 +139,8 @@ def kernel_from_source(
         "function": function,
         "format": format,
         "dynamic_shared_memory": dynamic_shared_memory,
+        "replaces": replaces,
+        "replace_when": replace_when,
     }
     data.update({k: v for k, v in optional.items() if v})
     return _parse_kernel(data, Path(root), f"kernel {name!r}")
@@ -171,7 +179,28 @@ def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
         dynamic_shared_memory=data.get("dynamic_shared_memory", 0),
         # A C++ kernel's entry (its mangled name) comes from the build's own compile.
         cpp_name=sig is not None and not sig.extern_c,
+        replaces=_parse_replaces(data, where),
         where=where,
+    )
+
+
+def _parse_replaces(data: dict, where: str) -> Replaces | None:
+    """`replaces = ["linalg.softmax"]`, with optional limits in
+    `replace_when = { multiple_of = { k = 16 }, max = { cols = 8192 }, dimension = 1 }`."""
+    if "replaces" not in data:
+        if "replace_when" in data:
+            raise ManifestError(
+                "replace_when without replaces", where=where, fix='add replaces = ["linalg.softmax"] (or the op it stands in for)'
+            )
+        return None
+    when = data.get("replace_when", {})
+    _check_keys(when, _REPLACE_WHEN_KEYS, f"{where}: replace_when")
+    return Replaces.create(
+        data["replaces"],
+        multiple_of=when.get("multiple_of"),
+        max_size=when.get("max"),
+        dimension=when.get("dimension"),
+        where=f"{where}: replaces",
     )
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ._files import fsync_dir, pid_alive, write_atomic
 from .errors import KitError
-from .record import BuildRecord, RecordError, file_sha256, journal_name, record_name, sha256
+from .record import JOURNAL_SUFFIX, BuildRecord, RecordError, file_sha256, journal_name, record_name, sha256
 
 STAGING_PREFIX = ".kitdispatch-staging-"
 STAGING_MARKER = ".kitdispatch-staging"  # inside each staging folder: proof that the kit made it
@@ -105,13 +105,17 @@ def staging_dir(out_dir: Path) -> Iterator[Path]:
 
 
 class OutputFolder:
-    """One module's files in one output folder, and what the kit may do to them."""
+    """One module's files in one output folder, and what the kit may do to them.
 
-    def __init__(self, out_dir: Path, module: str) -> None:
+    `record` names the file that lists what the build wrote (default: the module's build
+    record); `claims` reads that list ({name: sha256}) from it."""
+
+    def __init__(self, out_dir: Path, module: str, *, record: str | None = None, claims=None) -> None:
         self.dir = Path(out_dir)
         self.module = module
-        self.record = record_name(module)
-        self.journal = journal_name(module)
+        self.record = record or record_name(module)
+        self.journal = f".{self.record}{JOURNAL_SUFFIX}" if record else journal_name(module)
+        self._claims = claims or _claimed_files
         self.owned = self._owned()
 
     def _owned(self) -> dict[str, set[str]]:
@@ -120,7 +124,7 @@ class OutputFolder:
         record = self.dir / self.record
         if record.exists():
             try:
-                previous = _claimed_files(record)
+                previous = self._claims(record)
             except RecordError as exc:
                 raise OutputError(
                     f"{record} is not a build record this kitdispatch can read ({exc.what}), so the "

@@ -399,3 +399,9 @@ def _check_program_text(origin: str, text: str) -> None:
             where=f"{origin}:{line}",
             fix="remove the `module { ... }` wrapper; kitdispatch puts your functions in the generated module",
         )
+
+
+def render_template(name: str, **values) -> str:
+    """Any template of mlir_templates/ in the kit's environment (StrictUndefined), for
+    stages that render MLIR of their own (models.py's transform spec)."""
+    return _environment().get_template(name).render(**values)

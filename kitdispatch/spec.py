@@ -14,6 +14,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Literal, Union
 
 from .errors import ManifestError
@@ -86,6 +87,8 @@ MAX_CONSTANT = 2**64  # u64 values fit; anything larger is a mistake
 # limit when it loads the module (runtime/src/iree/hal/drivers/cuda/native_executable.c).
 MAX_DYNAMIC_SHARED_MEMORY = 227 * 1024
 OBJECT_FORMATS = ("ptx", "cubin", "fatbin")
+# Ops of an imported model a kernel may stand in for (`replaces`; replace.py decides per op).
+REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul")
 
 
 def check_identifier(name: object, what: str, where: str) -> str:
@@ -421,6 +424,64 @@ Param = Union[Buffer, Scalar]
 
 
 @dataclass(frozen=True)
+class Replaces:
+    """Which ops of an imported model a kernel may stand in for, and the limits its params
+    cannot say: a dimension's divisor or largest size, and for a softmax the dimension it
+    normalizes (None: the last). Each op is still checked against the params (replace.py)."""
+
+    ops: tuple[str, ...]
+    multiple_of: tuple[tuple[str, int], ...] = ()
+    max_size: tuple[tuple[str, int], ...] = ()
+    dimension: int | None = None
+
+    @classmethod
+    def create(
+        cls,
+        ops: Sequence[str],
+        *,
+        multiple_of: dict[str, int] | None = None,
+        max_size: dict[str, int] | None = None,
+        dimension: int | None = None,
+        where: str = "replaces",
+    ) -> "Replaces":
+        if isinstance(ops, str) or not ops or not all(isinstance(o, str) for o in ops):
+            raise ManifestError(
+                f"replaces must be a non-empty list of op names, got {ops!r}",
+                where=where,
+                fix=f'e.g. replaces = ["linalg.softmax"]; known: {", ".join(REPLACEABLE_OPS)}',
+            )
+        for op in ops:
+            if op not in REPLACEABLE_OPS:
+                raise ManifestError(
+                    f"kitdispatch cannot replace {op!r}", where=where, fix=f"use one of {', '.join(REPLACEABLE_OPS)}"
+                )
+        if dimension is not None and (isinstance(dimension, bool) or not isinstance(dimension, int)):
+            raise ManifestError(f"dimension {dimension!r} is not an integer", where=where, fix="e.g. dimension = 1")
+        return cls(
+            tuple(dict.fromkeys(ops)),
+            _positive_sizes(multiple_of or {}, "multiple_of", where),
+            _positive_sizes(max_size or {}, "max", where),
+            dimension,
+        )
+
+    @property
+    def limited_symbols(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s for s, _ in self.multiple_of + self.max_size))
+
+
+def _positive_sizes(table: object, key: str, where: str) -> tuple[tuple[str, int], ...]:
+    if not isinstance(table, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in table.values()
+    ):
+        raise ManifestError(
+            f"{key} must map dimension names to positive integers, got {table!r}",
+            where=where,
+            fix=f"e.g. {key} = {{ k = 16 }}",
+        )
+    return tuple(sorted((check_identifier(k, "dimension", where), v) for k, v in table.items()))
+
+
+@dataclass(frozen=True)
 class CSlot:
     """One C parameter of the kernel as the layout fills it: a buffer's pointer or one
     push constant of a scalar."""
@@ -460,6 +521,8 @@ class Kernel:
     dynamic_shared_memory: int = 0
     # Named as in C++ (not extern "C"): its entry is the mangled name the compiler reports.
     cpp_name: bool = False
+    # The ops of an imported model this kernel may stand in for (`replaces`); None: none.
+    replaces: Replaces | None = None
 
     @classmethod
     def create(
@@ -475,6 +538,7 @@ class Kernel:
         symbol: str | None = None,
         dynamic_shared_memory: int = 0,
         cpp_name: bool = False,
+        replaces: Replaces | Sequence[str] | None = None,
         where: str | None = None,
     ) -> "Kernel":
         where = where or f"kernel {_shown(name)}"
@@ -515,7 +579,11 @@ class Kernel:
             raise ManifestError(
                 f"unknown object format {format!r}", where=where, fix=f"use one of {', '.join(OBJECT_FORMATS)}"
             )
-        kernel = cls(name, Path(source), tuple(params), size, count, function, format, symbol, dynamic_shared_memory, cpp_name)
+        if replaces is not None and not isinstance(replaces, Replaces):
+            replaces = Replaces.create(replaces, where=f"{where}: replaces")
+        kernel = cls(
+            name, Path(source), tuple(params), size, count, function, format, symbol, dynamic_shared_memory, cpp_name, replaces
+        )
         kernel._validate(where)
         return kernel
 
@@ -650,6 +718,8 @@ class Kernel:
                         fix="give a float scalar a number as value, or leave value out",
                     )
                 self._check_symbols(s.value.symbols, set(self.dimension_symbols), where, f"the value of {s.name!r}")
+        if self.replaces is not None:
+            self._check_symbols(self.replaces.limited_symbols, set(self.dimension_symbols), where, "replace_when")
 
     @staticmethod
     def _check_symbols(symbols, known: set[str], where: str, what: str) -> None:

@@ -1,0 +1,498 @@
+"""Kit kernels inside models: which ops match (replace.py), and whole builds with the real
+iree-compile / iree-opt (models.py). GPU tests (compare) are marked and skip without a GPU."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, SAMPLES, needs_iree_compile
+from kitdispatch import Buffer, Kernel, KitError, ManifestError, Scalar, TensorType
+from kitdispatch.spec import IndexExpr
+from kitdispatch.manifest import parse_manifest
+from kitdispatch.replace import check_kernel, decide, read_ops
+
+SOFTMAX_CU = REPO / "kernels" / "softmax" / "softmax.cu"
+MATMUL_CU = REPO / "kernels" / "matmul" / "matmul.cu"
+
+
+def softmax_kernel(dtype="f32", cols="cols", **replace_when) -> Kernel:
+    return Kernel.create(
+        "row_softmax", SOFTMAX_CU,
+        [Buffer("x", "in", TensorType(dtype, ("rows", cols))), Buffer("out", "out", TensorType(dtype, ("rows", cols))),
+         Scalar("rows", "i32"), Scalar("cols", "i32", None if cols == "cols" else IndexExpr.parse(cols, "cols"))],
+        workgroup_size=[256], workgroup_count=["ceildiv(rows, 32) + 1024"],
+        replaces=_replaces("linalg.softmax", **replace_when),
+    )
+
+
+def matmul_kernel(a="f16[m,k]", b="f16[k,n]", c="f32[m,n]", access="out", kind="linalg.matmul", **replace_when) -> Kernel:
+    return Kernel.create(
+        "matmul_f16", MATMUL_CU,
+        [Buffer("a", "in", TensorType.parse(a, "a")), Buffer("b", "in", TensorType.parse(b, "b")),
+         Buffer("c", access, TensorType.parse(c, "c")), Scalar("m", "i32"), Scalar("n", "i32"), Scalar("k", "i32")],
+        workgroup_size=[128], workgroup_count=["ceildiv(n, 64)", "ceildiv(m, 64)"],
+        replaces=_replaces(kind, **replace_when),
+    )
+
+
+def _replaces(kind, **when):
+    from kitdispatch import Replaces
+
+    return Replaces.create([kind], **when)
+
+
+def ops_of(mlir: str, kinds=("linalg.softmax", "linalg.matmul", "linalg.batch_matmul")):
+    from iree.compiler import ir
+
+    module = ir.Module.parse(mlir, ir.Context())
+    return [facts for _, facts in read_ops(module, kinds)]
+
+
+def softmax_model(shape="512x1000", dtype="f32", dim=1) -> str:
+    t = f"tensor<{shape}x{dtype}>"
+    dynamic = [i for i, d in enumerate(shape.split("x")) if d == "?"]
+    dims = "".join(f"  %c{i} = arith.constant {i} : index\n  %d{i} = tensor.dim %x, %c{i} : {t}\n" for i in dynamic)
+    return f"""
+func.func @forward(%x: {t}) -> {t} {{
+{dims}  %e = tensor.empty({", ".join(f"%d{i}" for i in dynamic)}) : {t}
+  %s = linalg.softmax dimension({dim}) ins(%x : {t}) outs(%e : {t}) -> {t}
+  return %s : {t}
+}}"""
+
+
+def matmul_model(m=512, k=256, n=1000, init="0.0", dtype="f16", transpose_b=False) -> str:
+    a, c = f"tensor<{m}x{k}x{dtype}>", f"tensor<{m}x{n}xf32>"
+    b = f"tensor<{n}x{k}x{dtype}>" if transpose_b else f"tensor<{k}x{n}x{dtype}>"
+    maps = (
+        " indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, "
+        "affine_map<(d0, d1, d2) -> (d0, d1)>]"
+        if transpose_b else ""
+    )
+    acc = (
+        f"%e = tensor.empty() : {c}\n  %acc = linalg.fill ins(%cst : f32) outs(%e : {c}) -> {c}"
+        if init is not None else f"%acc = tensor.empty() : {c}"
+    )
+    return f"""
+func.func @forward(%a: {a}, %b: {b}) -> {c} {{
+  %cst = arith.constant {init or 0.0} : f32
+  {acc}
+  %r = linalg.matmul{maps} ins(%a, %b : {a}, {b}) outs(%acc : {c}) -> {c}
+  return %r : {c}
+}}"""
+
+
+def only(decisions):
+    assert len(decisions) == 1
+    return decisions[0]
+
+
+# ----------------------------------------------------------------------------- matching
+
+
+def test_softmax_hit():
+    d = only(decide(ops_of(softmax_model()), [softmax_kernel()]))
+    assert d.kernel is not None and d.operands == (0,)
+    assert d.op.function == "forward" and d.op.result.shape == (512, 1000)
+
+
+@pytest.mark.parametrize(
+    "model, kernel, reason",
+    [
+        (softmax_model(dtype="f16"), softmax_kernel(), "element type: the op's input 0 is 512x1000xf16"),
+        (softmax_model(shape="8x512x1000", dim=2), softmax_kernel(), "rank: the op's input 0 is 8x512x1000xf32 (3-D)"),
+        (softmax_model(dim=0), softmax_kernel(), "the op normalizes dimension 0, the kernel dimension 1"),
+        (softmax_model(), softmax_kernel(cols=1024), "dimension 1 of the op's input 0 (512x1000xf32) is 1000, the kernel's x needs 1024"),
+        (softmax_model(), softmax_kernel(max_size={"cols": 512}), "cols = 1000 is over the kernel's maximum 512"),
+        (softmax_model(shape="512x?"), softmax_kernel(multiple_of={"cols": 8}), "cols is dynamic in the model"),
+    ],
+    ids=["dtype", "rank", "reduction-dim", "static-shape", "max-size", "dynamic-vs-limit"],
+)
+def test_softmax_near_misses(model, kernel, reason):
+    d = only(decide(ops_of(model), [kernel]))
+    assert d.kernel is None
+    assert reason in d.reasons[0], d.reasons
+
+
+def test_softmax_dimension_constraint_and_dynamic_sizes():
+    # A kernel that says it normalizes dimension 0 takes the op that does.
+    assert only(decide(ops_of(softmax_model(dim=0)), [softmax_kernel(dimension=0)])).kernel is not None
+    # Dynamic sizes are fine where no limit needs them: the wrapper reads them at run time.
+    assert only(decide(ops_of(softmax_model(shape="?x?")), [softmax_kernel()])).kernel is not None
+
+
+def test_matmul_hit_with_zero_fill():
+    d = only(decide(ops_of(matmul_model()), [matmul_kernel(multiple_of={"k": 16})]))
+    assert d.kernel is not None and d.operands == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "model, kernel, reason",
+    [
+        (matmul_model(init="1.0"), matmul_kernel(), "accumulates into linalg.fill of 1.000000e+00 : f32, not a zero fill"),
+        (matmul_model(init=None), matmul_kernel(), "accumulates into tensor.empty, not a zero fill"),
+        (matmul_model(transpose_b=True), matmul_kernel(), "transposed, broadcast or cast"),
+        (matmul_model(k=250), matmul_kernel(multiple_of={"k": 16}), "k = 250 is not a multiple of 16"),
+        (matmul_model(dtype="bf16"), matmul_kernel(), "element type: the op's input 0 is 512x250xbf16".replace("250", "256")),
+    ],
+    ids=["non-zero-accumulator", "undefined-accumulator", "transposed", "divisibility", "dtype"],
+)
+def test_matmul_near_misses(model, kernel, reason):
+    d = only(decide(ops_of(model), [kernel]))
+    assert d.kernel is None
+    assert reason in d.reasons[0], d.reasons
+
+
+def test_accumulating_kernel_takes_any_accumulator():
+    d = only(decide(ops_of(matmul_model(init="1.0")), [matmul_kernel(access="inout")]))
+    assert d.kernel is not None and d.operands == (0, 1, 2)
+
+
+def test_batch_matmul_hit():
+    t = lambda s: f"tensor<{s}>"  # noqa: E731
+    model = f"""
+func.func @f(%a: {t('4x64x32xf16')}, %b: {t('4x32x48xf16')}) -> {t('4x64x48xf32')} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {t('4x64x48xf32')}
+  %acc = linalg.fill ins(%z : f32) outs(%e : {t('4x64x48xf32')}) -> {t('4x64x48xf32')}
+  %r = linalg.batch_matmul ins(%a, %b : {t('4x64x32xf16')}, {t('4x32x48xf16')}) outs(%acc : {t('4x64x48xf32')}) -> {t('4x64x48xf32')}
+  return %r : {t('4x64x48xf32')}
+}}"""
+    kernel = matmul_kernel("f16[batch,m,k]", "f16[batch,k,n]", "f32[batch,m,n]", kind="linalg.batch_matmul")
+    assert only(decide(ops_of(model), [kernel])).kernel is not None
+    # The plain matmul kernel does not take it: it declares linalg.matmul only.
+    assert decide(ops_of(model), [matmul_kernel()])[0].kernel is None
+
+
+def test_first_fitting_kernel_wins_and_every_misfit_says_why():
+    kernels = [softmax_kernel(dtype="f16"), softmax_kernel(max_size={"cols": 4096})]
+    kernels[1] = Kernel.create(
+        "row_softmax", SOFTMAX_CU, kernels[1].params, workgroup_size=[256], workgroup_count=["ceildiv(rows, 32) + 1024"],
+        function="softmax_big", replaces=kernels[1].replaces,
+    )
+    d = only(decide(ops_of(softmax_model()), kernels))
+    assert d.kernel.function == "softmax_big"
+    miss = only(decide(ops_of(softmax_model(dtype="f64")), kernels))
+    assert len(miss.reasons) == 2
+
+
+@pytest.mark.parametrize(
+    "kernel, message",
+    [
+        (lambda: Kernel.create(
+            "scale", SOFTMAX_CU, [Buffer("x", "in", TensorType("f32", ("n",))), Buffer("y", "out", TensorType("f32", ("n",))),
+                                  Scalar("alpha", "f32")],
+            workgroup_size=[64], workgroup_count=["ceildiv(n, 64)"], replaces=["linalg.softmax"]),
+         "needs scalar argument(s) alpha, which linalg.softmax does not give"),
+        (lambda: matmul_kernel(b="f16[n,k]"), "its shapes must read [m,k] x [k,n] -> [m,n]"),
+        (lambda: softmax_kernel(dimension=2), "replace_when dimension 2 is not a dimension of its 2-D input"),
+    ],
+    ids=["scalar-argument", "transposed-kernel", "dimension-out-of-range"],
+)
+def test_kernels_that_cannot_stand_for_the_op(kernel, message):
+    k = kernel()
+    with pytest.raises(ManifestError) as err:
+        check_kernel(k, k.replaces.ops[0])
+    assert message in err.value.render()
+
+
+# ----------------------------------------------------------------------------- manifest
+
+
+KERNEL_TOML = """
+[[kernels]]
+name = "row_softmax"
+source = "{src}"
+workgroup_size = [256]
+workgroup_count = ["ceildiv(rows, 32) + 1024"]
+params = [
+  {{ name = "x", in = "f32[rows,cols]" }},
+  {{ name = "out", out = "f32[rows,cols]" }},
+  {{ name = "rows", scalar = "i32" }},
+  {{ name = "cols", scalar = "i32" }},
+]
+"""
+
+
+def _manifest(extra: str):
+    import tomllib
+
+    data = tomllib.loads(KERNEL_TOML.format(src=SOFTMAX_CU) + extra)
+    return parse_manifest(data, root=REPO, where="kitdispatch.toml")
+
+
+def test_manifest_replaces_plain_and_with_limits():
+    plain = _manifest('replaces = ["linalg.softmax"]').kernels[0].replaces
+    assert plain.ops == ("linalg.softmax",) and plain.dimension is None
+    limited = _manifest('replaces = ["linalg.softmax"]\nreplace_when = { max = { cols = 8192 }, multiple_of = { rows = 4 }, dimension = -1 }')
+    r = limited.kernels[0].replaces
+    assert r.max_size == (("cols", 8192),) and r.multiple_of == (("rows", 4),) and r.dimension == -1
+    assert _manifest("").kernels[0].replaces is None
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ('replaces = ["linalg.conv_2d"]', "kitdispatch cannot replace 'linalg.conv_2d'"),
+        ('replaces = "linalg.softmax"', "replaces must be a non-empty list of op names"),
+        ("replace_when = { max = { cols = 8 } }", "replace_when without replaces"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { max = { width = 8 } }', "replace_when uses 'width'"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { most = { cols = 8 } }', "unknown key 'most'"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { max = { cols = 0 } }', "max must map dimension names to positive integers"),
+    ],
+)
+def test_manifest_replace_errors(extra, message):
+    with pytest.raises(ManifestError) as err:
+        _manifest(extra)
+    assert message in err.value.render()
+
+
+# ------------------------------------------------------------------------- whole builds
+
+
+LINALG_MODEL = """
+func.func @forward(%x: tensor<512x256xf32>, %w: tensor<256x1000xf32>) -> (tensor<512x1000xf32>, tensor<1000x512xf32>) {
+  %cst = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<512x1000xf32>
+  %f = linalg.fill ins(%cst : f32) outs(%e : tensor<512x1000xf32>) -> tensor<512x1000xf32>
+  %mm = linalg.matmul ins(%x, %w : tensor<512x256xf32>, tensor<256x1000xf32>) outs(%f : tensor<512x1000xf32>) -> tensor<512x1000xf32>
+  %e2 = tensor.empty() : tensor<512x1000xf32>
+  %sm = linalg.softmax dimension(1) ins(%mm : tensor<512x1000xf32>) outs(%e2 : tensor<512x1000xf32>) -> tensor<512x1000xf32>
+  %e3 = tensor.empty() : tensor<1000x512xf32>
+  %t = linalg.transpose ins(%sm : tensor<512x1000xf32>) outs(%e3 : tensor<1000x512xf32>) permutation = [1, 0]
+  %e4 = tensor.empty() : tensor<1000x512xf32>
+  %sm2 = linalg.softmax dimension(0) ins(%t : tensor<1000x512xf32>) outs(%e4 : tensor<1000x512xf32>) -> tensor<1000x512xf32>
+  return %sm, %sm2 : tensor<512x1000xf32>, tensor<1000x512xf32>
+}
+"""
+
+
+def _project(tmp_path, extra='replaces = ["linalg.softmax"]'):
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "kitdispatch.toml").write_text(KERNEL_TOML.format(src=SOFTMAX_CU) + extra + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def linalg_build(tmp_path_factory):
+    from kitdispatch import BuildOptions
+    from kitdispatch.models import build_model
+
+    if not __import__("conftest").HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    tmp = tmp_path_factory.mktemp("linalg")
+    model = tmp / "mm_softmax.mlir"
+    model.write_text(LINALG_MODEL)
+    out = tmp / "out"
+    result = build_model(_project(tmp), model, BuildOptions.create("sm_90"), out, with_baseline=True)
+    return result, model, out
+
+
+def _dump(vmfb) -> str:
+    from kitdispatch.models import _find_tool
+
+    return subprocess.run([_find_tool("iree-dump-module"), str(vmfb)], capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+@needs_iree_compile
+def test_build_replaces_the_matching_softmax_only(linalg_build):
+    result, model, out = linalg_build
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["mm_softmax.vmfb", "mm_softmax.baseline.vmfb", "mm_softmax.spec.mlir", "mm_softmax.replace.json",
+         "mm_softmax.replace.txt", "mm_softmax.model.json", "softmax.sm_90.fatbin"]
+    )
+    report = json.loads(result.report.read_text())
+    [replaced] = report["replaced"]
+    assert replaced["kernel"] == "row_softmax" and replaced["dimension"] == 1
+    assert f'"{model}":8:' in replaced["location"] and replaced["inputs"] == [{"dtype": "f32", "shape": [512, 1000]}]
+    [kept] = report["not_replaced"]
+    assert kept["dimension"] == 0 and "the op normalizes dimension 0, the kernel dimension 1" in kept["reasons"][0]
+    text = (out / "mm_softmax.replace.txt").read_text()
+    assert "1 of 2 candidate op(s) replaced" in text and "kept" in text
+
+
+@needs_iree_compile
+def test_vmfb_dispatches_the_kernel_instead_of_iree_softmax(linalg_build):
+    result, _, _ = linalg_build
+    baseline, replaced = _dump(result.baseline_vmfb), _dump(result.vmfb)
+    assert "row_softmax" in replaced and "row_softmax" not in baseline
+    iree_softmax = re.compile(r"dispatch_\d+_softmax")
+    # The baseline has IREE's two softmax dispatches; the replaced module keeps only the one
+    # the kernel does not fit (dimension 0) and IREE's matmul.
+    assert len(set(iree_softmax.findall(result.baseline_vmfb.read_bytes().decode("latin-1")))) == 2
+    assert len(set(iree_softmax.findall(result.vmfb.read_bytes().decode("latin-1")))) == 1
+    assert re.search(r"dispatch_\d+_matmul", replaced)
+
+
+@needs_iree_compile
+def test_kept_spec_reapplies_with_iree_tools(linalg_build, tmp_path):
+    """The kept spec on its own, as its header says to apply it: iree-opt's transform
+    interpreter on the marked global-optimization stage, then iree-compile from there."""
+    from iree.compiler import ir
+
+    from kitdispatch.models import SPEC_PIPELINE, _find_tool
+
+    result, model, out = linalg_build
+    spec = result.spec.read_text()
+    assert "transform.util.cast_and_call" in spec and "util.func private @kitdispatch_row_softmax" in spec
+    target = ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_89"]
+    stage, marked, replaced, vmfb = (tmp_path / n for n in ("stage.mlir", "marked.mlir", "replaced.mlir", "m.vmfb"))
+    subprocess.run([_find_tool("iree-compile"), str(model), *target, "--compile-to=global-optimization", "-o", str(stage)],
+                   check=True, timeout=300)
+    module = ir.Module.parse(stage.read_text(), ir.Context())
+    ops = [op for op, facts in read_ops(module, ["linalg.softmax"]) if facts.dimension == 1]
+    ops[0].attributes["kitdispatch.replace"] = ir.StringAttr.get("kitdispatch_row_softmax", module.context)
+    marked.write_text(str(module))
+    subprocess.run([_find_tool("iree-opt"), str(marked), f"--pass-pipeline={SPEC_PIPELINE.format(spec=result.spec)}",
+                    "-o", str(replaced)], check=True, timeout=300)
+    subprocess.run([_find_tool("iree-compile"), str(replaced), *target, "--compile-from=global-optimization",
+                    f"--iree-hal-executable-object-search-path={out}", "-o", str(vmfb)], check=True, timeout=300)
+    assert "row_softmax" in _dump(vmfb)
+
+
+@needs_iree_compile
+def test_record_lists_functions_for_compare(linalg_build):
+    record = json.loads(linalg_build[0].record.read_text())
+    assert record["functions"] == [{"name": "forward", "inputs": [{"dtype": "f32", "shape": [512, 256]}, {"dtype": "f32", "shape": [256, 1000]}],
+                                    "outputs": [{"dtype": "f32", "shape": [512, 1000]}, {"dtype": "f32", "shape": [1000, 512]}]}]
+    assert record["iree_flags"] == ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_89"]  # IREE's defaults otherwise
+
+
+@needs_iree_compile
+def test_onnx_sample_builds_through_the_cli(tmp_path):
+    pytest.importorskip("onnx")
+    from kitdispatch.cli import main
+
+    model = tmp_path / "model.onnx"
+    subprocess.run([sys.executable, str(SAMPLES / "onnx_softmax" / "make_model.py"), str(model)], check=True, timeout=120)
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["build", str(SAMPLES / "onnx_softmax"), "--model", str(model), "--with-baseline", "--arch", "sm_90",
+               "-o", str(tmp_path / "out"), "--json"], out, err)
+    assert rc == 0, err.getvalue()
+    data = json.loads(out.getvalue())
+    [replaced] = data["replaced"]
+    assert replaced["op"] == "linalg.softmax" and replaced["kernel"] == "row_softmax"
+    assert "model.imported.mlir" in replaced["location"]  # the importer's MLIR is kept beside the vmfb
+    assert "row_softmax" in _dump(tmp_path / "out" / "model.vmfb")
+    assert not re.search(r"dispatch_\d+_softmax", (tmp_path / "out" / "model.vmfb").read_bytes().decode("latin-1"))
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+@needs_iree_compile
+def test_no_match_is_an_error_listing_the_candidates(tmp_path):
+    from kitdispatch import BuildOptions
+    from kitdispatch.models import build_model
+
+    model = tmp_path / "m.mlir"
+    model.write_text(softmax_model(dtype="f16"))
+    out = tmp_path / "out"
+    with pytest.raises(KitError) as err:
+        build_model(_project(tmp_path), model, BuildOptions.create("sm_90"), out)
+    text = err.value.render()
+    assert "no op of" in text and "linalg.softmax (512x1000xf16)" in text and "element type" in text
+    assert not out.exists()  # nothing half-written
+
+
+@needs_iree_compile
+def test_model_without_candidates_lists_its_ops(tmp_path):
+    from kitdispatch import BuildOptions
+    from kitdispatch.models import build_model
+
+    model = tmp_path / "m.mlir"
+    model.write_text(matmul_model(dtype="f32"))
+    with pytest.raises(KitError) as err:
+        build_model(_project(tmp_path), model, BuildOptions.create("sm_90"), tmp_path / "out")
+    assert "has no linalg.softmax" in err.value.render() and "linalg.matmul x1" in err.value.render()
+
+
+@needs_iree_compile
+def test_model_that_does_not_import(tmp_path):
+    from kitdispatch.cli import main
+
+    model = tmp_path / "broken.mlir"
+    model.write_text("func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {\n  return %y : tensor<4xf32>\n}\n")
+    err = io.StringIO()
+    rc = main(["build", str(_project(tmp_path)), "--model", str(model), "-o", str(tmp_path / "out")], io.StringIO(), err)
+    assert rc == 1
+    text = err.getvalue()
+    assert "could not bring" in text and "re-run: " in text and "use of undeclared SSA value" in text
+    assert "Traceback" not in text
+
+
+def test_unknown_model_format(tmp_path):
+    from kitdispatch import BuildOptions
+    from kitdispatch.models import build_model
+
+    model = tmp_path / "m.pt"
+    model.write_bytes(b"x")
+    with pytest.raises(KitError) as err:
+        build_model(_project(tmp_path), model, BuildOptions.create("sm_90"), tmp_path / "out")
+    assert "export_torch" in err.value.render()
+
+
+def test_project_without_replaces(tmp_path):
+    from kitdispatch import BuildOptions
+    from kitdispatch.models import build_model
+
+    with pytest.raises(ManifestError) as err:
+        build_model(_project(tmp_path, extra=""), tmp_path / "m.mlir", BuildOptions.create("sm_90"), tmp_path / "out")
+    assert "declares `replaces`" in err.value.render()
+
+
+def test_with_baseline_needs_model(tmp_path):
+    from kitdispatch.cli import main
+
+    err = io.StringIO()
+    assert main(["build", str(_project(tmp_path)), "--with-baseline", "-o", str(tmp_path / "o")], io.StringIO(), err) == 1
+    assert "--with-baseline needs --model" in err.getvalue()
+
+
+# --------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_compare_onnx_sample_on_gpu(tmp_path, prebuilt_dir):
+    """The ONNX sample's softmax replaced by the library kernel agrees with IREE's own build."""
+    from kitdispatch.compare import compare_model
+
+    built = prebuilt_dir / "onnx_softmax_model" if prebuilt_dir else None
+    if built is None:
+        pytest.importorskip("onnx")
+        from kitdispatch import BuildOptions
+        from kitdispatch.models import build_model
+
+        model = tmp_path / "model.onnx"
+        subprocess.run([sys.executable, str(SAMPLES / "onnx_softmax" / "make_model.py"), str(model)], check=True, timeout=120)
+        built = build_model(SAMPLES / "onnx_softmax", model, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    result = compare_model(built)
+    assert result.agree, result.worst
+    assert result.call_us["replaced"] > 0 and result.call_us["baseline"] > 0
+
+
+@needs_iree_compile
+def test_torch_sample_exports_and_builds(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("iree.turbine")
+    from kitdispatch import BuildOptions
+    from kitdispatch.models import build_model
+
+    sys.path.insert(0, str(SAMPLES / "torch_mlp"))
+    try:
+        from model import export
+    finally:
+        sys.path.pop(0)
+    mlir = export(tmp_path / "mlp.mlir", batch=64)
+    assert "torch.aten.softmax" in mlir.read_text()
+    result = build_model(SAMPLES / "torch_mlp", mlir, BuildOptions.create("sm_90"), tmp_path / "out")
+    [replaced] = result.replaced
+    assert replaced.op.result.shape == (64, 1000) and replaced.kernel.name == "row_softmax"
+    record = json.loads(result.record.read_text())
+    assert record["functions"][0]["name"] == "main" and record["functions"][0]["inputs"] == [{"dtype": "f32", "shape": [64, 256]}]
