@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from ._proc import ToolResult, run_tool
+from .device import DeviceArray, element_type, get_device, wait_fence
 from .errors import KitError, RuntimeUnavailable, ToolError
-from .spec import ELEMENT_TYPES, FLOAT_BITS_ARGUMENTS, FunctionSignature, ScalarType, float_bits
+from .render import ASYNC_SUFFIX
+from .spec import ELEMENT_TYPES, FLOAT_BITS_ARGUMENTS, FunctionSignature, ScalarType, TensorType, float_bits
 
 RUN_TIMEOUT_S = 600.0
 RECORD_SUFFIX = ".kitdispatch.json"
@@ -76,7 +78,9 @@ def preflight_run(vmfb: Path) -> None:
 
 
 class Module:
-    """A .vmfb loaded on a device; call its functions with numpy arrays, get numpy back."""
+    """A .vmfb loaded on a device. `module.NAME(...)` (or `module["NAME"]`) is a `Function`:
+    host arrays in give host arrays out; device arrays in (this module's, IREE's, or CUDA
+    tensors of torch, CuPy, ... through DLPack) give device arrays out."""
 
     def __init__(self, vmfb: str | Path, *, device: str = "cuda"):
         import iree.runtime as rt
@@ -86,15 +90,16 @@ class Module:
             raise KitError(f"no module at {self.path}", fix="build it first: kitdispatch build ... -o DIR")
         require_cuda(device)
         preflight_run(self.path)
-        self.device = device
         self.signatures = read_signatures(self.path)
-        config = rt.Config(device=rt.get_device(device))
-        self.hal_device = config.device  # for rt.asdevicearray: inputs that stay on the GPU
+        self.device = get_device(device)
+        self.hal_device = self.device.hal
+        config = rt.Config(device=self.hal_device)
         self._context = rt.SystemContext(config=config)
-        vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
-        self._context.add_vm_module(vm_module)
-        self._functions = self._context.modules[vm_module.name]
-        self.name = vm_module.name
+        self._vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
+        self._context.add_vm_module(self._vm_module)
+        self._functions = self._context.modules[self._vm_module.name]
+        self._bound: dict[str, Function] = {}
+        self.name = self._vm_module.name
 
     @property
     def function_names(self) -> tuple[str, ...]:
@@ -109,36 +114,252 @@ class Module:
             known = ", ".join(self.function_names) or "see `iree-dump-module`"
             raise KitError(f"{self.path} has no function {name!r}", fix=f"call one of: {known}") from None
 
-    def __getitem__(self, name: str):
-        return functools.partial(self.call, name)
+    def function(self, name: str) -> "Function":
+        bound = self._bound.get(name)
+        if bound is None:
+            invoker = self.raw(name)
+            vm_async = self._vm_module.lookup_function(name + ASYNC_SUFFIX)
+            bound = self._bound[name] = Function(self, name, self.signatures.get(name), invoker, vm_async)
+        return bound
 
-    def __getattr__(self, name: str):
+    def __getitem__(self, name: str) -> "Function":
+        return self.function(name)
+
+    def __getattr__(self, name: str) -> "Function":
         if name.startswith("_"):
             raise AttributeError(name)
-        return self[name]
+        return self.function(name)
 
-    def call(self, name: str, *args):
-        """Calls `name`; returns one numpy array, or a tuple for several results."""
-        sig = self.signatures.get(name)
-        if sig is not None:
-            args = check_arguments(sig, args)
-        results = self.raw(name)(*args)
-        if isinstance(results, (list, tuple)):
-            return tuple(_to_numpy(r) for r in results)
-        return _to_numpy(results)
+    def call(self, name: str, *args, out=None):
+        """Calls `name` and waits; one result, or a tuple for several."""
+        return self.function(name)(*args, out=out)
 
 
 def load_module(vmfb: str | Path, *, device: str = "cuda") -> Module:
     return Module(vmfb, device=device)
 
 
-def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
-    """Checks count, dtype, rank, static dims and shared symbols before IREE sees them."""
+class Function:
+    """A function of a loaded module.
+
+    `f(*args, out=None)` returns once the results are ready: numpy arrays when every tensor
+    argument is a host array and `out` is not given, device arrays otherwise. `f.launch(...)`
+    queues the call and returns its device arrays at once; calls on a device run in launch
+    order, and `module.device.synchronize()` (or any host copy) waits for them. `out` (one
+    device array, or a tuple with one per result) receives the results instead of arrays from
+    the device's pool; it is returned as given (a torch tensor stays a torch tensor).
+
+    Kernel functions built by this kitdispatch run through `NAME$async` (render.py): the
+    outputs are given, not allocated, and nothing blocks. Others ([[programs]], older builds)
+    run through IREE's synchronous call, which allocates its results."""
+
+    def __init__(self, module: Module, name: str, signature: FunctionSignature | None, invoker, vm_async):
+        self.module = module
+        self.name = name
+        self.signature = signature
+        self._invoker = invoker
+        self._vm_async = vm_async if signature is not None else None
+        self._device = module.device
+        self._invoke = module._context.vm_context.invoke
+        if signature is not None:
+            self._args = [a.dtype if isinstance(a, ScalarType) else _TensorCheck(a) for a in signature.args]
+            self._results = [_TensorCheck(r) for r in signature.results]
+            self._list_size = len(signature.args) + len(signature.results) + 2
+
+    def __repr__(self) -> str:
+        return f"<kitdispatch Function {self.name} of {self.module.name}>"
+
+    @property
+    def writes_into_outputs(self) -> bool:
+        """Whether calls run through NAME$async (`out=`, no allocation, no blocking)."""
+        return self._vm_async is not None
+
+    def __call__(self, *args, out=None):
+        if self._vm_async is None:
+            return self._call_allocating(args, out)
+        results, host_only, done = self._launch(args, out)
+        wait_fence(done)
+        if host_only:
+            arrays = results if isinstance(results, tuple) else (results,)
+            hosts = tuple(a.to_host() for a in arrays)
+            return hosts if isinstance(results, tuple) else hosts[0]
+        return results
+
+    def launch(self, *args, out=None):
+        """Queues the call and returns its results (device arrays, or `out`) at once."""
+        if self._vm_async is None:
+            return self._call_allocating(args, out)
+        return self._launch(args, out)[0]
+
+    # -- the fast path: NAME$async with given outputs --------------------------------
+
+    def _launch(self, args, out):
+        import iree.runtime as rt
+
+        sig, device = self.signature, self._device
+        if len(args) != len(self._args):
+            _check_count(sig, args)
+        vm_args = rt.VmVariantList(self._list_size)
+        bound: dict[str, int] = {}
+        host_only = True
+        inputs = []  # arrays made here live until IREE holds their buffers
+        for i, (check, value) in enumerate(zip(self._args, args)):
+            if check.__class__ is str:  # a scalar's dtype
+                number = scalar_argument(check, value, self._where(i))
+                (vm_args.push_float if check == "f32" else vm_args.push_int)(number)
+                continue
+            if value.__class__ is DeviceArray and value.device is device:
+                array = value
+                host_only = False
+                if not check.fits(array.shape, array.dtype, bound):
+                    check_tensor(self._where(i), sig.args[i], array.shape, array.dtype, bound)
+            else:
+                array, from_host = self._device_argument(i, value, bound)
+                host_only = host_only and from_host
+                inputs.append(array)
+            vm_args.push_ref(array._buffer_view.ref)
+        outputs, returned = self._outputs(out, bound)
+        for array in outputs:
+            vm_args.push_ref(array._buffer_view.ref)
+        wait, done = device.next_fences()
+        vm_args.push_ref(wait.ref)
+        vm_args.push_ref(done.ref)
+        try:
+            self._invoke(self._vm_async, vm_args, rt.VmVariantList(1))
+        except (RuntimeError, ValueError) as exc:
+            device.abandon(wait, done)
+            raise KitError(f"{sig.name}: IREE refused the call: {str(exc).strip()}", fix="check the arguments against the function's signature") from None
+        return returned, host_only and out is None, done
+
+    def _where(self, i: int) -> str:
+        return f"{self.signature.name} argument {i} ({self.signature.args[i]})"
+
+    def _device_argument(self, i: int, value, bound: dict):
+        """The argument as an array on this device, checked; and whether it came from the host."""
+        want = self.signature.args[i]
+        if isinstance(value, np.ndarray) or not _is_device_value(value):
+            host = np.asarray(value)
+            check_tensor(self._where(i), want, host.shape, host.dtype, bound)
+            return self._device.put(host), True
+        array = self._device.asarray(value)
+        check_tensor(self._where(i), want, array.shape, array.dtype, bound)
+        return array, False
+
+    def _outputs(self, out, bound: dict):
+        """(arrays the call writes, what it returns): pool arrays, or the caller's `out`."""
+        results = self._results
+        if out is None:
+            arrays = []
+            for r in results:
+                shape = r.shape_from(bound)
+                if shape is None:
+                    raise KitError(
+                        f"{self.name}: a result size depends on a scalar argument, so the kit cannot size it",
+                        fix="pass out= with arrays of the result shapes",
+                    )
+                arrays.append(self._device._pooled_array(shape, r.dtype, r.hal_type))
+            return arrays, tuple(arrays) if len(arrays) > 1 else arrays[0]
+        given = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if len(given) != len(results):
+            raise KitError(f"{self.name} has {len(results)} result(s), out= gave {len(given)}", fix="pass one array per result")
+        arrays = []
+        for k, (value, r) in enumerate(zip(given, results)):
+            if value.__class__ is DeviceArray and value.device is self._device:
+                array = value
+            elif isinstance(value, np.ndarray) or not _is_device_value(value):
+                raise KitError(
+                    f"{self.name} out[{k}]: out= takes device arrays, got {type(value).__name__}",
+                    fix="use module.device.empty(shape, dtype), or a CUDA tensor",
+                )
+            else:
+                array = self._device.asarray(value)
+            if not r.fits(array.shape, array.dtype, bound):
+                check_tensor(f"{self.name} out[{k}] ({self.signature.results[k]})", self.signature.results[k], array.shape, array.dtype, bound)
+            arrays.append(array)
+        return arrays, (given if len(given) > 1 else given[0])
+
+    # -- the fallback: IREE's synchronous call ---------------------------------------
+
+    def _call_allocating(self, args, out):
+        if out is not None:
+            raise KitError(
+                f"{self.name} cannot write into given outputs: only kernel functions of modules built by this kitdispatch can",
+                fix="rebuild the module, or drop out= ([[programs]] functions allocate their results)",
+            )
+        device = self._device
+        sig = self.signature
+        host_only = all(isinstance(a, np.ndarray) or not _is_device_value(a) for a in args)
+        if sig is not None and host_only:
+            args = check_arguments(sig, args)
+        elif sig is not None:
+            _check_count(sig, args)
+            bound: dict[str, int] = {}
+            args = [
+                scalar_argument(t.dtype, a, self._where(i)) if isinstance(t, ScalarType) else self._device_argument(i, a, bound)[0]
+                for i, (t, a) in enumerate(zip(sig.args, args))
+            ]
+        device.synchronize()  # IREE's own call does not wait for launched calls
+        results = self._invoker(*args)
+        many = isinstance(results, (list, tuple))
+        values = tuple(results) if many else (results,)
+        if host_only:
+            values = tuple(_to_numpy(v) for v in values)
+        else:
+            values = tuple(device.asarray(v) if hasattr(v, "_buffer_view") else v for v in values)
+        return values if many else values[0]
+
+
+class _TensorCheck:
+    """A tensor type, ready for the per-call check (the error text comes from check_tensor)."""
+
+    __slots__ = ("dtype", "hal_type", "dims")
+
+    def __init__(self, t: TensorType):
+        self.dtype = numpy_dtype(t.dtype)
+        self.hal_type = element_type(self.dtype)
+        self.dims = t.shape
+
+    def fits(self, shape: tuple, dtype, bound: dict[str, int]) -> bool:
+        if dtype != self.dtype or len(shape) != len(self.dims):
+            return False
+        for dim, size in zip(self.dims, shape):
+            if dim.__class__ is int:
+                if dim != size:
+                    return False
+            elif bound.setdefault(dim, size) != size:
+                return False
+        return True
+
+    def shape_from(self, bound: dict[str, int]) -> tuple[int, ...] | None:
+        dims = tuple(d if d.__class__ is int else bound.get(d) for d in self.dims)
+        return None if None in dims else dims
+
+
+def _is_device_value(value) -> bool:
+    """Device memory the kit can take as it is (no host copy)."""
+    import iree.runtime as rt
+
+    if isinstance(value, (rt.DeviceArray, rt.HalBufferView)):
+        return True
+    if hasattr(value, "__dlpack_device__") and not isinstance(value, np.ndarray):
+        try:
+            return int(value.__dlpack_device__()[0]) != 1  # not kDLCPU
+        except Exception:
+            return False
+    return False
+
+
+def _check_count(sig: FunctionSignature, args: Sequence) -> None:
     if len(args) != len(sig.args):
         raise KitError(
             f"{sig.name} takes {len(sig.args)} arguments ({', '.join(map(str, sig.args))}), got {len(args)}",
-            fix="pass one numpy array per tensor argument and one number per scalar",
+            fix="pass one array per tensor argument and one number per scalar",
         )
+
+
+def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
+    """Checks count, dtype, rank, static dims and shared symbols before IREE sees them."""
+    _check_count(sig, args)
     bound: dict[str, int] = {}
     out = []
     for i, (want, got) in enumerate(zip(sig.args, args)):
@@ -147,21 +368,26 @@ def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
             out.append(scalar_argument(want.dtype, got, where))
             continue
         arr = np.asarray(got)
-        want_dtype = numpy_dtype(want.dtype)
-        if arr.dtype != want_dtype:
-            raise KitError(f"{where}: got dtype {arr.dtype}", fix=f"pass a {want_dtype} array (arr.astype(...))")
-        if arr.ndim != len(want.shape):
-            raise KitError(f"{where}: got shape {arr.shape}", fix=f"pass a rank-{len(want.shape)} array")
-        for dim, size in zip(want.shape, arr.shape):
-            if isinstance(dim, int) and dim != size:
-                raise KitError(f"{where}: got shape {arr.shape}", fix=f"dimension must be {dim}")
-            if isinstance(dim, str) and bound.setdefault(dim, size) != size:
-                raise KitError(
-                    f"{where}: {dim} = {size} here but {bound[dim]} in an earlier argument",
-                    fix=f"give every argument the same size for {dim}",
-                )
+        check_tensor(where, want, arr.shape, arr.dtype, bound)
         out.append(np.ascontiguousarray(arr))
     return out
+
+
+def check_tensor(where: str, want: TensorType, shape: tuple, dtype, bound: dict[str, int]) -> None:
+    """dtype, rank, static dims, and symbols that must agree with earlier arguments (`bound`)."""
+    want_dtype = numpy_dtype(want.dtype)
+    if dtype != want_dtype:
+        raise KitError(f"{where}: got dtype {dtype}", fix=f"pass a {want_dtype} array (arr.astype(...))")
+    if len(shape) != len(want.shape):
+        raise KitError(f"{where}: got shape {tuple(shape)}", fix=f"pass a rank-{len(want.shape)} array")
+    for dim, size in zip(want.shape, shape):
+        if isinstance(dim, int) and dim != size:
+            raise KitError(f"{where}: got shape {tuple(shape)}", fix=f"dimension must be {dim}")
+        if isinstance(dim, str) and bound.setdefault(dim, size) != size:
+            raise KitError(
+                f"{where}: {dim} = {size} here but {bound[dim]} in an earlier argument",
+                fix=f"give every argument the same size for {dim}",
+            )
 
 
 # How a Python scalar reaches the generated function (spec.SCALAR_ARGUMENT_TYPES): as the
@@ -220,6 +446,39 @@ def numpy_dtype(dtype: str) -> np.dtype:
 
 def _to_numpy(value):
     return value.to_host() if hasattr(value, "to_host") else np.asarray(value)
+
+
+# --------------------------------------------------------------- `kitdispatch run`
+
+
+@dataclass(frozen=True)
+class RunResult:
+    function: str
+    results: tuple[str, ...]  # each as iree-run-module prints it
+    times: "CallTimes | None" = None
+
+
+def run_function(vmfb: str | Path, function: str, inputs: Sequence[str], *, device: str = "cuda", benchmark: int = 0) -> RunResult:
+    """Runs one function in process with IREE's --input syntax, the way Python calls it; with
+    `benchmark` > 0 also times that many calls (timing.time_calls)."""
+    from .timing import time_calls
+    from .values import format_result, parse_input
+
+    module = Module(vmfb, device=device)
+    fn = module.function(function)
+    sig = fn.signature
+    if sig is None:
+        raise KitError(f"{vmfb} has no kitdispatch build record for {function}", fix="run it with iree-run-module")
+    if len(inputs) != len(sig.args):
+        _check_count(sig, inputs)
+    args = [parse_input(text, t, f"--input {i + 1} ({t})") for i, (text, t) in enumerate(zip(inputs, sig.args))]
+    results = fn(*args)
+    results = results if isinstance(results, tuple) else (results,)
+    times = None
+    if benchmark > 0:
+        on_device = [module.device.put(a) if isinstance(a, np.ndarray) else a for a in args]
+        times = time_calls(fn, on_device, calls=benchmark)
+    return RunResult(function, tuple(format_result(i, r) for i, r in enumerate(results)), times)
 
 
 # ---------------------------------------------------------------------- iree-run-module

@@ -1,0 +1,342 @@
+"""Data that stays on the GPU: the kit's device, its arrays, the output pool and the call order.
+
+One `Device` per IREE device URI, shared by every module loaded on it, so an array one module
+returns can go straight into another. Calls on a device form one ordered stream, as on a CUDA
+stream: each call waits for the one before (IREE fences on one timeline semaphore) and returns
+at once; `Device.synchronize()` waits for all of them. Host copies (`to_host`, `np.asarray`) and
+DLPack exports wait for every call launched before them, so they see what a stream would.
+
+Why the order is total: IREE 3.13's CUDA HAL signals a timeline semaphore only forward, and a
+call whose wait is not yet issued is held back (runtime/src/iree/hal/utils/deferred_work_queue.c),
+so independent calls signalling one timeline could complete out of order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import itertools
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import KitError
+
+KDL_CPU, KDL_CUDA = 1, 2  # DLPack device types
+DEFAULT_POOL_BYTES = 2 << 30  # free output buffers kept for reuse, per device
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+@dataclass
+class PoolStats:
+    allocations: int = 0  # buffers allocated from the device
+    reuses: int = 0  # takes served by a free buffer
+    free_bytes: int = 0  # bytes held in free buffers
+    dropped: int = 0  # buffers given back over the limit, left to IREE to free
+
+
+class OutputPool:
+    """Device buffers for call results, reused by exact size.
+
+    A result array takes a buffer and gives it back when the array is garbage-collected (or
+    exported through DLPack, which detaches it); reuse is safe because calls run in order.
+    Holds at most `max_free_bytes` of free buffers; `trim()` frees them all."""
+
+    def __init__(self, allocate, max_free_bytes: int = DEFAULT_POOL_BYTES):
+        self._allocate = allocate  # nbytes -> HalBuffer
+        self.max_free_bytes = max_free_bytes
+        self._free: dict[int, list] = defaultdict(list)
+        self._lock = threading.Lock()
+        self.stats = PoolStats()
+
+    def take(self, nbytes: int):
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                self.stats.reuses += 1
+                self.stats.free_bytes -= nbytes
+                return free.pop()
+            self.stats.allocations += 1
+        return self._allocate(nbytes)
+
+    def give(self, nbytes: int, buffer) -> None:
+        with self._lock:
+            if self.stats.free_bytes + nbytes > self.max_free_bytes:
+                self.stats.dropped += 1
+                return
+            self._free[nbytes].append(buffer)
+            self.stats.free_bytes += nbytes
+
+    def trim(self) -> int:
+        """Drops every free buffer (IREE frees them); returns the bytes released."""
+        with self._lock:
+            released = self.stats.free_bytes
+            self._free.clear()
+            self.stats.free_bytes = 0
+        return released
+
+
+# ------------------------------------------------------------------------------ arrays
+
+
+def _iree_device_array():
+    import iree.runtime as rt
+
+    return rt.DeviceArray
+
+
+class DeviceArray(_iree_device_array()):
+    """An array on a kit device: IREE's `DeviceArray` (it goes wherever one goes, and
+    `np.asarray` / `to_host()` copy it to the host), plus DLPack export (`torch.from_dlpack`,
+    `cupy.from_dlpack`) without a copy. Shape and dtype are fixed at creation."""
+
+    def __init__(self, device: "Device", buffer_view, shape: tuple[int, ...], dtype: np.dtype, *, pooled: int | None = None):
+        super().__init__(device.hal, buffer_view, implicit_host_transfer=True, override_dtype=dtype)
+        self.device = device
+        self._shape = shape
+        self._np_dtype = dtype
+        self._pooled = pooled  # bytes of the pool buffer this array gives back, or None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._np_dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self._np_dtype.itemsize * math.prod(self._shape)
+
+    @property
+    def buffer_view(self):
+        """IREE's HalBufferView of this array (for `Module.raw` and other IREE APIs)."""
+        return self._buffer_view
+
+    def _transfer_to_host(self, implicit) -> np.ndarray:
+        # Every launched call first; then always a copy: a mapped view of a pooled buffer
+        # would change under the caller once the buffer is reused.
+        self.device.synchronize()
+        return self._copy_to_host()
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule of this memory (no copy), once every launched call is done.
+        The buffer leaves the pool: the consumer may keep the memory as long as it likes."""
+        if copy:
+            raise BufferError("kitdispatch exports device memory without copying (copy=True asked for one)")
+        self.device.synchronize()
+        self._pooled = None
+        try:
+            return self.device.hal.create_dlpack_capsule(self._buffer_view, *self.__dlpack_device__())
+        except (RuntimeError, ValueError) as exc:
+            raise BufferError(f"IREE cannot export this buffer through DLPack: {exc}") from None
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (KDL_CUDA, self.device.ordinal) if self.device.is_cuda else (KDL_CPU, 0)
+
+    def __del__(self):
+        pooled = getattr(self, "_pooled", None)
+        if pooled is not None:
+            self._pooled = None
+            try:
+                self.device.pool.give(pooled, self._buffer_view.get_buffer())
+            except Exception:  # interpreter shutdown: the pool may be gone already
+                pass
+
+    def __repr__(self) -> str:
+        return f"<kitdispatch DeviceArray shape={self._shape} dtype={self._np_dtype} on {self.device.uri}>"
+
+
+# ------------------------------------------------------------------------------ device
+
+
+class Device:
+    """An IREE device with the kit's pool and call order. Get one with `get_device(uri)`."""
+
+    def __init__(self, uri: str, *, pool_bytes: int = DEFAULT_POOL_BYTES):
+        import iree.runtime as rt
+
+        self._rt = rt
+        self.uri = uri
+        self.hal = rt.get_device(uri)
+        self.is_cuda = uri.split("://")[0] == "cuda"
+        self.ordinal = _cuda_ordinal(uri)
+        self.pool = OutputPool(self._allocate, pool_bytes)
+        self._timeline = self.hal.create_semaphore(0)
+        self._values = itertools.count(1)
+        self._last = 0  # the value the latest launched call signals
+        self._producer_stream = None  # CUDA stream that DLPack producers are synchronized through
+
+    # -- memory ----------------------------------------------------------------------
+
+    def _allocate(self, nbytes: int):
+        rt = self._rt
+        return self.hal.allocator.allocate_buffer(
+            memory_type=rt.MemoryType.DEVICE_LOCAL,
+            allowed_usage=rt.BufferUsage.DEFAULT,
+            allocation_size=max(nbytes, 1),
+        )
+
+    def empty(self, shape, dtype) -> DeviceArray:
+        """An uninitialized array from the pool (for `out=`)."""
+        shape = tuple(int(d) for d in shape)
+        dtype = np.dtype(dtype)
+        return self._pooled_array(shape, dtype, element_type(dtype))
+
+    def _pooled_array(self, shape: tuple[int, ...], dtype: np.dtype, hal_type) -> DeviceArray:
+        nbytes = dtype.itemsize * math.prod(shape)
+        view = self._rt.HalBufferView(self.pool.take(nbytes), shape, hal_type)
+        return DeviceArray(self, view, shape, dtype, pooled=nbytes)
+
+    def put(self, host) -> DeviceArray:
+        """A copy of a host array on this device."""
+        host = np.ascontiguousarray(host)
+        hal_type = element_type(host.dtype)
+        view = self.hal.allocator.allocate_buffer_copy(
+            memory_type=self._rt.MemoryType.DEVICE_LOCAL,
+            allowed_usage=self._rt.BufferUsage.DEFAULT,
+            device=self.hal,
+            buffer=host,
+            element_type=hal_type,
+        )
+        return DeviceArray(self, view, host.shape, host.dtype)
+
+    def asarray(self, value) -> DeviceArray:
+        """`value` as an array on this device: kit and IREE device arrays and buffer views
+        as they are, CUDA tensors of other libraries (torch, CuPy, ...) through DLPack without
+        a copy, host arrays copied."""
+        if isinstance(value, DeviceArray):
+            if value.device is not self:
+                raise KitError(f"the array is on {value.device.uri}, not {self.uri}", fix="copy it with to_host() first")
+            return value
+        rt = self._rt
+        if isinstance(value, rt.DeviceArray):
+            view = value._buffer_view
+            return DeviceArray(self, view, tuple(view.shape), np.dtype(value.dtype))
+        if isinstance(value, rt.HalBufferView):
+            return DeviceArray(self, value, tuple(value.shape), np.dtype(rt.HalElementType.map_to_dtype(value.element_type)))
+        if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack_device__"):
+            kind, index = value.__dlpack_device__()
+            if int(kind) == KDL_CUDA:
+                return self._import_dlpack(value, int(index))
+        return self.put(value)
+
+    def _import_dlpack(self, tensor, index: int) -> DeviceArray:
+        if not self.is_cuda or index != self.ordinal:
+            raise KitError(
+                f"a CUDA tensor on device {index} cannot go to {self.uri}",
+                fix="move it to the module's device, or load the module with device='cuda://N'",
+            )
+        stream = self._dlpack_stream()
+        try:
+            capsule = tensor.__dlpack__(stream=stream.handle)
+        except BufferError as exc:
+            raise KitError(f"the tensor cannot be shared through DLPack: {exc}", fix="make it contiguous") from None
+        stream.synchronize()  # the producer's pending writes, before IREE's stream reads
+        try:
+            view = self.hal.from_dlpack_capsule(capsule)
+        except (RuntimeError, ValueError) as exc:
+            raise KitError(f"IREE cannot import the tensor: {exc}", fix="pass a dense, row-major tensor (x.contiguous())") from None
+        return DeviceArray(self, view, tuple(view.shape), np.dtype(self._rt.HalElementType.map_to_dtype(view.element_type)))
+
+    def _dlpack_stream(self) -> "_CudaStream":
+        # IREE runs on its own non-blocking stream and cannot wait on other streams' events
+        # (3.13's CUDA semaphores do not import timepoints), so a producer is synchronized on
+        # the host: it makes our stream wait for its work, and we wait for our stream.
+        if self._producer_stream is None:
+            self._producer_stream = _CudaStream(self.ordinal)
+        return self._producer_stream
+
+    # -- order -----------------------------------------------------------------------
+
+    def next_fences(self):
+        """(wait, signal) fences for the next call: it runs after every call before it."""
+        value = next(self._values)  # atomic under the GIL
+        self._last = max(self._last, value)
+        fence = self._rt.HalFence.create_at
+        return fence(self._timeline, value - 1), fence(self._timeline, value)
+
+    def abandon(self, wait, signal) -> None:
+        """A call that failed before reaching the queue still passes its place in the order on."""
+        empty = self._rt.HalCommandBuffer(self.hal)
+        empty.end()
+        self.hal.queue_execute(empty, wait, signal)
+
+    def synchronize(self) -> None:
+        """Waits for every call launched on this device."""
+        wait_fence(self._rt.HalFence.create_at(self._timeline, self._last))
+
+    def __repr__(self) -> str:
+        return f"<kitdispatch Device {self.uri}>"
+
+
+def wait_fence(fence) -> None:
+    try:
+        fence.wait()
+    except (RuntimeError, ValueError) as exc:
+        raise KitError(f"a call on the device failed: {str(exc).strip()}", fix="see the error above; the device may need a restart of the process") from None
+
+
+_DEVICES: dict[str, Device] = {}
+_DEVICES_LOCK = threading.Lock()
+
+
+def get_device(uri: str = "cuda") -> Device:
+    """The kit's device for an IREE device URI ("cuda", "cuda://1", "local-task"), one per process."""
+    with _DEVICES_LOCK:
+        device = _DEVICES.get(uri)
+        if device is None:
+            device = _DEVICES[uri] = Device(uri)
+        return device
+
+
+def element_type(dtype: np.dtype):
+    from iree.runtime.dtypes import map_dtype_to_hal_element_type
+
+    hal_type = map_dtype_to_hal_element_type(np.dtype(dtype))
+    if hal_type is None:
+        raise KitError(f"IREE has no element type for {dtype}", fix="use a numeric dtype")
+    return hal_type
+
+
+def _cuda_ordinal(uri: str) -> int:
+    _, _, path = uri.partition("://")
+    return int(path) if path.isdigit() else 0
+
+
+# ------------------------------------------------------------------ CUDA stream (ctypes)
+
+
+class _CudaStream:
+    """A stream of the device's primary context, through libcuda (no CUDA Python package)."""
+
+    def __init__(self, ordinal: int):
+        from .cuda_driver import _libcuda
+
+        lib = _libcuda()
+        if lib is None:
+            raise KitError("libcuda is not loadable", fix="install the NVIDIA driver")
+        self._lib = lib
+        device, context, stream = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(lib.cuInit(0), "cuInit")
+        self._check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
+        self._check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+        self._check(lib.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
+        try:
+            self._check(lib.cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")  # CU_STREAM_NON_BLOCKING
+        finally:
+            lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        self.handle = int(stream.value)
+
+    def synchronize(self) -> None:
+        self._check(self._lib.cuStreamSynchronize(ctypes.c_void_p(self.handle)), "cuStreamSynchronize")
+
+    @staticmethod
+    def _check(code: int, call: str) -> None:
+        if code != 0:
+            raise KitError(f"{call} failed with CUDA error {code}", fix="check the driver with `kitdispatch doctor`")
