@@ -27,7 +27,6 @@ import ctypes
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
