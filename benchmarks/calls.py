@@ -208,13 +208,24 @@ def kit_calls(module, host: dict) -> None:
         issue = per_call_us(lambda: launch(dx, dy, out=out), loop, lambda: None)
         dev.synchronize()
         record(f"kit_{tag}_launch_issue_only_us", issue)
+        prepared = add.prepare(dx, dy, out=out)
+        record(f"kit_{tag}_prepared_per_call_us", per_call_us(prepared.launch, loop, dev.synchronize))
+        issue = per_call_us(prepared.launch, loop, lambda: None)
+        dev.synchronize()
+        record(f"kit_{tag}_prepared_issue_only_us", issue)
+        record(f"kit_{tag}_prepared_sync_us", median_us(prepared, SYNC_CALLS if n == SMALL else 50))
         record(f"kit_{tag}_sync_pooled_us", median_us(lambda: add(dx, dy), SYNC_CALLS if n == SMALL else 50))
         record(f"kit_{tag}_sync_out_us", median_us(lambda: add(dx, dy, out=out), SYNC_CALLS if n == SMALL else 50))
-        record(f"kit_{tag}_numpy_in_out_us", median_us(lambda: add(x, y), 50 if n == SMALL else 5))
+        record(f"kit_{tag}_numpy_in_out_us", median_us(lambda: add(x, y), 50 if n == SMALL else 3))
         checked(f"kit {tag} pooled", add.launch(dx, dy).to_host(), x + y)
         checked(f"kit {tag} out=", add(dx, dy, out=dev.empty((n,), np.float32)).to_host(), x + y)
         checked(f"kit {tag} numpy", add(x, y), x + y)
+        out.device.synchronize()
+        prepared = add.prepare(dx, dy, out=dev.empty((n,), np.float32))
+        checked(f"kit {tag} prepared", prepared().to_host(), x + y)
         RESULTS[f"kit_{tag}_overhead_pooled_us"] = RESULTS[f"kit_{tag}_launch_pooled_per_call_us"] - RESULTS[f"kit_{tag}_kernel_us"]
+        RESULTS[f"kit_{tag}_overhead_out_us"] = RESULTS[f"kit_{tag}_launch_out_per_call_us"] - RESULTS[f"kit_{tag}_kernel_us"]
+        RESULTS[f"kit_{tag}_overhead_prepared_us"] = RESULTS[f"kit_{tag}_prepared_per_call_us"] - RESULTS[f"kit_{tag}_kernel_us"]
         RESULTS[f"kit_{tag}_whole_call_over_kernel"] = RESULTS[f"kit_{tag}_launch_pooled_per_call_us"] / RESULTS[f"kit_{tag}_kernel_us"]
         RESULTS[f"kit_{tag}_sync_over_kernel"] = RESULTS[f"kit_{tag}_sync_pooled_us"] / RESULTS[f"kit_{tag}_kernel_us"]
     RESULTS["pool"] = vars(dev.pool.stats)
@@ -285,11 +296,13 @@ def breakdown(module, host: dict) -> None:
 
 @section
 def old_paths(module, host: dict) -> None:
-    """IREE's FunctionInvoker with device arrays (the call before this change)."""
+    """IREE's FunctionInvoker with IREE's device arrays (the call before this change)."""
+    import iree.runtime as rt
+
     raw = module.raw("add")
     for n, tag in ((SMALL, "1k"), (LARGE, "64m")):
         x, y = host[n]
-        dx, dy = module.device.put(x), module.device.put(y)
+        dx, dy = rt.asdevicearray(module.hal_device, x), rt.asdevicearray(module.hal_device, y)
         record(f"iree_invoker_{tag}_sync_us", median_us(lambda: raw(dx, dy), SYNC_CALLS if n == SMALL else 30))
         checked(f"iree invoker {tag}", raw(dx, dy).to_host(), x + y)
 
@@ -377,6 +390,12 @@ def dlpack_round_trip(module, host: dict) -> None:
     checked("dlpack torch from_dlpack", back.cpu().numpy(), x + y)
     record("kit_1k_torch_in_out_sync_us", median_us(lambda: add(tx, ty, out=to), SYNC_CALLS))
     record("kit_1k_torch_in_out_launch_per_call_us", per_call_us(lambda: add.launch(tx, ty, out=to), LOOP, module.device.synchronize))
+    dev = module.device
+    capsule_us = median_us(lambda: tx.__dlpack__(stream=None), SYNC_CALLS)
+    record("torch_dlpack_export_us", capsule_us)
+    record("legacy_stream_sync_us", median_us(dev._producer_sync, SYNC_CALLS))
+    record("iree_from_dlpack_with_export_us", median_us(lambda: dev.hal.from_dlpack_capsule(tx.__dlpack__(stream=None)), SYNC_CALLS))
+    record("kit_asarray_torch_us", median_us(lambda: dev.asarray(tx), SYNC_CALLS))
     vx, vy = module.device.asarray(tx), module.device.asarray(ty)  # imported once
     vo = module.device.asarray(to)
     record("kit_1k_torch_views_launch_per_call_us", per_call_us(lambda: add.launch(vx, vy, out=vo), LOOP, module.device.synchronize))
@@ -467,6 +486,7 @@ def summary_table() -> str:
         ("1K add", "", ""),
         ("kit launch, pool outputs, loop of 1000, per call (us)", f("kit_1k_launch_pooled_per_call_us"), f("kit_1k_kernel_us")),
         ("kit launch, out=, loop of 1000, per call (us)", f("kit_1k_launch_out_per_call_us"), f("kit_1k_kernel_us")),
+        ("kit prepared call, loop of 1000, per call (us)", f("kit_1k_prepared_per_call_us"), f("kit_1k_kernel_us")),
         ("direct cuLaunchKernel (cuda-python), loop, per call (us)", f("direct_1k_per_call_us"), f("direct_1k_kernel_us")),
         ("torch eager add (out=), loop, per call (us)", f("torch_1k_per_call_us"), f("torch_1k_kernel_us")),
         ("iree-benchmark-module add, per call (us)", f("iree_benchmark_module_1k_real_us"), f("kit_1k_kernel_us")),
@@ -483,7 +503,10 @@ def summary_table() -> str:
     ]
     lines = [f"{'':<62} {'whole':>8} {'kernel':>8}"]
     lines += [f"{a:<62} {b:>8} {c:>8}" for a, b, c in rows]
-    lines.append(f"1K overhead above device time, kit launch (pool): {f('kit_1k_overhead_pooled_us')} us (target <= 10)")
+    lines.append(
+        f"1K overhead above device time (target <= 10 us): launch, pool {f('kit_1k_overhead_pooled_us')}; "
+        f"launch, out= {f('kit_1k_overhead_out_us')}; prepared {f('kit_1k_overhead_prepared_us')}"
+    )
     lines.append(f"64M whole call / device time, kit launch (pool): {r('kit_64m_whole_call_over_kernel', float('nan')):.3f} (target <= 1.10); synchronous: {r('kit_64m_sync_over_kernel', float('nan')):.3f}")
     lines.append("checks against numpy: " + ", ".join(f"{k}: {v}" for k, v in CHECKS.items()))
     return "\n".join(lines)

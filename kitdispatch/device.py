@@ -2,21 +2,26 @@
 
 One `Device` per IREE device URI, shared by every module loaded on it, so an array one module
 returns can go straight into another. Calls on a device form one ordered stream, as on a CUDA
-stream: each call waits for the one before (IREE fences on one timeline semaphore) and returns
-at once; `Device.synchronize()` waits for all of them. Host copies (`to_host`, `np.asarray`) and
-DLPack exports wait for every call launched before them, so they see what a stream would.
+stream: a call returns at once and runs after every call launched before it; `synchronize()`
+waits for all of them. Host copies (`to_host`, `np.asarray`) and DLPack exports wait for every
+call launched before them, so they see what a stream would.
 
-Why the order is total: IREE 3.13's CUDA HAL signals a timeline semaphore only forward, and a
-call whose wait is not yet issued is held back (runtime/src/iree/hal/utils/deferred_work_queue.c),
-so independent calls signalling one timeline could complete out of order.
+How the order is kept: each call signals the next value of one timeline semaphore, launched
+under a lock. On CUDA a call waits on no fence: IREE 3.13's CUDA HAL issues calls that wait on
+nothing in submission order, from one worker thread onto one CUDA stream, and completes them in
+that order (runtime/src/iree/hal/utils/deferred_work_queue.c, drivers/cuda/cuda_device.c).
+Making each call wait on the one before says the same through IREE's fences, but there a wait
+not yet issued holds the call back in the host queue: measured on an H100, 29 us to launch a
+call that way against 6 us (benchmarks/calls.py). Other devices (IREE's CPU task system runs
+calls concurrently) wait on the call before.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
-import itertools
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -26,6 +31,7 @@ from .errors import KitError
 
 KDL_CPU, KDL_CUDA = 1, 2  # DLPack device types
 DEFAULT_POOL_BYTES = 2 << 30  # free output buffers kept for reuse, per device
+SPIN_S = 0.002  # how long a wait polls before it blocks
 
 
 # --------------------------------------------------------------------------- the pool
@@ -40,35 +46,36 @@ class PoolStats:
 
 
 class OutputPool:
-    """Device buffers for call results, reused by exact size.
+    """Device buffers for call results, reused for results of the same shape and type.
 
     A result array takes a buffer and gives it back when the array is garbage-collected (or
     exported through DLPack, which detaches it); reuse is safe because calls run in order.
-    Holds at most `max_free_bytes` of free buffers; `trim()` frees them all."""
+    Holds at most `max_free_bytes` of free buffers; `trim()` frees them all. What it hands out
+    is whatever `allocate(key, nbytes)` makes (the device: a buffer view)."""
 
     def __init__(self, allocate, max_free_bytes: int = DEFAULT_POOL_BYTES):
-        self._allocate = allocate  # nbytes -> HalBuffer
+        self._allocate = allocate
         self.max_free_bytes = max_free_bytes
-        self._free: dict[int, list] = defaultdict(list)
+        self._free: dict = defaultdict(list)
         self._lock = threading.Lock()
         self.stats = PoolStats()
 
-    def take(self, nbytes: int):
+    def take(self, key, nbytes: int):
         with self._lock:
-            free = self._free.get(nbytes)
+            free = self._free.get(key)
             if free:
                 self.stats.reuses += 1
                 self.stats.free_bytes -= nbytes
                 return free.pop()
             self.stats.allocations += 1
-        return self._allocate(nbytes)
+        return self._allocate(key, nbytes)
 
-    def give(self, nbytes: int, buffer) -> None:
+    def give(self, key, nbytes: int, item) -> None:
         with self._lock:
             if self.stats.free_bytes + nbytes > self.max_free_bytes:
                 self.stats.dropped += 1
                 return
-            self._free[nbytes].append(buffer)
+            self._free[key].append(item)
             self.stats.free_bytes += nbytes
 
     def trim(self) -> int:
@@ -94,12 +101,13 @@ class DeviceArray(_iree_device_array()):
     `np.asarray` / `to_host()` copy it to the host), plus DLPack export (`torch.from_dlpack`,
     `cupy.from_dlpack`) without a copy. Shape and dtype are fixed at creation."""
 
-    def __init__(self, device: "Device", buffer_view, shape: tuple[int, ...], dtype: np.dtype, *, pooled: int | None = None):
+    def __init__(self, device: "Device", buffer_view, shape: tuple[int, ...], dtype: np.dtype, *, pooled=None, ref=None):
         super().__init__(device.hal, buffer_view, implicit_host_transfer=True, override_dtype=dtype)
         self.device = device
         self._shape = shape
         self._np_dtype = dtype
-        self._pooled = pooled  # bytes of the pool buffer this array gives back, or None
+        self._ref = buffer_view.ref if ref is None else ref  # what a call pushes; made once
+        self._pooled = pooled  # (key, nbytes) of the pool entry this array gives back, or None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -144,7 +152,7 @@ class DeviceArray(_iree_device_array()):
         if pooled is not None:
             self._pooled = None
             try:
-                self.device.pool.give(pooled, self._buffer_view.get_buffer())
+                self.device.pool.give(*pooled, (self._buffer_view, self._ref))
             except Exception:  # interpreter shutdown: the pool may be gone already
                 pass
 
@@ -168,30 +176,36 @@ class Device:
         self.ordinal = _cuda_ordinal(uri)
         self.pool = OutputPool(self._allocate, pool_bytes)
         self._timeline = self.hal.create_semaphore(0)
-        self._values = itertools.count(1)
         self._last = 0  # the value the latest launched call signals
-        self._producer_stream = None  # CUDA stream that DLPack producers are synchronized through
+        self.order = threading.Lock()  # held from taking a value to queueing the call
+        self._no_wait_ref = rt.HalFence(0).ref
+        self._chained = not self.is_cuda  # see the module's docstring
+        self._legacy_stream = None
 
     # -- memory ----------------------------------------------------------------------
 
-    def _allocate(self, nbytes: int):
+    def _allocate(self, key, nbytes: int):
         rt = self._rt
-        return self.hal.allocator.allocate_buffer(
+        shape, name = key
+        hal_type = element_type(numpy_dtype(name))
+        buffer = self.hal.allocator.allocate_buffer(
             memory_type=rt.MemoryType.DEVICE_LOCAL,
             allowed_usage=rt.BufferUsage.DEFAULT,
             allocation_size=max(nbytes, 1),
         )
+        view = rt.HalBufferView(buffer, shape, hal_type)
+        return view, view.ref
 
     def empty(self, shape, dtype) -> DeviceArray:
         """An uninitialized array from the pool (for `out=`)."""
         shape = tuple(int(d) for d in shape)
-        dtype = np.dtype(dtype)
-        return self._pooled_array(shape, dtype, element_type(dtype))
+        return self.pooled_array(shape, _PoolType(np.dtype(dtype)))
 
-    def _pooled_array(self, shape: tuple[int, ...], dtype: np.dtype, hal_type) -> DeviceArray:
-        nbytes = dtype.itemsize * math.prod(shape)
-        view = self._rt.HalBufferView(self.pool.take(nbytes), shape, hal_type)
-        return DeviceArray(self, view, shape, dtype, pooled=nbytes)
+    def pooled_array(self, shape: tuple[int, ...], kind) -> DeviceArray:
+        """An array from the pool; `kind` has the numpy `dtype` and the kit's type `name`."""
+        key, nbytes = (shape, kind.name), kind.dtype.itemsize * math.prod(shape)
+        view, ref = self.pool.take(key, nbytes)
+        return DeviceArray(self, view, shape, kind.dtype, pooled=(key, nbytes), ref=ref)
 
     def put(self, host) -> DeviceArray:
         """A copy of a host array on this device."""
@@ -232,44 +246,65 @@ class Device:
                 f"a CUDA tensor on device {index} cannot go to {self.uri}",
                 fix="move it to the module's device, or load the module with device='cuda://N'",
             )
-        stream = self._dlpack_stream()
         try:
-            capsule = tensor.__dlpack__(stream=stream.handle)
+            capsule = tensor.__dlpack__(stream=None)  # we read on the legacy default stream...
         except BufferError as exc:
             raise KitError(f"the tensor cannot be shared through DLPack: {exc}", fix="make it contiguous") from None
-        stream.synchronize()  # the producer's pending writes, before IREE's stream reads
+        self._producer_sync()  # ...so its pending work is done once that stream is
         try:
             view = self.hal.from_dlpack_capsule(capsule)
         except (RuntimeError, ValueError) as exc:
             raise KitError(f"IREE cannot import the tensor: {exc}", fix="pass a dense, row-major tensor (x.contiguous())") from None
         return DeviceArray(self, view, tuple(view.shape), np.dtype(self._rt.HalElementType.map_to_dtype(view.element_type)))
 
-    def _dlpack_stream(self) -> "_CudaStream":
+    def _producer_sync(self) -> None:
         # IREE runs on its own non-blocking stream and cannot wait on other streams' events
         # (3.13's CUDA semaphores do not import timepoints), so a producer is synchronized on
-        # the host: it makes our stream wait for its work, and we wait for our stream.
-        if self._producer_stream is None:
-            self._producer_stream = _CudaStream(self.ordinal)
-        return self._producer_stream
+        # the host: asked for the legacy default stream (DLPack's stream=None), it makes that
+        # stream wait for its own (torch and CuPy do), and we wait for that stream.
+        if self._legacy_stream is None:
+            self._legacy_stream = _LegacyStream(self.ordinal)
+        self._legacy_stream.synchronize()
 
     # -- order -----------------------------------------------------------------------
 
     def next_fences(self):
-        """(wait, signal) fences for the next call: it runs after every call before it."""
-        value = next(self._values)  # atomic under the GIL
-        self._last = max(self._last, value)
+        """(wait, signal) refs for the next call; take them, queue the call, then `launched()`,
+        all under `order`. Returns the signal fence too (for `abandon`)."""
         fence = self._rt.HalFence.create_at
-        return fence(self._timeline, value - 1), fence(self._timeline, value)
+        done = fence(self._timeline, self._last + 1)
+        wait = fence(self._timeline, self._last).ref if self._chained else self._no_wait_ref
+        return wait, done
 
-    def abandon(self, wait, signal) -> None:
+    def launched(self) -> int:
+        self._last += 1
+        return self._last
+
+    def abandon(self, signal) -> None:
         """A call that failed before reaching the queue still passes its place in the order on."""
-        empty = self._rt.HalCommandBuffer(self.hal)
+        rt = self._rt
+        empty = rt.HalCommandBuffer(self.hal)
         empty.end()
+        wait = rt.HalFence.create_at(self._timeline, self._last) if self._chained else rt.HalFence(0)
         self.hal.queue_execute(empty, wait, signal)
+        self.launched()
+
+    def wait_for(self, value: int) -> None:
+        """Until the call that signals `value` (and every call before it) is done. Polls for a
+        while first: the blocking wait costs a thread wake-up after IREE's own."""
+        query = self._timeline.query
+        deadline = time.perf_counter() + SPIN_S
+        try:
+            while query() < value:
+                if time.perf_counter() > deadline:
+                    wait_fence(self._rt.HalFence.create_at(self._timeline, value))
+                    return
+        except RuntimeError as exc:  # the semaphore failed: a call failed on the device
+            raise KitError(f"a call on the device failed: {str(exc).strip()}", fix="see the error above") from None
 
     def synchronize(self) -> None:
         """Waits for every call launched on this device."""
-        wait_fence(self._rt.HalFence.create_at(self._timeline, self._last))
+        self.wait_for(self._last)
 
     def __repr__(self) -> str:
         return f"<kitdispatch Device {self.uri}>"
@@ -295,6 +330,32 @@ def get_device(uri: str = "cuda") -> Device:
         return device
 
 
+class _PoolType:
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.name = _kit_type_name(dtype)
+
+
+def _kit_type_name(dtype: np.dtype) -> str:
+    from .spec import ELEMENT_TYPES
+
+    for name, numpy_name in ELEMENT_TYPES.items():
+        if numpy_name == dtype.name:
+            return name
+    raise KitError(f"kitdispatch has no element type for {dtype}", fix=f"use one of {', '.join(ELEMENT_TYPES.values())}")
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a kit element type ('f32', 'bf16', ...)."""
+    from .spec import ELEMENT_TYPES
+
+    if name == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(ELEMENT_TYPES[name])
+
+
 def element_type(dtype: np.dtype):
     from iree.runtime.dtypes import map_dtype_to_hal_element_type
 
@@ -312,8 +373,11 @@ def _cuda_ordinal(uri: str) -> int:
 # ------------------------------------------------------------------ CUDA stream (ctypes)
 
 
-class _CudaStream:
-    """A stream of the device's primary context, through libcuda (no CUDA Python package)."""
+class _LegacyStream:
+    """The legacy default stream of the device's primary context, through libcuda (no CUDA
+    Python package needed)."""
+
+    CU_STREAM_LEGACY = 0x1
 
     def __init__(self, ordinal: int):
         from .cuda_driver import _libcuda
@@ -322,19 +386,19 @@ class _CudaStream:
         if lib is None:
             raise KitError("libcuda is not loadable", fix="install the NVIDIA driver")
         self._lib = lib
-        device, context, stream = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
+        device, context = ctypes.c_int(), ctypes.c_void_p()
         self._check(lib.cuInit(0), "cuInit")
         self._check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
         self._check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
-        self._check(lib.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
-        try:
-            self._check(lib.cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")  # CU_STREAM_NON_BLOCKING
-        finally:
-            lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
-        self.handle = int(stream.value)
+        self._context = context
 
     def synchronize(self) -> None:
-        self._check(self._lib.cuStreamSynchronize(ctypes.c_void_p(self.handle)), "cuStreamSynchronize")
+        lib = self._lib
+        self._check(lib.cuCtxPushCurrent_v2(self._context), "cuCtxPushCurrent")
+        try:
+            self._check(lib.cuStreamSynchronize(ctypes.c_void_p(self.CU_STREAM_LEGACY)), "cuStreamSynchronize")
+        finally:
+            lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
     @staticmethod
     def _check(code: int, call: str) -> None:

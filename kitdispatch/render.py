@@ -300,7 +300,9 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
         "args": ", ".join(f"%{arg_ssa[p.name]}: {arg_types[p.name]}" for p in args),
         "attributes": "",
         "return_op": "return",
-        "outputs": [f"%{ssa.take(f'{b.name}_storage')}: {b.type.mlir}" for b in result_buffers],
+        "outputs": [
+            (i, f"%{ssa.take(f'{b.name}_storage')}: {b.type.mlir}") for i, b in enumerate(result_buffers) if b.access == "out"
+        ],
         "index_constants": [{"ssa": v, "value": k} for k, v in index_constants.items()],
         "dims": dims,
         "symbol_casts": symbol_casts,
@@ -323,10 +325,12 @@ ASYNC_SUFFIX = "$async"
 
 def _async_variant(view: dict) -> dict:
     """`NAME$async`: the same dispatch with IREE's coarse-fences ABI (a wait and a signal fence
-    after the arguments) writing each result into a caller-given buffer (`iree.abi.output`), so
-    a call allocates nothing and does not block; kitdispatch's runtime calls this one.
+    after the arguments) writing each `out` result into a caller-given buffer (`iree.abi.output`),
+    so a call allocates nothing and does not block; kitdispatch's runtime calls this one. An
+    `inout` result is its argument's buffer, updated in place (as NAME does: IREE 3.13 dispatches
+    a tied argument in place; giving it storage too adds an allocation and two copies).
     A `util.func`, as converting a `func.func` drops the `iree.abi.model` attribute (IREE 3.13)."""
-    outputs = [f"{arg} {{iree.abi.output = {i} : index}}" for i, arg in enumerate(view["outputs"])]
+    outputs = [f"{arg} {{iree.abi.output = {i} : index}}" for i, arg in view["outputs"]]
     return {
         **view,
         "doc": f"{view['name']}{ASYNC_SUFFIX}: {view['name']} into given outputs, ordered by fences",

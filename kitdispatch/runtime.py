@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ._proc import ToolResult, run_tool
-from .device import DeviceArray, element_type, get_device, wait_fence
+from .device import DeviceArray, element_type, get_device, numpy_dtype
 from .errors import KitError, RuntimeUnavailable, ToolError
 from .render import ASYNC_SUFFIX
 from .spec import ELEMENT_TYPES, FLOAT_BITS_ARGUMENTS, FunctionSignature, ScalarType, TensorType, float_bits
@@ -164,7 +165,11 @@ class Function:
         if signature is not None:
             self._args = [a.dtype if isinstance(a, ScalarType) else _TensorCheck(a) for a in signature.args]
             self._results = [_TensorCheck(r) for r in signature.results]
-            self._list_size = len(signature.args) + len(signature.results) + 2
+            self._storage = _stored_results(self._vm_async) if self._vm_async is not None else ()
+            self._stored_checks = [self._results[k] for k in self._storage]
+            self._all_stored = len(self._storage) == len(signature.results)
+            self._list_size = len(signature.args) + len(self._storage) + 2
+            self._returned = None  # made on first use: needs iree.runtime
 
     def __repr__(self) -> str:
         return f"<kitdispatch Function {self.name} of {self.module.name}>"
@@ -177,8 +182,8 @@ class Function:
     def __call__(self, *args, out=None):
         if self._vm_async is None:
             return self._call_allocating(args, out)
-        results, host_only, done = self._launch(args, out)
-        wait_fence(done)
+        results, host_only, value = self._launch(args, out)
+        self._device.wait_for(value)
         if host_only:
             arrays = results if isinstance(results, tuple) else (results,)
             hosts = tuple(a.to_host() for a in arrays)
@@ -193,43 +198,97 @@ class Function:
 
     # -- the fast path: NAME$async with given outputs --------------------------------
 
-    def _launch(self, args, out):
-        import iree.runtime as rt
+    def prepare(self, *args, out=None) -> "PreparedCall":
+        """This call with its arguments fixed and checked once; `launch()` / `()` on it run it
+        again into the same result arrays, at little more than IREE's own cost."""
+        if self._vm_async is None:
+            raise KitError(f"{self.name} has no NAME$async form to prepare", fix="call it directly")
+        return PreparedCall(self, *self._pack(args, out))
 
-        sig, device = self.signature, self._device
+    def _launch(self, args, out):
+        refs, results, given, host_only, bound, _inputs = self._pack(args, out)
+        value = self._queue(refs, results, bound)
+        if given is not None and self._all_stored:
+            returned = given
+        else:
+            returned = tuple(results) if len(results) > 1 else results[0]
+        return returned, host_only and out is None, value
+
+    def _pack(self, args, out):
+        """Checks the arguments and takes the outputs: (what to push, the stored results,
+        `out` as given, whether every tensor came from the host, the bound sizes, arrays made
+        here, which must live until the call is queued)."""
+        device = self._device
         if len(args) != len(self._args):
-            _check_count(sig, args)
-        vm_args = rt.VmVariantList(self._list_size)
+            _check_count(self.signature, args)
+        refs = []  # VmRefs, or (push method name, number) for scalars
         bound: dict[str, int] = {}
         host_only = True
-        inputs = []  # arrays made here live until IREE holds their buffers
+        inputs = []
         for i, (check, value) in enumerate(zip(self._args, args)):
-            if check.__class__ is str:  # a scalar's dtype
-                number = scalar_argument(check, value, self._where(i))
-                (vm_args.push_float if check == "f32" else vm_args.push_int)(number)
-                continue
-            if value.__class__ is DeviceArray and value.device is device:
-                array = value
+            if value.__class__ is DeviceArray and check.__class__ is _TensorCheck and value.device is device:
                 host_only = False
-                if not check.fits(array.shape, array.dtype, bound):
-                    check_tensor(self._where(i), sig.args[i], array.shape, array.dtype, bound)
+                if not check.fits(value._shape, value._np_dtype, bound):
+                    check_tensor(self._where(i), self.signature.args[i], value._shape, value._np_dtype, bound)
+                refs.append(value._ref)
+            elif check.__class__ is str:  # a scalar's dtype
+                number = scalar_argument(check, value, self._where(i))
+                refs.append(("push_float" if check == "f32" else "push_int", number))
             else:
                 array, from_host = self._device_argument(i, value, bound)
                 host_only = host_only and from_host
                 inputs.append(array)
-            vm_args.push_ref(array._buffer_view.ref)
-        outputs, returned = self._outputs(out, bound)
-        for array in outputs:
-            vm_args.push_ref(array._buffer_view.ref)
-        wait, done = device.next_fences()
-        vm_args.push_ref(wait.ref)
-        vm_args.push_ref(done.ref)
-        try:
-            self._invoke(self._vm_async, vm_args, rt.VmVariantList(1))
-        except (RuntimeError, ValueError) as exc:
-            device.abandon(wait, done)
-            raise KitError(f"{sig.name}: IREE refused the call: {str(exc).strip()}", fix="check the arguments against the function's signature") from None
-        return returned, host_only and out is None, done
+                refs.append(array._ref)
+        outputs, given = self._outputs(out, bound)
+        refs += [array._ref for array in outputs]
+        return refs, outputs, given, host_only, bound, inputs
+
+    def _queue(self, refs: list, outputs: list, bound: dict) -> int:
+        """Invokes NAME$async; returns the timeline value its completion signals. Fills in
+        `outputs` with inout results (IREE returns them) where there are any."""
+        import iree.runtime as rt
+
+        device = self._device
+        if self._returned is None:
+            self._returned = rt.VmVariantList(len(self._results))  # what IREE returns (read for inout)
+        vm_args = rt.VmVariantList(self._list_size)
+        push = vm_args.push_ref
+        for ref in refs:
+            if ref.__class__ is tuple:
+                getattr(vm_args, ref[0])(ref[1])
+            else:
+                push(ref)
+        with device.order:  # calls reach IREE's queue in the order of their values
+            wait, done = device.next_fences()
+            push(wait)
+            push(done.ref)
+            try:
+                self._invoke(self._vm_async, vm_args, self._returned)
+            except (RuntimeError, ValueError) as exc:
+                device.abandon(done)
+                raise KitError(
+                    f"{self.name}: IREE refused the call: {str(exc).strip()}",
+                    fix="check the arguments against the function's signature",
+                ) from None
+            value = device.launched()
+            if not self._all_stored:
+                outputs[:] = self._with_in_place(outputs, bound)
+        return value
+
+    def _with_in_place(self, outputs: list, bound: dict) -> list:
+        """All results in order: the stored ones, and inout results, which IREE returns as
+        their argument's buffer (updated in place)."""
+        import iree.runtime as rt
+
+        stored = iter(outputs)
+        results = []
+        for k, r in enumerate(self._results):
+            if k in self._storage:
+                results.append(next(stored))
+            else:
+                view = self._returned.get_as_object(k, rt.HalBufferView)
+                results.append(DeviceArray(self._device, view, r.shape_from(bound), r.dtype))
+        return results
 
     def _where(self, i: int) -> str:
         return f"{self.signature.name} argument {i} ({self.signature.args[i]})"
@@ -246,35 +305,40 @@ class Function:
         return array, False
 
     def _outputs(self, out, bound: dict):
-        """(arrays the call writes, what it returns): pool arrays, or the caller's `out`."""
-        results = self._results
+        """(arrays the call writes its `out` results into, `out` as given or None): arrays from
+        the device's pool, or the caller's."""
+        stored = self._stored_checks
         if out is None:
             arrays = []
-            for r in results:
+            for r in stored:
                 shape = r.shape_from(bound)
                 if shape is None:
                     raise KitError(
                         f"{self.name}: a result size depends on a scalar argument, so the kit cannot size it",
                         fix="pass out= with arrays of the result shapes",
                     )
-                arrays.append(self._device._pooled_array(shape, r.dtype, r.hal_type))
-            return arrays, tuple(arrays) if len(arrays) > 1 else arrays[0]
+                arrays.append(self._device.pooled_array(shape, r))
+            return arrays, None
         given = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-        if len(given) != len(results):
-            raise KitError(f"{self.name} has {len(results)} result(s), out= gave {len(given)}", fix="pass one array per result")
+        if len(given) != len(stored):
+            raise KitError(
+                f"{self.name} writes {len(stored)} result(s) into new arrays, out= gave {len(given)}",
+                fix="pass one array per `out` result (inout results are updated in their argument)",
+            )
         arrays = []
-        for k, (value, r) in enumerate(zip(given, results)):
+        for k, value, r in zip(self._storage, given, stored):
             if value.__class__ is DeviceArray and value.device is self._device:
                 array = value
             elif isinstance(value, np.ndarray) or not _is_device_value(value):
                 raise KitError(
-                    f"{self.name} out[{k}]: out= takes device arrays, got {type(value).__name__}",
+                    f"{self.name} out: out= takes device arrays, got {type(value).__name__}",
                     fix="use module.device.empty(shape, dtype), or a CUDA tensor",
                 )
             else:
                 array = self._device.asarray(value)
             if not r.fits(array.shape, array.dtype, bound):
-                check_tensor(f"{self.name} out[{k}] ({self.signature.results[k]})", self.signature.results[k], array.shape, array.dtype, bound)
+                want = self.signature.results[k]
+                check_tensor(f"{self.name} result {k} ({want}) out=", want, array.shape, array.dtype, bound)
             arrays.append(array)
         return arrays, (given if len(given) > 1 else given[0])
 
@@ -298,6 +362,8 @@ class Function:
                 scalar_argument(t.dtype, a, self._where(i)) if isinstance(t, ScalarType) else self._device_argument(i, a, bound)[0]
                 for i, (t, a) in enumerate(zip(sig.args, args))
             ]
+        # IREE's invoker packs only its own DeviceArray class without a host round trip.
+        args = [a._buffer_view if isinstance(a, DeviceArray) else a for a in args]
         device.synchronize()  # IREE's own call does not wait for launched calls
         results = self._invoker(*args)
         many = isinstance(results, (list, tuple))
@@ -309,15 +375,45 @@ class Function:
         return values if many else values[0]
 
 
+class PreparedCall:
+    """A call whose arguments are fixed (`Function.prepare`): `launch()` queues it again and
+    returns its results, the same arrays every time; `()` also waits for them."""
+
+    def __init__(self, function: Function, refs, results, given, host_only, bound, inputs):
+        self.function = function
+        self._refs, self._bound, self._inputs = refs, bound, inputs  # inputs: kept alive
+        self._stored = list(results)
+        self._results = list(results)
+        self._returned = given if given is not None and function._all_stored else None
+
+    def launch(self):
+        self._results = list(self._stored)
+        value = self.function._queue(self._refs, self._results, self._bound)
+        self._last = value
+        return self.results
+
+    def __call__(self):
+        self.launch()
+        self.function._device.wait_for(self._last)
+        return self.results
+
+    @property
+    def results(self):
+        if self._returned is not None:
+            return self._returned
+        return tuple(self._results) if len(self._results) > 1 else self._results[0]
+
+
 class _TensorCheck:
     """A tensor type, ready for the per-call check (the error text comes from check_tensor)."""
 
-    __slots__ = ("dtype", "hal_type", "dims")
+    __slots__ = ("dtype", "hal_type", "dims", "name")
 
     def __init__(self, t: TensorType):
         self.dtype = numpy_dtype(t.dtype)
         self.hal_type = element_type(self.dtype)
         self.dims = t.shape
+        self.name = t.dtype  # with a shape, the pool's key
 
     def fits(self, shape: tuple, dtype, bound: dict[str, int]) -> bool:
         if dtype != self.dtype or len(shape) != len(self.dims):
@@ -331,8 +427,17 @@ class _TensorCheck:
         return True
 
     def shape_from(self, bound: dict[str, int]) -> tuple[int, ...] | None:
-        dims = tuple(d if d.__class__ is int else bound.get(d) for d in self.dims)
-        return None if None in dims else dims
+        try:
+            return tuple([d if d.__class__ is int else bound[d] for d in self.dims])
+        except KeyError:
+            return None
+
+
+def _stored_results(vm_function) -> tuple[int, ...]:
+    """Indices of the results NAME$async writes into given buffers (its `iree.abi.output`
+    arguments, in order); the others are inout, updated in their argument."""
+    declaration = vm_function.reflection.get("iree.abi.declaration", "")
+    return tuple(int(k) for k in re.findall(r"iree\.abi\.output = (\d+)", declaration))
 
 
 def _is_device_value(value) -> bool:
@@ -434,14 +539,6 @@ def _integer(value) -> int:
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         return int(value)
     raise ValueError(f"{value!r} is not an integer")
-
-
-def numpy_dtype(dtype: str) -> np.dtype:
-    if dtype == "bf16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(ELEMENT_TYPES[dtype])
 
 
 def _to_numpy(value):

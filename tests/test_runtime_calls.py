@@ -81,6 +81,18 @@ def test_several_results_and_out(module):
 
 
 @needs_iree_compile
+def test_results_without_storage_come_from_the_call(module):
+    """`negate$async` has no output argument (as an inout result has none): its result is the
+    buffer the call returns, and out= has nothing to fill."""
+    x = arange(6)
+    dx = module.device.put(x)
+    np.testing.assert_array_equal(module.negate(dx).to_host(), -x)
+    np.testing.assert_array_equal(module.negate(x), -x)
+    with pytest.raises(KitError, match="writes 0 result"):
+        module.negate(dx, out=module.device.empty((6,), np.float32))
+
+
+@needs_iree_compile
 def test_launched_calls_run_in_order(module):
     """Each launch reads what the one before wrote: the device's calls form one stream."""
     dev = module.device
@@ -94,6 +106,25 @@ def test_launched_calls_run_in_order(module):
         module.add.launch(out, one, out=out)  # in place through out=
     np.testing.assert_array_equal(out.to_host(), np.full(64, 102, np.float32))
     np.testing.assert_array_equal(acc.to_host(), np.full(64, 100, np.float32))
+
+
+@needs_iree_compile
+def test_prepared_calls_run_again_into_the_same_arrays(module):
+    dev = module.device
+    acc = dev.put(np.zeros(16, np.float32))
+    one = dev.put(np.ones(16, np.float32))
+    step = module.add.prepare(acc, one, out=acc)  # acc += 1, checked once
+    for _ in range(30):
+        assert step.launch() is acc
+    np.testing.assert_array_equal(acc.to_host(), np.full(16, 30, np.float32))
+    neg = module.negate.prepare(one)  # a result IREE returns, read after each call
+    for _ in range(3):
+        np.testing.assert_array_equal(neg().to_host(), -np.ones(16, np.float32))
+    pooled = module.sum_diff.prepare(arange(8, np.int32).reshape(2, 4), np.ones((2, 4), np.int32))
+    s, d = pooled()
+    np.testing.assert_array_equal(d.to_host(), arange(8, np.int32).reshape(2, 4) - 1)
+    with pytest.raises(KitError, match="no NAME\\$async form"):
+        module.twice.prepare(one)
 
 
 @needs_iree_compile
@@ -139,7 +170,7 @@ def test_arguments_are_checked_before_iree(module, device_args):
 def test_out_is_checked(module):
     x = module.device.put(arange(4))
     dev = module.device
-    with pytest.raises(KitError, match="has 1 result"):
+    with pytest.raises(KitError, match="writes 1 result"):
         module.add(x, x, out=(dev.empty((4,), np.float32), dev.empty((4,), np.float32)))
     with pytest.raises(KitError, match="n = 5 here but 4"):
         module.add(x, x, out=dev.empty((5,), np.float32))
@@ -162,19 +193,20 @@ def test_arrays_of_another_device_are_refused(module, vmfb):
 # ------------------------------------------------------------------------ the pool
 
 
-def test_pool_reuses_by_size_and_bounds_what_it_keeps():
+def test_pool_reuses_by_key_and_bounds_what_it_keeps():
     made = []
-    pool = OutputPool(lambda n: made.append(n) or object(), max_free_bytes=100)
-    a = pool.take(40)
-    b = pool.take(40)
-    pool.give(40, a)
-    assert pool.take(40) is a  # same size: reused
+    pool = OutputPool(lambda key, n: made.append(key) or object(), max_free_bytes=100)
+    a = pool.take("f32[10]", 40)
+    b = pool.take("f32[10]", 40)
+    pool.give("f32[10]", 40, a)
+    assert pool.take("f32[10]", 40) is a  # same key: reused
     assert pool.stats.allocations == 2 and pool.stats.reuses == 1
-    pool.give(40, a)
-    pool.give(40, b)
-    pool.give(64, pool.take(64))  # over max_free_bytes (80 + 64 > 100): not kept
+    pool.give("f32[10]", 40, a)
+    pool.give("f32[10]", 40, b)
+    pool.give("f32[16]", 64, pool.take("f32[16]", 64))  # over max_free_bytes (80 + 64 > 100): not kept
     assert pool.stats.free_bytes == 80 and pool.stats.dropped == 1
-    assert pool.take(30) is not a and made == [40, 40, 64, 30]  # no other size matches
+    assert pool.take("i32[10]", 40) not in (a, b)  # another key never shares a buffer
+    assert made == ["f32[10]", "f32[10]", "f32[16]", "i32[10]"]
     assert pool.trim() == 80 and pool.stats.free_bytes == 0
 
 

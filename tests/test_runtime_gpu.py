@@ -25,10 +25,13 @@ def test_device_arrays_in_give_device_arrays_out(module):
     out = module.simple_mul(dl, dr)
     assert isinstance(out, kd.DeviceArray) and out.shape == (1000,) and out.dtype == np.float32
     np.testing.assert_array_equal(out.to_host(), lhs * rhs)
-    # A result goes straight into the next call, and inout kernels keep value semantics.
+    # A result goes straight into the next call. An inout result is its argument, updated in
+    # place (host arrays are copied in, so they never change).
     again = module.simple_mul_inplace(out, dr)
     np.testing.assert_array_equal(again.to_host(), lhs * rhs * rhs)
-    np.testing.assert_array_equal(dr.to_host(), rhs)
+    np.testing.assert_array_equal(dr.to_host(), lhs * rhs * rhs)
+    module.simple_mul_inplace(lhs, rhs)
+    np.testing.assert_array_equal(rhs, random(1000, 2))
 
 
 def test_out_writes_into_the_given_array(module):
@@ -107,3 +110,17 @@ def test_launched_results_wait_before_going_to_torch(module):
         acc = module.simple_mul.launch(acc, x)
     as_torch = torch.from_dlpack(acc)  # __dlpack__ waits for every launched call
     assert float(as_torch[0]) == pytest.approx(1.5**21, rel=1e-5)
+
+
+def test_prepared_inout_call_updates_its_argument_in_place(module):
+    x = np.full(1 << 16, 1.01, np.float32)
+    dx = module.device.put(x)
+    acc = module.device.put(np.ones(1 << 16, np.float32))
+    step = module.simple_mul_inplace.prepare(dx, acc)  # acc *= x, checked once
+    for _ in range(100):
+        result = step.launch()
+    expected = np.ones(1 << 16, np.float32)
+    for _ in range(100):
+        expected = expected * x
+    np.testing.assert_array_equal(result.to_host(), expected)
+    np.testing.assert_array_equal(acc.to_host(), expected)  # the same memory

@@ -56,3 +56,15 @@ func.func @twice(%x: tensor<?xf32>) -> tensor<?xf32> {
   %r = arith.addf %x, %x : tensor<?xf32>
   return %r : tensor<?xf32>
 }
+
+// A result without output storage, as an inout result is (there it is the argument's buffer,
+// updated in place; IREE's CPU codegen allocates this one): the runtime takes it from the
+// values the call returns.
+func.func @negate(%x: tensor<?xf32>) -> tensor<?xf32> {
+  %r = arith.negf %x : tensor<?xf32>
+  return %r : tensor<?xf32>
+}
+util.func public @negate$async(%x: tensor<?xf32>) -> tensor<?xf32> attributes {iree.abi.model = "coarse-fences"} {
+  %r = arith.negf %x : tensor<?xf32>
+  util.return %r : tensor<?xf32>
+}
