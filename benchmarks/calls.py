@@ -283,6 +283,25 @@ def breakdown(module, host: dict) -> None:
     total = time.perf_counter() - t
     record("iree_invoke_only_unchained_issue_us", issue / LOOP * 1e6)
     record("iree_invoke_only_unchained_per_call_us", total / LOOP * 1e6)
+    # Not chained, all calls signalling one semaphore (values 1, 2, ...): IREE's CUDA
+    # semaphores scan their pending timepoints, so this slows as calls pile up.
+    one = dev.hal.create_semaphore(0)
+    lists = []
+    for i in range(LOOP):
+        a = rt.VmVariantList(5)
+        for arr in (dx, dy, out):
+            a.push_ref(arr._buffer_view.ref)
+        a.push_ref(rt.HalFence(0).ref)
+        a.push_ref(rt.HalFence.create_at(one, i + 1).ref)
+        lists.append(a)
+    t = time.perf_counter()
+    for a in lists:
+        invoke(fn, a, rt.VmVariantList(1))
+    issue = time.perf_counter() - t
+    rt.HalFence.create_at(one, LOOP).wait()
+    total = time.perf_counter() - t
+    record("iree_invoke_only_one_semaphore_issue_us", issue / LOOP * 1e6)
+    record("iree_invoke_only_one_semaphore_per_call_us", total / LOOP * 1e6)
     # Packing a call's argument list in Python (fences included), without invoking.
     record("python_pack_only_us", per_call_us(lambda: packed(0, 1), LOOP, lambda: None))
     # Synchronous: one invoke and its wait.
