@@ -7,15 +7,18 @@ waits for all of them. Host copies (`to_host`, `np.asarray`) and DLPack exports 
 call launched before them, so they see what a stream would.
 
 How the order is kept: call number c signals its point on a ring of timeline semaphores
-(semaphore (c - 1) % RING, value (c - 1) // RING + 1), launched under a lock. A ring, not one
-semaphore: IREE's CUDA semaphores scan their pending timepoints linearly, and with a thousand
-calls in flight on one semaphore a launch cost 17.6 us instead of 8.3. On CUDA a call waits on no fence: IREE 3.13's CUDA HAL issues calls that wait on
-nothing in submission order, from one worker thread onto one CUDA stream, and completes them in
-that order (runtime/src/iree/hal/utils/deferred_work_queue.c, drivers/cuda/cuda_device.c).
-Making each call wait on the one before says the same through IREE's fences, but there a wait
-not yet issued holds the call back in the host queue: measured on an H100, 29 us to launch a
-call that way against 6 us (benchmarks/calls.py). Other devices (IREE's CPU task system runs
-calls concurrently) wait on the call before.
+(semaphore (c - 1) % RING, value (c - 1) // RING + 1), launched under a lock. A ring rather
+than one semaphore: with one, launching 1000 calls without waiting cost 84 us each and a
+prepared call 23 us in one H100 run, 21 and 15 us with the ring in the next (the cause is not
+established: IREE-only loops showed no difference; the ring costs nothing).
+
+On CUDA a call waits on no fence: IREE 3.13's CUDA HAL issues calls that wait on nothing in
+submission order, from one worker thread onto one CUDA stream, and completes them in that
+order (runtime/src/iree/hal/utils/deferred_work_queue.c, drivers/cuda/cuda_device.c). Making
+each call wait on the one before says the same through IREE's fences, but there a wait not yet
+issued holds the call back in the host queue: measured on an H100, 29 us to launch a call that
+way against 6 us (benchmarks/calls.py). Other devices (IREE's CPU task system runs calls
+concurrently) wait on the call before.
 """
 
 from __future__ import annotations
