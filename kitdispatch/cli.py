@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -196,7 +197,11 @@ def _cmd_run(args, out: _Out) -> int:
         out.result({"function": args.function, "output": res.stdout}, res.stdout.rstrip())
         return 0
     run = run_function(Path(args.vmfb), args.function, args.input, device=args.device, benchmark=args.benchmark)
-    text = "\n".join([f"EXEC @{run.function}", *run.results, *(run.times.lines(run.function) if run.times else [])])
+    lines = [f"EXEC @{run.function}", *run.results]
+    if run.times:
+        anchor = ["iree-benchmark-module", f"--device={args.device}", f"--module={args.vmfb}", f"--function={args.function}"]
+        lines += [*run.times.lines(run.function), "  IREE's own tool, to compare: " + shlex.join(anchor + [f"--input={i}" for i in args.input])]
+    text = "\n".join(lines)
     data = {"function": run.function, "output": "\n".join(run.results), "benchmark": run.times.to_json() if run.times else None}
     out.result(data, text)
     return 0

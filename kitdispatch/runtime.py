@@ -147,8 +147,10 @@ class Function:
     argument is a host array and `out` is not given, device arrays otherwise. `f.launch(...)`
     queues the call and returns its device arrays at once; calls on a device run in launch
     order, and `module.device.synchronize()` (or any host copy) waits for them. `out` (one
-    device array, or a tuple with one per result) receives the results instead of arrays from
-    the device's pool; it is returned as given (a torch tensor stays a torch tensor).
+    device array, or a tuple with one per `out` result) receives those results instead of
+    arrays from the device's pool, and is returned as given (a torch tensor stays a torch
+    tensor); `inout` results are their argument, updated in place. `f.prepare(...)` checks the
+    arguments once for calls repeated on the same arrays.
 
     Kernel functions built by this kitdispatch run through `NAME$async` (render.py): the
     outputs are given, not allocated, and nothing blocks. Others ([[programs]], older builds)
