@@ -90,7 +90,9 @@ def render_module(
         name = executable_name(spec.source_stem(source), fmt if sources_with_formats.count(source) > 1 else None)
         exe = _executable_view(name, kernels, by_key[(source, fmt)])
         executables.append(exe)
-        functions += [_function_view(k, exe) for k in kernels]
+        for kernel in kernels:
+            view = _function_view(kernel, exe)
+            functions += [view, _async_variant(view)] if view["result_count"] else [view]
     for origin, text in programs:
         _check_program_text(origin, text)
     archs = sorted(set(archs) or {v.arch for o in objects for v in o.objects}, reverse=True)
@@ -102,7 +104,9 @@ def render_module(
         functions=functions,
         programs=[{"origin": o, "text": t.strip("\n")} for o, t in programs],
     )
-    return RenderedModule(text, tuple(e["name"] for e in executables), tuple(f["name"] for f in functions))
+    return RenderedModule(
+        text, tuple(e["name"] for e in executables), tuple(f["name"] for f in functions if f["op"] == "func.func")
+    )
 
 
 @functools.cache
@@ -294,8 +298,14 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
         targets = [f"@{exe['name']}::@{v['name']}::@{kernel.entry}" for v in exe["variants"]]
     return {
         "doc": f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})",
+        "op": "func.func",
         "name": kernel.function,
         "args": ", ".join(f"%{arg_ssa[p.name]}: {arg_types[p.name]}" for p in args),
+        "attributes": "",
+        "return_op": "return",
+        "outputs": [
+            (i, f"%{ssa.take(f'{b.name}_storage')}: {b.type.mlir}") for i, b in enumerate(result_buffers) if b.access == "out"
+        ],
         "index_constants": [{"ssa": v, "value": k} for k, v in index_constants.items()],
         "dims": dims,
         "symbol_casts": symbol_casts,
@@ -310,6 +320,28 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
         "result_count": len(result_buffers),
         "returns": ", ".join(f"%result#{i}" for i in range(len(result_buffers))),
         "result_types": ", ".join(b.type.mlir for b in result_buffers),
+    }
+
+
+ASYNC_SUFFIX = "$async"
+
+
+def _async_variant(view: dict) -> dict:
+    """`NAME$async`: the same dispatch with IREE's coarse-fences ABI (a wait and a signal fence
+    after the arguments) writing each `out` result into a caller-given buffer (`iree.abi.output`),
+    so a call allocates nothing and does not block; kitdispatch's runtime calls this one. An
+    `inout` result is its argument's buffer, updated in place (as NAME does: IREE 3.13 dispatches
+    a tied argument in place; giving it storage too adds an allocation and two copies).
+    A `util.func`, as converting a `func.func` drops the `iree.abi.model` attribute (IREE 3.13)."""
+    outputs = [f"{arg} {{iree.abi.output = {i} : index}}" for i, arg in view["outputs"]]
+    return {
+        **view,
+        "doc": f"{view['name']}{ASYNC_SUFFIX}: {view['name']} into given outputs, ordered by fences",
+        "op": "util.func public",
+        "name": view["name"] + ASYNC_SUFFIX,
+        "args": ", ".join(a for a in (view["args"], *outputs) if a),
+        "attributes": ' attributes {iree.abi.model = "coarse-fences"}',
+        "return_op": "util.return",
     }
 
 
