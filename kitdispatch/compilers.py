@@ -17,9 +17,9 @@ from typing import Literal, Protocol
 
 from ._parallel import CpuSlots
 from ._proc import run_tool
-from ._resources import installed_version
 from .archs import Arch, check_supported, ptx_fallback_archs
 from .errors import CompileError, KitError
+from .toolchain import find_nvrtc, load_nvfatbin, load_nvrtc
 
 ObjectFormat = Literal["ptx", "cubin", "fatbin"]
 NVCC_TIMEOUT_S = 300.0
@@ -118,7 +118,8 @@ def read_source(source: Path) -> bytes:
 
 
 class NvrtcCompiler:
-    """NVRTC in process, from the nvidia-cuda-nvrtc wheel via cuda-python: no toolkit needed."""
+    """NVRTC in process through cuda-python: from the CUDA 13 or CUDA 12 wheels (or a
+    toolkit), whichever `toolchain.find_nvrtc` finds; no toolkit needed."""
 
     name = "nvrtc"
 
@@ -129,12 +130,13 @@ class NvrtcCompiler:
     def _nvrtc(self):
         # Loaded on the first compile, not before: a build whose objects all come from the
         # cache never needs it (importing cuda-python's NVRTC takes ~40 ms).
-        return _load_nvrtc()
+        return load_nvrtc()
 
     def version(self) -> str:
-        """The nvidia-cuda-nvrtc wheel's full version, which cuda-python loads before any
-        other NVRTC (no need to load it here); else the loaded library's major.minor."""
-        return installed_version("nvidia-cuda-nvrtc", "nvidia") or self.library_version()
+        """The full version of the NVRTC this backend loads (toolchain.find_nvrtc: found on
+        disk, not loaded); else the loaded library's major.minor."""
+        install = find_nvrtc()
+        return install.version if install is not None else self.library_version()
 
     def library_version(self) -> str:
         major, minor = self._check(self._nvrtc.nvrtcVersion(), "nvrtcVersion")
@@ -180,10 +182,10 @@ class NvrtcCompiler:
     def _flags(self, source: Path, options: CompileOptions) -> list[str]:
         # NVRTC resolves quoted includes against the working folder, nvcc against the
         # source's folder; make NVRTC behave like nvcc. The CUDA headers (cuda_fp16.h,
-        # mma.h, ...) come from the nvidia-cuda-runtime wheel, as nvcc has its own.
-        flags = [*options.flags(), f"-I{source.parent}"]
-        headers = cuda_include_dir()
-        return flags + [f"-I{headers}"] if headers else flags
+        # mma.h, ...) come from the wheels of NVRTC's CUDA major, as nvcc has its own.
+        install = find_nvrtc()
+        headers = install.include_dirs if install is not None else ()
+        return [*options.flags(), f"-I{source.parent}", *(f"-I{h}" for h in headers)]
 
     def _compiled(self, source: Path, opts: list[str], names: tuple[str, ...]):
         """A compiled NVRTC program (the caller destroys it), or a CompileError with the log."""
@@ -240,44 +242,6 @@ class NvrtcCompiler:
         if err != self._nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise KitError(f"NVRTC call {what} failed: {err}", fix="check the NVRTC installation (kitdispatch doctor)")
         return tuple(values)
-
-
-@functools.cache
-def cuda_include_dir() -> str | None:
-    """The CUDA headers of the nvidia-cuda-runtime wheel (`kitdispatch[build]`), if installed."""
-    try:
-        from cuda.pathfinder import find_nvidia_header_directory
-
-        found = find_nvidia_header_directory("cudart")
-    except Exception:  # an older cuda-pathfinder, or none: look for the wheel's folder
-        found = None
-    if found is None:
-        try:
-            import nvidia.cu13
-
-            found = next((str(Path(p) / "include") for p in nvidia.cu13.__path__ if (Path(p) / "include" / "cuda_fp16.h").is_file()), None)
-        except ImportError:
-            return None
-    return str(found) if found else None
-
-
-@functools.cache
-def _load_nvrtc():
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as exc:
-        raise KitError(
-            f"NVRTC is not available: {exc}",
-            fix="pip install 'kitdispatch[build]' (cuda-python and nvidia-cuda-nvrtc), or use --compiler nvcc",
-        ) from None
-    try:
-        err, *_ = nvrtc.nvrtcVersion()
-    except Exception as exc:  # cuda-python raises RuntimeError when libnvrtc is missing
-        raise KitError(
-            f"NVRTC library could not be loaded: {exc}",
-            fix="pip install 'nvidia-cuda-nvrtc>=13.0,<13.1', or use --compiler nvcc",
-        ) from None
-    return nvrtc
 
 
 # --------------------------------------------------------------------------------- nvcc
@@ -354,17 +318,8 @@ class NvccCompiler:
 
 def pack_fatbin(cubins: list[ObjectCode], ptx: list[ObjectCode]) -> bytes:
     """One fatbin from cubins and the PTX they were compiled from, with nvFatbin (pip)."""
-    try:
-        from cuda.bindings import nvfatbin
-    except ImportError as exc:
-        raise KitError(f"nvFatbin is not available: {exc}", fix="pip install 'kitdispatch[build]'") from None
-    try:
-        handle = nvfatbin.create([], 0)
-    except Exception as exc:  # cuda-pathfinder raises when libnvfatbin is missing
-        raise KitError(
-            f"nvFatbin library could not be loaded: {str(exc).splitlines()[0]}",
-            fix="pip install 'nvidia-nvfatbin>=13.0,<13.1', or use --compiler nvcc",
-        ) from None
+    nvfatbin = load_nvfatbin()
+    handle = nvfatbin.create([], 0)
     try:
         for c in cubins:
             nvfatbin.add_cubin(handle, c.data, len(c.data), str(c.arch.capability) + c.arch.suffix, c.source.stem)
