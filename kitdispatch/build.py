@@ -16,6 +16,7 @@ from pathlib import Path
 from . import __version__
 from ._files import publish, staging_dir, write_atomic
 from ._parallel import CpuSlots
+from .arch_features import check_arch_features
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
 from .cache import Cache, CachedCompiler, vmfb_key
 from .compilers import CompileOptions, ObjectCode, get_compiler
@@ -234,6 +235,7 @@ def _run(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Shared
 
     objects = _compile_all(spec, options, compiler, lambda what, secs: shared.report(label + what, secs))
     _check_abi(spec, objects, compiler, options)
+    check_arch_features(objects, lambda src, arch: compiler.compile(src, arch, "ptx", dataclasses.replace(compile_options_for(spec, src, options), line_info=True)).data)
     preflight_notes = _preflight(objects, options, shared.driver)
 
     templates = shared.cache.template_dir if shared.cache is not None else None

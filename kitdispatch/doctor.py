@@ -114,7 +114,7 @@ def _gpu() -> dict:
 def _warnings(report: dict) -> list[str]:
     """What will fail later: PTX or cubins the local driver cannot load, headers or nvFatbin
     missing beside NVRTC, two NVRTCs, an IREE release kitdispatch does not support."""
-    from .preflight import Version
+    from .preflight import Version, nvrtc_for_driver
 
     limit = report["gpu"].get("driver_max_ptx_isa")
     driver = report["gpu"].get("driver_cuda_version")
@@ -124,7 +124,7 @@ def _warnings(report: dict) -> list[str]:
         if limit and isa and isa[0].isdigit() and Version.parse(isa) > Version.parse(limit):
             out.append(
                 f"{name} emits PTX ISA {isa} but this driver loads {limit} at most: "
-                "build with --format cubin or fatbin, or pin an older NVRTC"
+                f"build with --format cubin or fatbin, or {nvrtc_for_driver(Version.parse(driver))}"
             )
     nvrtc = report["nvrtc"]
     if driver and nvrtc.get("cuda_major", 0) > Version.parse(driver).major:

@@ -91,11 +91,13 @@ class CodegenChoice:
     note: str | None  # one line for the user when the choice differs from what they asked
 
 
-def choose_codegen_target(archs: Sequence[Arch], override: str | None = None) -> CodegenChoice:
+def choose_codegen_target(
+    archs: Sequence[Arch], override: str | None = None, *, release: IreeRelease | None = None
+) -> CodegenChoice:
     """IREE-generated dispatches must run on every requested GPU: compile them for the best
-    target the installed IREE knows at or below the oldest requested architecture (PTX runs
-    forward)."""
-    release = target_release()
+    target the IREE release (default: the installed one) knows at or below the oldest
+    requested architecture (PTX runs forward)."""
+    release = release or target_release()
     if override:
         target = Arch.parse(override)
         check_codegen_target(target, release)

@@ -77,6 +77,12 @@ _TOOLKIT_LAYOUTS = tuple(
 )
 
 
+def wheel_distributions(cuda_major: int) -> tuple[str, ...]:
+    """NVRTC's wheel and its header wheels, for a CUDA major kitdispatch has wheels for."""
+    layout = next(layout for layout in _WHEEL_LAYOUTS if layout.cuda_major == cuda_major)
+    return (layout.nvrtc_distribution, *layout.header_distributions)
+
+
 @dataclass(frozen=True)
 class NvrtcInstall:
     """One NVRTC library and what belongs with it."""
