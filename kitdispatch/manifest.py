@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from pathlib import Path
 from typing import Any
 
 from .errors import KitError, ManifestError
+
 from .signature import KernelSignature, find_kernel
 from .spec import (
     C_SCALAR_TYPES,
@@ -27,6 +28,11 @@ from .spec import (
     infer_params,
     parse_value_type,
 )
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, as a package (kitdispatch depends on it there)
+    import tomli as tomllib
 
 MANIFEST_NAME = "kitdispatch.toml"
 
