@@ -12,7 +12,7 @@ from pathlib import Path
 from ._proc import run_tool
 from ._resources import installed_version
 from .archs import Arch
-from .errors import IreeCompileError, KitError
+from .errors import ArchError, IreeCompileError, KitError
 
 IREE_COMPILE_TIMEOUT_S = 600.0
 EXCERPT_CONTEXT_LINES = 4
@@ -128,7 +128,7 @@ def check_codegen_target(target: Arch, release: IreeRelease | None = None) -> No
     release = release or target_release()
     if target in release.crashing_targets:
         safe = max(t for t in release.codegen_targets if t < target)
-        raise KitError(
+        raise ArchError(
             f"IREE {release.name} aborts with an LLVM error when compiling for --iree-cuda-target={target.name}",
             fix=f"pass --codegen-target {safe.name} (its PTX runs on {target.name} too), or use IREE {NEWEST_RELEASE.name}",
         )

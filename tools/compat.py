@@ -67,8 +67,13 @@ def run(argv: list[str], *, timeout: float, cwd: Path | None = None) -> subproce
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
+def python_version(python: str) -> str:
+    res = run([python, "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"], timeout=60)
+    return res.stdout.strip()
+
+
 def make_venv(cell: Cell, python: str, root: Path, reuse: bool) -> Path:
-    venv = root / f"iree-{cell.iree}-cu{cell.cuda}-{Path(python).name}"
+    venv = root / f"iree-{cell.iree}-cu{cell.cuda}-py{python_version(python).rsplit('.', 1)[0]}"
     bin_dir = venv / "bin"
     if reuse and (bin_dir / "kitdispatch").exists():
         # Refresh the kit only: the toolchain is what the cell is about and it is pinned.
@@ -99,8 +104,7 @@ def describe(cell: Cell, bin_dir: Path) -> None:
     nvrtc = report["nvrtc"]
     cell.nvrtc = f"{nvrtc.get('version', '-')} (PTX {nvrtc.get('ptx_isa', '-')})" if "error" not in nvrtc else nvrtc["error"]
     cell.iree_installed = report["iree_compiler"] or "-"
-    res = run([str(bin_dir / "python"), "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"], timeout=60)
-    cell.python = res.stdout.strip()
+    cell.python = python_version(str(bin_dir / "python"))
 
 
 def build_everything(cell: Cell, bin_dir: Path, out: Path) -> None:
