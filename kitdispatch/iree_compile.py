@@ -53,9 +53,9 @@ IREE_RELEASES = {
     (3, 12): IreeRelease((3, 12), "attr-dict", _archs(_PASCAL_TO_ORIN + " sm_89"), _archs("sm_120 sm_121")),
     (3, 13): IreeRelease((3, 13), "properties", _archs(_PASCAL_TO_ORIN + " sm_89 sm_120 sm_121")),
 }
-NEWEST_RELEASE = IREE_RELEASES[max(IREE_RELEASES)]
-SUPPORTED_RANGE = f"{min(IREE_RELEASES)[0]}.{min(IREE_RELEASES)[1]} through {NEWEST_RELEASE.name}"
-SUPPORTED_PIN = f"iree-base-compiler>={min(IREE_RELEASES)[0]}.{min(IREE_RELEASES)[1]},<{NEWEST_RELEASE.series[0]}.{NEWEST_RELEASE.series[1] + 1}"
+OLDEST_RELEASE, NEWEST_RELEASE = IREE_RELEASES[min(IREE_RELEASES)], IREE_RELEASES[max(IREE_RELEASES)]
+SUPPORTED_RANGE = f"{OLDEST_RELEASE.name} through {NEWEST_RELEASE.name}"
+SUPPORTED_PIN = f"iree-base-compiler>={OLDEST_RELEASE.name},<{NEWEST_RELEASE.series[0]}.{NEWEST_RELEASE.series[1] + 1}"
 
 
 def release_of(version: str) -> IreeRelease:

@@ -175,8 +175,10 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
     # conditions: an objects map with several targets always runs the first one listed,
     # whatever the GPU (README, "How the generated MLIR is chosen").
     template = "executable_source.mlir.j2" if len(variants) == 1 else "executable_variants.mlir.j2"
-    # The generic CUDA target: it matches any CUDA device target.
-    objects_map = f'#hal.executable.objects<{{\n    #hal.executable.target<"cuda", "cuda-nvptx-fb"> = [#hal.executable.object<{{path = "{variants[0]["object_path"]}"}}>]\n}}>'
+    # One object keyed by the generic CUDA target, which matches any CUDA device target.
+    generic_target = '#hal.executable.target<"cuda", "cuda-nvptx-fb">'
+    first_object = f'#hal.executable.object<{{path = "{variants[0]["object_path"]}"}}>'
+    objects_map = f"#hal.executable.objects<{{\n    {generic_target} = [{first_object}]\n}}>"
     return {
         "name": name,
         "template": template,
