@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,11 @@ from .spec import (
     infer_params,
     parse_value_type,
 )
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, as a package (kitdispatch depends on it there)
+    import tomli as tomllib
 
 MANIFEST_NAME = "kitdispatch.toml"
 

@@ -78,17 +78,20 @@ def render_module(
     programs: Sequence[tuple[str, str]] = (),
     archs: Sequence[Arch] = (),
     template_cache: Path | None = None,
+    syntax: str | None = None,
 ) -> RenderedModule:
     """`programs` are (origin, MLIR text) pairs of the user's own functions to append; `archs`
     the build's architectures, for the header.
-    `template_cache` keeps the compiled templates between processes (jinja2 bytecode)."""
+    `template_cache` keeps the compiled templates between processes (jinja2 bytecode).
+    `syntax` is an IreeRelease.syntax; by default the installed IREE compiler's."""
+    spelling = _Spelling(syntax or _installed_syntax())
     by_key = {(o.source, o.format): o for o in objects}
     groups = _group_kernels(spec.kernels)
     sources_with_formats = [source for source, _ in groups]
     executables, functions = [], []
     for (source, fmt), kernels in groups.items():
         name = executable_name(spec.source_stem(source), fmt if sources_with_formats.count(source) > 1 else None)
-        exe = _executable_view(name, kernels, by_key[(source, fmt)])
+        exe = _executable_view(name, kernels, by_key[(source, fmt)], spelling)
         executables.append(exe)
         for kernel in kernels:
             view = _function_view(kernel, exe)
@@ -107,6 +110,32 @@ def render_module(
     return RenderedModule(
         text, tuple(e["name"] for e in executables), tuple(f["name"] for f in functions if f["op"] == "func.func")
     )
+
+
+def _installed_syntax() -> str:
+    from .iree_compile import target_release
+
+    return target_release().syntax
+
+
+@dataclass(frozen=True)
+class _Spelling:
+    """How the target IREE release spells ops' inherent attributes (IreeRelease.syntax):
+    3.13 parses them only as properties (`<workgroup_size = [...]>`), 3.10 to 3.12 only from
+    an attribute dictionary (`attributes {workgroup_size = [...]}`), where an untyped integer
+    is not an index."""
+
+    syntax: str
+
+    def inherent(self, attrs: dict[str, str], index_attrs: dict[str, int] | None = None) -> str:
+        """`attrs` are spelled out already; `index_attrs` are integers of type index."""
+        typed = " : index" if self.syntax == "attr-dict" else ""
+        items = [f"{k} = {v}" for k, v in attrs.items()] + [f"{k} = {v}{typed}" for k, v in (index_attrs or {}).items()]
+        if self.syntax == "properties":
+            return "<" + ", ".join(items) + ">"
+        if self.syntax == "attr-dict":
+            return "attributes {" + ", ".join(items) + "}"
+        raise ValueError(f"unknown MLIR syntax {self.syntax!r}")
 
 
 @functools.cache
@@ -137,7 +166,7 @@ def _group_kernels(kernels: Sequence[Kernel]) -> dict[tuple[Path, str], list[Ker
 # ------------------------------------------------------------------------- executables
 
 
-def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObjects) -> dict:
+def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObjects, spelling: _Spelling) -> dict:
     variants = [
         {
             "name": f"{v.arch.name}_{v.format}",
@@ -153,15 +182,20 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
     # conditions: an objects map with several targets always runs the first one listed,
     # whatever the GPU (README, "How the generated MLIR is chosen").
     template = "executable_source.mlir.j2" if len(variants) == 1 else "executable_variants.mlir.j2"
+    # One object keyed by the generic CUDA target, which matches any CUDA device target.
+    generic_target = '#hal.executable.target<"cuda", "cuda-nvptx-fb">'
+    first_object = f'#hal.executable.object<{{path = "{variants[0]["object_path"]}"}}>'
+    objects_map = f"#hal.executable.objects<{{\n    {generic_target} = [{first_object}]\n}}>"
     return {
         "name": name,
         "template": template,
         "variants": variants,
-        "exports": [_export_view(k, i) for i, k in enumerate(kernels)],
+        "objects": spelling.inherent({"objects": objects_map}),
+        "exports": [_export_view(k, i, spelling) for i, k in enumerate(kernels)],
     }
 
 
-def _export_view(kernel: Kernel, ordinal: int) -> dict:
+def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
     workload = kernel.workload
     symbol_index = {s: i for i, s in enumerate(workload)}
     count = [
@@ -183,10 +217,10 @@ def _export_view(kernel: Kernel, ordinal: int) -> dict:
         "bindings": ["" if not b.read_only else ", ReadOnly" for b in kernel.buffers],
         "workload": list(workload),
         "count": count,
-        "workgroup_size": list(kernel.workgroup_size),
-        # Dynamic shared memory travels as the export's workgroup_local_memory property.
-        "local_memory": (
-            f", workgroup_local_memory = {kernel.dynamic_shared_memory}" if kernel.dynamic_shared_memory else ""
+        # Dynamic shared memory travels as the export's workgroup_local_memory attribute.
+        "attributes": spelling.inherent(
+            {"workgroup_size": "[" + ", ".join(f"{n} : index" for n in kernel.workgroup_size) + "]"},
+            {"workgroup_local_memory": kernel.dynamic_shared_memory} if kernel.dynamic_shared_memory else {},
         ),
     }
 
