@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ._proc import ToolResult, run_tool
+from ._proc import ToolResult, run_checked
 from .device import DeviceArray, element_type, get_device, numpy_dtype
-from .errors import KitError, RuntimeUnavailable, ToolError
+from .errors import KitError, RuntimeUnavailable
 from .record import RECORD_SUFFIX, BuildRecord, read_record, record_beside  # noqa: F401 (RECORD_SUFFIX: API)
 from .render import ASYNC_SUFFIX
-from .spec import ELEMENT_TYPES, FLOAT_BITS_ARGUMENTS, FunctionSignature, ScalarType, TensorType, float_bits
+from .spec import FLOAT_BITS_ARGUMENTS, FunctionSignature, ScalarType, TensorType, float_bits
 
 RUN_TIMEOUT_S = 600.0
 
@@ -628,14 +628,10 @@ def run_module(
         *(f"--input={i}" for i in inputs),
         *extra,
     ]
-    res = run_tool(argv, timeout=timeout)
-    if res.returncode != 0:
-        raise ToolError(
-            f"iree-run-module failed running {function}",
-            where=str(vmfb),
-            argv=argv,
-            returncode=res.returncode,
-            log=res.stderr + res.stdout,
-            fix="check the function name and the inputs' shapes and types",
-        )
-    return res
+    return run_checked(
+        argv,
+        timeout=timeout,
+        what=f"iree-run-module failed running {function}",
+        where=str(vmfb),
+        fix="check the function name and the inputs' shapes and types",
+    )

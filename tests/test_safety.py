@@ -19,7 +19,7 @@ from kitdispatch.cli import main
 from kitdispatch.outputs import STAGING_MARKER, STAGING_PREFIX
 from kitdispatch.record import RecordError, journal_name, read_record
 
-from conftest import REPO, SAMPLES, needs_iree_compile, write_kernel_project
+from conftest import REPO, needs_iree_compile, write_kernel_project
 
 CU = 'extern "C" __global__ void k(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = 2 * x[i]; }\n'
 TOML = """
