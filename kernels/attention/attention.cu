@@ -13,6 +13,7 @@
 // re-packed in registers as the A operand of O += P V.
 
 #include "../common/kit_mma.cuh"
+#include "../common/kit_sm90.cuh"
 
 namespace {
 
@@ -49,6 +50,37 @@ __device__ __forceinline__ Problem block_problem(const half_bits* q, const half_
   return Problem{q + off, k + off, v + off, o + off, s, q_block * BM, rsqrtf(float(d)) * kLog2e};
 }
 
+// The max of a row over its quad of lanes (each holds a quarter of the row's columns).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kit::kFullMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kit::kFullMask, x, 2));
+}
+
+// What the online softmax subtracts from a row's scores, given the row's new running max:
+// the max, or 0 for a row with every key masked so far (its max stays -inf, and
+// exp2(-inf - 0) = 0 where -inf - -inf would be NaN).
+__device__ __forceinline__ float max_or_zero(float m) { return m == kit::neg_inf() ? 0.f : m; }
+
+// O's rows row_a and row_a + 8 of a warp's 16, divided by their softmax sums, rounded to E:
+// o(j, e) is this lane's accumulator e (0..3) of column tile j (mma/wgmma accumulator layout);
+// each row's sum is spread over the row's quad of lanes.
+template <class E, int D, class Acc>
+__device__ __forceinline__ void write_rows(const Problem& p, int row_a, float l_a, float l_b, int lane, Acc o) {
+  l_a += __shfl_xor_sync(kit::kFullMask, l_a, 1);
+  l_a += __shfl_xor_sync(kit::kFullMask, l_a, 2);
+  l_b += __shfl_xor_sync(kit::kFullMask, l_b, 1);
+  l_b += __shfl_xor_sync(kit::kFullMask, l_b, 2);
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+  const int col = lane % 4 * 2, row_b = row_a + 8;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    if (row_a < p.s)
+      *reinterpret_cast<unsigned*>(p.o + (long long)row_a * D + j * 8 + col) = kit::pack2<E>(o(j, 0) * inv_a, o(j, 1) * inv_a);
+    if (row_b < p.s)
+      *reinterpret_cast<unsigned*>(p.o + (long long)row_b * D + j * 8 + col) = kit::pack2<E>(o(j, 2) * inv_b, o(j, 3) * inv_b);
+  }
+}
+
 namespace ampere {
 
 constexpr int BN = 64;  // keys per tile
@@ -61,9 +93,9 @@ struct Smem {
   static constexpr int kRow = D;
   static constexpr int kQ = 0, kK = BM * D, kV = kK + 2 * BN * D, kHalves = kV + 2 * BN * D;
   static_assert(D / 8 >= 8, "the swizzle permutes 8 chunks");
+  static_assert(kHalves * 2 <= kDynamicSmem, "Q and two K/V tiles fit the dynamic shared memory");
   __device__ static int at(int row, int chunk) { return row * kRow + ((chunk ^ (row & 7)) << 3); }
 };
-static_assert(Smem<128>::kHalves * 2 <= kDynamicSmem, "Q and two K/V tiles fit the dynamic shared memory");
 
 // rows [r0, r0 + rows) of a [s, D] matrix -> shared at `dst`, zeros past row s; all threads.
 template <int D>
@@ -141,12 +173,8 @@ __device__ void block(const Problem& p, half_bits* smem) {
         sc[nt][e] = x;
         if (e < 2) mx_a = fmaxf(mx_a, x); else mx_b = fmaxf(mx_b, x);
       }
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(kit::kFullMask, mx_a, 1));
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(kit::kFullMask, mx_a, 2));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(kit::kFullMask, mx_b, 1));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(kit::kFullMask, mx_b, 2));
-    // A row with every key masked so far keeps max -inf: subtract 0 instead (p = 0, no NaN).
-    const float ref_a = mx_a == kit::neg_inf() ? 0.f : mx_a, ref_b = mx_b == kit::neg_inf() ? 0.f : mx_b;
+    mx_a = quad_max(mx_a), mx_b = quad_max(mx_b);
+    const float ref_a = max_or_zero(mx_a), ref_b = max_or_zero(mx_b);
     const float alpha_a = exp2_approx(m_a - ref_a), alpha_b = exp2_approx(m_b - ref_b);
     m_a = mx_a, m_b = mx_b;
     float sum_a = 0.f, sum_b = 0.f;
@@ -179,25 +207,194 @@ __device__ void block(const Problem& p, half_bits* smem) {
   }
   if (!computes) return;
 
-  // Each row's sum is spread over its quad of lanes.
-  l_a += __shfl_xor_sync(kit::kFullMask, l_a, 1);
-  l_a += __shfl_xor_sync(kit::kFullMask, l_a, 2);
-  l_b += __shfl_xor_sync(kit::kFullMask, l_b, 1);
-  l_b += __shfl_xor_sync(kit::kFullMask, l_b, 2);
-  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
-  const int col = lane % 4 * 2;
-#pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) {
-    if (row_a < p.s)
-      *reinterpret_cast<unsigned*>(p.o + (long long)row_a * D + dt * 8 + col) =
-          kit::pack2<E>(o[dt][0] * inv_a, o[dt][1] * inv_a);
-    if (row_b < p.s)
-      *reinterpret_cast<unsigned*>(p.o + (long long)row_b * D + dt * 8 + col) =
-          kit::pack2<E>(o[dt][2] * inv_b, o[dt][3] * inv_b);
-  }
+  write_rows<E, D>(p, row_a, l_a, l_b, lane, [&](int j, int e) { return o[j][e]; });
 }
 
 }  // namespace ampere
+
+// ============================================================ wgmma + TMA path (sm_90a)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace hopper {
+
+using namespace kit::sm90;
+
+constexpr int kStages = 3;              // K/V tiles in flight
+constexpr int kStaticBytes = 48 * 1024;  // the part of the layout in a static array
+
+__device__ __align__(128) unsigned char tensor_map_slots[kTensorMapSlots][3][kTensorMapBytes];
+
+// Shared memory: Q (128 x D), then K and V tiles (BN x D) per stage, each as D / 64 boxes of
+// 64 columns (128-byte rows, 128-byte swizzle). Byte offsets below 48 KB live in the static
+// array, the rest in the dynamic one; every buffer is a multiple of 16 KB, so none straddles.
+template <int D>
+struct Layout {
+  static constexpr int BN = D == 64 ? 128 : 64;  // keys per tile: 16 KB of K and of V either way
+  static constexpr int kBoxes = D / 64;
+  static constexpr int kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  static constexpr int kBytes = kQBytes + kStages * 2 * kKVBytes;
+  static constexpr int kBarrierOffset = kBytes - kStaticBytes;  // in the dynamic part
+  static constexpr int kMapOffset = kBarrierOffset + 128;
+  static_assert(kQBytes % 16384 == 0 && kKVBytes == 16384, "buffers do not straddle the static/dynamic seam");
+  static_assert(1023 + kMapOffset + 3 * kTensorMapBytes <= kDynamicSmem, "dynamic shared memory layout");
+  static_assert(kStaticBytes + kDynamicSmem > 227 * 1024 / 2, "one block per SM (the tensor-map slots rely on it)");
+
+  unsigned stat, dyn;  // shared addresses, 1024-aligned
+  unsigned long long* bars;  // q_full, k_full[kStages], v_full[kStages], empty[kStages]
+  __device__ unsigned at(int off) const { return off < kStaticBytes ? stat + off : dyn + off - kStaticBytes; }
+  __device__ unsigned q() const { return at(0); }
+  __device__ unsigned k(int s) const { return at(kQBytes + s * 2 * kKVBytes); }
+  __device__ unsigned v(int s) const { return at(kQBytes + s * 2 * kKVBytes + kKVBytes); }
+  __device__ unsigned long long* q_full() const { return bars; }
+  __device__ unsigned long long* k_full(int s) const { return bars + 1 + s; }
+  __device__ unsigned long long* v_full(int s) const { return bars + 1 + kStages + s; }
+  __device__ unsigned long long* empty(int s) const { return bars + 1 + 2 * kStages + s; }
+};
+
+struct Args {
+  const half_bits* q;  // whole tensors: the maps see them as [b * h, s, d]
+  const half_bits* k;
+  const half_bits* v;
+  int heads;  // b * h
+  int head;   // this block's
+  int ntiles;
+};
+
+// Warp 0 of the producer warpgroup: builds the Q, K and V maps, then (lane 0) loads Q once and
+// keeps the K/V ring full.
+template <class E, int D>
+__device__ void produce(const Layout<D>& L, const Args& a, const Problem& p, unsigned maps, unsigned char (*slot)[kTensorMapBytes]) {
+  using C = Layout<D>;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    tensor_map_3d<E>(maps, a.q, D, p.s, a.heads, 64, BM);
+    tensor_map_3d<E>(maps + kTensorMapBytes, a.k, D, p.s, a.heads, 64, C::BN);
+    tensor_map_3d<E>(maps + 2 * kTensorMapBytes, a.v, D, p.s, a.heads, 64, C::BN);
+  }
+  __syncwarp();
+  for (int i = 0; i < 3; ++i) tensor_map_publish(slot[i], maps + i * kTensorMapBytes);
+  if (lane != 0) return;
+  for (int i = 0; i < 3; ++i) tensor_map_acquire(slot[i]);
+  mbar_arrive_expect_tx(L.q_full(), C::kQBytes);
+  for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.q() + i * BM * 128, slot[0], 64 * i, p.q0, a.head, L.q_full());
+  for (int t = 0; t < a.ntiles; ++t) {
+    const int s = t % kStages;
+    mbar_wait(L.empty(s), ((t / kStages) & 1) ^ 1);  // the first pass finds every stage free
+    mbar_arrive_expect_tx(L.k_full(s), C::kKVBytes);
+    for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.k(s) + i * C::BN * 128, slot[1], 64 * i, t * C::BN, a.head, L.k_full(s));
+    mbar_arrive_expect_tx(L.v_full(s), C::kKVBytes);
+    for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.v(s) + i * C::BN * 128, slot[2], 64 * i, t * C::BN, a.head, L.v_full(s));
+  }
+}
+
+// Consumer warpgroup `wg` (0 or 1): query rows 64 * wg .. + 64 of the block.
+template <class E, int D, bool kCausal>
+__device__ void consume(const Layout<D>& L, const Args& a, const Problem& p, int wg) {
+  using C = Layout<D>;
+  constexpr int BN = C::BN;
+  const int t_in_wg = threadIdx.x % 128, warp = t_in_wg / 32, lane = t_in_wg % 32;
+  const int first_row = p.q0 + wg * 64 + warp * 16;  // of this warp
+  const int row_a = first_row + lane / 4, row_b = row_a + 8;
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m_a = kit::neg_inf(), m_b = kit::neg_inf(), l_a = 0.f, l_b = 0.f;
+  mbar_wait(L.q_full(), 0);
+  const unsigned q = L.q() + wg * 64 * 128;
+  for (int t = 0; t < a.ntiles; ++t) {
+    const int s = t % kStages;
+    const unsigned parity = (t / kStages) & 1;
+    // S = Q K^T (64 x BN): A = Q and B = K, both K-major (head dim contiguous).
+    float sc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) sc[i] = 0.f;
+    mbar_wait(L.k_full(s), parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned box = kk / 4, col = kk % 4 * 32;
+      wgmma_ss<E, BN, 0>(sc, smem_desc_sw128(q + box * BM * 128 + col, 16, 1024),
+                         smem_desc_sw128(L.k(s) + box * BN * 128 + col, 16, 1024));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    // Online softmax over the tile, in the log2 domain.
+    const int key0 = t * BN + lane % 4 * 2;
+    const bool masked = t * BN + BN > p.s || (kCausal && t * BN + BN - 1 > first_row);
+    float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) {
+      float x = sc[i] * p.scale2;
+      if (masked) {
+        const int key = key0 + i / 4 * 8 + (i & 1), row = (i & 2) ? row_b : row_a;
+        if (key >= p.s || (kCausal && key > row)) x = kit::neg_inf();
+      }
+      sc[i] = x;
+      if (i & 2) mx_b = fmaxf(mx_b, x); else mx_a = fmaxf(mx_a, x);
+    }
+    mx_a = quad_max(mx_a), mx_b = quad_max(mx_b);
+    const float ref_a = max_or_zero(mx_a), ref_b = max_or_zero(mx_b);
+    const float alpha_a = exp2_approx(m_a - ref_a), alpha_b = exp2_approx(m_b - ref_b);
+    m_a = mx_a, m_b = mx_b;
+    float sum_a = 0.f, sum_b = 0.f;
+    unsigned pf[BN / 16][4];  // P as the A operand of P V (mma.sync's A fragment, per warp)
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const float p0 = exp2_approx(sc[4 * j] - ref_a), p1 = exp2_approx(sc[4 * j + 1] - ref_a);
+      const float p2 = exp2_approx(sc[4 * j + 2] - ref_b), p3 = exp2_approx(sc[4 * j + 3] - ref_b);
+      sum_a += p0 + p1, sum_b += p2 + p3;
+      pf[j / 2][(j % 2) * 2] = kit::pack2<E>(p0, p1);
+      pf[j / 2][(j % 2) * 2 + 1] = kit::pack2<E>(p2, p3);
+    }
+    l_a = l_a * alpha_a + sum_a, l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] *= (i & 2) ? alpha_b : alpha_a;
+
+    // O += P V: B = V, N-major (head dim contiguous), 64-column boxes BN rows apart.
+    mbar_wait(L.v_full(s), parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_rs<E, D, 1>(o, pf[kk], smem_desc_sw128(L.v(s) + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    if (t_in_wg == 0) mbar_arrive(L.empty(s));
+  }
+
+  write_rows<E, D>(p, row_a, l_a, l_b, lane, [&](int j, int e) { return o[4 * j + e]; });
+}
+
+template <class E, int D, bool kCausal>
+__device__ void block(const Problem& p, Args a, unsigned stat, char* dyn_smem) {
+  using C = Layout<D>;
+  const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
+  char* dyn_aligned = dyn_smem + (dyn - kit::smem_addr(dyn_smem));
+  const C L{stat, dyn, reinterpret_cast<unsigned long long*>(dyn_aligned + C::kBarrierOffset)};
+  const int last_key = kCausal ? min(p.s, p.q0 + BM) : p.s;
+  a.ntiles = (last_key + C::BN - 1) / C::BN;
+  if (threadIdx.x == 0) {
+    mbar_init(L.q_full(), 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(L.k_full(s), 1);
+      mbar_init(L.v_full(s), 1);
+      mbar_init(L.empty(s), 2);  // one arrival per consumer warpgroup
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    setmaxnreg_dec<40>();
+    if (threadIdx.x < 32) produce<E, D>(L, a, p, dyn + C::kMapOffset, tensor_map_slots[sm_id()]);
+  } else {
+    setmaxnreg_inc<232>();
+    consume<E, D, kCausal>(L, a, p, wg - 1);
+  }
+}
+
+}  // namespace hopper
+#endif
 
 // Rows of the block's output as NaN: head dims the kernel has no code for, misaligned tensors.
 __device__ void fill_nan(const Problem& p, int d) {
@@ -209,11 +406,24 @@ __device__ void fill_nan(const Problem& p, int d) {
 
 template <class E, bool kCausal>
 __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k, const half_bits* v, half_bits* o,
-                                          int h, int s, int d) {
+                                          int b, int h, int s, int d) {
   extern __shared__ __align__(1024) char dyn_smem[];
   const Problem p = block_problem(q, k, v, o, h, s, d);
   half_bits* smem = reinterpret_cast<half_bits*>(dyn_smem);
   const bool aligned = kit::aligned16(q) && kit::aligned16(k) && kit::aligned16(v) && kit::aligned16(o);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ __align__(1024) char stat[hopper::kStaticBytes];
+  const unsigned stat_addr = kit::smem_addr(stat);
+  if (aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
+    const hopper::Args a{q, k, v, b * h, int(blockIdx.z) * h + int(blockIdx.y), 0};
+    if (d == 128) {
+      hopper::block<E, 128, kCausal>(p, a, stat_addr, dyn_smem);
+    } else {
+      hopper::block<E, 64, kCausal>(p, a, stat_addr, dyn_smem);
+    }
+    return;
+  }
+#endif
   if (aligned && d == 128) {
     ampere::block<E, 128, kCausal>(p, smem);
   } else if (aligned && d == 64) {
@@ -228,23 +438,23 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_f16(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,
               half_bits* __restrict__ o, int b, int h, int s, int d) {
-  attention<kit::F16, false>(q, k, v, o, h, s, d);
+  attention<kit::F16, false>(q, k, v, o, b, h, s, d);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_causal_f16(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,
                      half_bits* __restrict__ o, int b, int h, int s, int d) {
-  attention<kit::F16, true>(q, k, v, o, h, s, d);
+  attention<kit::F16, true>(q, k, v, o, b, h, s, d);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_bf16(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,
                half_bits* __restrict__ o, int b, int h, int s, int d) {
-  attention<kit::BF16, false>(q, k, v, o, h, s, d);
+  attention<kit::BF16, false>(q, k, v, o, b, h, s, d);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_causal_bf16(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,
                       half_bits* __restrict__ o, int b, int h, int s, int d) {
-  attention<kit::BF16, true>(q, k, v, o, h, s, d);
+  attention<kit::BF16, true>(q, k, v, o, b, h, s, d);
 }

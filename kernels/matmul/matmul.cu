@@ -228,9 +228,9 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
     const int s = t % kStages;
     mbar_wait(&sm.empty[s], ((t / kStages) & 1) ^ 1);  // the first pass finds every stage free
     mbar_arrive_expect_tx(&sm.full[s], kStageBytes);
-    tma_load_2d(sm.a(s), map_a, t * BK, bm, &sm.full[s]);
+    tma_load_3d(sm.a(s), map_a, t * BK, bm, 0, &sm.full[s]);
 #pragma unroll
-    for (int j = 0; j < BN / kBBox; ++j) tma_load_2d(sm.b(s) + j * kBBox * BK * 2, map_b, bn + j * kBBox, t * BK, &sm.full[s]);
+    for (int j = 0; j < BN / kBBox; ++j) tma_load_3d(sm.b(s) + j * kBBox * BK * 2, map_b, bn + j * kBBox, t * BK, 0, &sm.full[s]);
   }
 }
 
@@ -252,7 +252,7 @@ __device__ void consume(const Smem& sm, typename Out::T* C, int m, int n, int k,
       // A: K-major, 128-byte rows, 8-row groups 1024 bytes apart; k16 steps are 32 bytes in.
       // B: N-major, 64-column boxes 8 KB apart (leading), 8-row groups 1024 bytes apart; a k16
       // step is 16 rows of 128 bytes.
-      wgmma_m64n256k16_ss<E>(d, smem_desc_sw128(a + kk * 32, 16, 1024),
+      wgmma_ss<E, BN, 1>(d, smem_desc_sw128(a + kk * 32, 16, 1024),
                              smem_desc_sw128(b + kk * 16 * kBBox * 2, kBBox * BK * 2, 1024));
     }
     wgmma_commit();
