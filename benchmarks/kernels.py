@@ -438,8 +438,10 @@ def whole_call_us(call, sync, reps: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def torch_event_us(torch, call, reps: int) -> float:
-    call()
+def event_times_us(torch, call, reps: int, warmup: int = 1) -> list[float]:
+    """Device time of each of `reps` calls on torch's stream (CUDA events), sorted."""
+    for _ in range(warmup):
+        call()
     torch.cuda.synchronize()
     pairs = []
     for _ in range(reps):
@@ -449,7 +451,11 @@ def torch_event_us(torch, call, reps: int) -> float:
         e.record()
         pairs.append((s, e))
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs) * 1e3
+    return sorted(s.elapsed_time(e) * 1e3 for s, e in pairs)
+
+
+def torch_event_us(torch, call, reps: int) -> float:
+    return statistics.median(event_times_us(torch, call, reps))
 
 
 def measure(build_dir: Path) -> list[dict]:
