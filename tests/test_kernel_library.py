@@ -1,16 +1,18 @@
 """The kit's kernel library (kernels/) and every sample build for real, and every function they
-generate has a numpy reference."""
+generate has a numpy reference; the tensor-core kernels (matmul, attention) are checked on the
+GPU over many shapes, and their sm_90a code is checked for Hopper's instructions."""
 
 import importlib.util
 import inspect
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kitdispatch import BuildOptions, build, load_manifest
 from kitdispatch.manifest import MANIFEST_NAME
 
-from conftest import REPO, needs_iree_compile
+from conftest import HAVE_IREE_COMPILE, REPO, needs_iree_compile
 
 MANIFEST_DIRS = sorted(
     p.parent for root in ("kernels", "samples") for p in (REPO / root).glob(f"*/{MANIFEST_NAME}")
@@ -48,3 +50,120 @@ def test_every_function_has_a_reference(folder):
 def test_builds_for_sm_80(folder, tmp_path):
     result = build(folder, BuildOptions.create("sm_80"), tmp_path)
     assert result.vmfb is not None and result.vmfb.is_file() and result.vmfb.stat().st_size > 0
+
+
+# --------------------------------------------------------------- tensor-core kernels (GPU)
+
+HOPPER_ARCHS = "sm_90a,sm_80"  # the architectures kernels/matmul and kernels/attention ship for
+
+
+@pytest.fixture(scope="session")
+def tensor_core_builds(tmp_path_factory, prebuilt_dir):
+    """kernels/matmul and kernels/attention built for sm_90a + sm_80 (or the prebuilt copies)."""
+    if prebuilt_dir is not None:
+        return {name: prebuilt_dir / name for name in ("matmul", "attention")}
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("neither iree-compile nor KITDISPATCH_PREBUILT is available")
+    from kitdispatch import build_all
+
+    out = tmp_path_factory.mktemp("tensor_core")
+    build_all([REPO / "kernels" / "matmul", REPO / "kernels" / "attention"], BuildOptions.create(HOPPER_ARCHS), out)
+    return {name: out / name for name in ("matmul", "attention")}
+
+
+def _module(builds, name):
+    from kitdispatch import load_module
+
+    return load_module(builds[name] / f"{name}.vmfb")
+
+
+def _rel_err(got, ref):
+    got = np.asarray(got, dtype=np.float64)
+    assert not np.isnan(got).any(), "NaN in the result: an element was not written, or the input was refused"
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+# Relative L2 error allowed by result type: f32 accumulation, then one rounding to the result.
+RESULT_TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.5e-2}
+MATMUL_FUNCTIONS = {
+    "matmul_f16": ("f16", "f32"), "matmul_bf16": ("bf16", "f32"), "matmul_f16_f16": ("f16", "f16"),
+    "matmul_bf16_bf16": ("bf16", "bf16"), "matmul_f16_bf16": ("f16", "bf16"), "matmul_bf16_f16": ("bf16", "f16"),
+}
+# (m, n, k): n and k multiples of 8 take the TMA + wgmma path on sm_90a, the others the
+# mma.sync path everywhere; partial 128 x 256 tiles in every direction; k from 1 to 1000.
+MATMUL_SHAPES = [(256, 512, 64), (300, 1000, 264), (1, 8, 8), (129, 264, 8), (257, 129, 77), (33, 50, 16),
+                 (5, 7, 3), (1, 1, 1), (1000, 1000, 1000)]
+
+
+def _numpy_dtype(name):
+    from kitdispatch.runtime import numpy_dtype
+
+    return numpy_dtype(name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("function", sorted(MATMUL_FUNCTIONS))
+@pytest.mark.parametrize("shape", MATMUL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matmul_any_shape(tensor_core_builds, function, shape):
+    m, n, k = shape
+    in_type, out_type = MATMUL_FUNCTIONS[function]
+    rng = np.random.default_rng(m * 1000003 + n * 1009 + k)
+    a = rng.standard_normal((m, k)).astype(_numpy_dtype(in_type))
+    b = rng.standard_normal((k, n)).astype(_numpy_dtype(in_type))
+    got = _module(tensor_core_builds, "matmul").call(function, a, b)
+    assert got.shape == (m, n) and got.dtype == _numpy_dtype(out_type)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert _rel_err(got, ref) <= RESULT_TOL[out_type]
+
+
+def _attention_reference(q, k, v, causal):
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = q.shape[-2]
+        scores = np.where(np.tril(np.ones((s, s), dtype=bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (weights / weights.sum(axis=-1, keepdims=True)) @ v
+
+
+# (b, h, s, d): partial 128-row query blocks and key tiles, one token, both head dims.
+ATTENTION_SHAPES = [(1, 2, 128, 64), (2, 3, 257, 128), (1, 1, 1, 64), (2, 2, 300, 64), (1, 2, 1000, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_attention_shapes(tensor_core_builds, dtype, causal, shape):
+    rng = np.random.default_rng(sum(shape))
+    q, k, v = (rng.standard_normal(shape).astype(_numpy_dtype(dtype)) for _ in range(3))
+    function = f"attention{'_causal' if causal else ''}_{dtype}"
+    got = _module(tensor_core_builds, "attention").call(function, q, k, v)
+    assert _rel_err(got, _attention_reference(q, k, v, causal)) <= RESULT_TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_attention_refuses_other_head_dims_loudly(tensor_core_builds):
+    q = np.ones((1, 1, 10, 96), np.float16)
+    got = _module(tensor_core_builds, "attention").call("attention_f16", q, q, q)
+    assert np.isnan(got.astype(np.float32)).all()
+
+
+# ------------------------------------------------------------ what each architecture gets
+
+
+@pytest.mark.parametrize("family", ["matmul", "attention"])
+def test_sm90a_code_uses_wgmma_and_the_copy_engine_and_sm80_code_does_not(family):
+    """The sm_90a path is really compiled in (not just the mma.sync fallback): its PTX has
+    wgmma, TMA tensor copies with device-built tensor maps and mbarriers; sm_80's has none."""
+    from kitdispatch.archs import Arch
+    from kitdispatch.compilers import CompileOptions, get_compiler
+
+    compiler = get_compiler("nvrtc")
+    source = REPO / "kernels" / family / f"{family}.cu"
+    hopper = compiler.compile(source, Arch.parse("sm_90a"), "ptx", CompileOptions()).data.decode()
+    ampere = compiler.compile(source, Arch.parse("sm_80"), "ptx", CompileOptions()).data.decode()
+    for instruction in ("wgmma.mma_async", "cp.async.bulk.tensor", "tensormap.replace", "mbarrier.try_wait", "setmaxnreg"):
+        assert instruction in hopper, f"{family} sm_90a PTX lacks {instruction}"
+        assert instruction not in ampere, f"{family} sm_80 PTX has {instruction}"
+    assert "mma.sync.aligned.m16n8k16" in ampere

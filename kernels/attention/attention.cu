@@ -1,0 +1,460 @@
+// Fused attention forward (flash attention: one pass over K and V with an online softmax):
+// O = softmax(Q K^T / sqrt(d)) V per batch and head, Q, K, V, O [b, h, s, d] row-major, f16 or
+// bf16, f32 accumulation and softmax; head dims 64 and 128 (others give NaN: loud, not wrong).
+// Causal variants mask key j > query i (PyTorch's is_causal, top-left aligned).
+//
+// One source, one launch for every GPU: blocks of 384 threads, each owning 128 query rows of
+// one head (grid ceildiv(s, 128) x h x b), 98 KB of dynamic shared memory.
+//
+// sm_80 path (mma.sync.m16n8k16): Q (128 x d) and a double-buffered ring of K and V tiles
+// (64 x d) in shared memory, rows of 16-byte chunks XOR-swizzled by row so that ldmatrix reads
+// are conflict-free. All 12 warps stream the next K/V tile in with cp.async while warps 0..7
+// compute (16 query rows each): S = Q K^T in registers, the running max and sum, P = exp2(S - max)
+// re-packed in registers as the A operand of O += P V.
+
+#include "../common/kit_mma.cuh"
+#include "../common/kit_sm90.cuh"
+
+namespace {
+
+using kit::half_bits;
+
+constexpr int kThreads = 384;
+constexpr int BM = 128;  // query rows per block
+constexpr int kDynamicSmem = 100352;  // kitdispatch.toml's dynamic_shared_memory
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+struct Problem {
+  const half_bits* q;
+  const half_bits* k;
+  const half_bits* v;
+  half_bits* o;
+  int s;          // sequence length (queries and keys)
+  int q0;         // first query row of this block
+  float scale2;   // softmax scale times log2(e): exp(x * scale) = exp2(x * scale2)
+};
+
+// The block's query rows: blocks start in reverse order, so the causal variant's longest rows
+// (the last ones) go first and the short ones fill in at the end.
+__device__ __forceinline__ Problem block_problem(const half_bits* q, const half_bits* k, const half_bits* v,
+                                                 half_bits* o, int h, int s, int d) {
+  const long long head = (long long)blockIdx.z * h + blockIdx.y;
+  const long long off = head * s * d;
+  const int q_block = gridDim.x - 1 - blockIdx.x;
+  return Problem{q + off, k + off, v + off, o + off, s, q_block * BM, rsqrtf(float(d)) * kLog2e};
+}
+
+// The max of a row over its quad of lanes (each holds a quarter of the row's columns).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kit::kFullMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kit::kFullMask, x, 2));
+}
+
+// What the online softmax subtracts from a row's scores, given the row's new running max:
+// the max, or 0 for a row with every key masked so far (its max stays -inf, and
+// exp2(-inf - 0) = 0 where -inf - -inf would be NaN).
+__device__ __forceinline__ float max_or_zero(float m) { return m == kit::neg_inf() ? 0.f : m; }
+
+// O's rows row_a and row_a + 8 of a warp's 16, divided by their softmax sums, rounded to E:
+// o(j, e) is this lane's accumulator e (0..3) of column tile j (mma/wgmma accumulator layout);
+// each row's sum is spread over the row's quad of lanes.
+template <class E, int D, class Acc>
+__device__ __forceinline__ void write_rows(const Problem& p, int row_a, float l_a, float l_b, int lane, Acc o) {
+  l_a += __shfl_xor_sync(kit::kFullMask, l_a, 1);
+  l_a += __shfl_xor_sync(kit::kFullMask, l_a, 2);
+  l_b += __shfl_xor_sync(kit::kFullMask, l_b, 1);
+  l_b += __shfl_xor_sync(kit::kFullMask, l_b, 2);
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+  const int col = lane % 4 * 2, row_b = row_a + 8;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    if (row_a < p.s)
+      *reinterpret_cast<unsigned*>(p.o + (long long)row_a * D + j * 8 + col) = kit::pack2<E>(o(j, 0) * inv_a, o(j, 1) * inv_a);
+    if (row_b < p.s)
+      *reinterpret_cast<unsigned*>(p.o + (long long)row_b * D + j * 8 + col) = kit::pack2<E>(o(j, 2) * inv_b, o(j, 3) * inv_b);
+  }
+}
+
+namespace ampere {
+
+constexpr int BN = 64;  // keys per tile
+constexpr int kComputeWarps = BM / 16;
+
+// Shared memory in halves: Q, then K[2], then V[2]; each row of D halves is D / 8 16-byte chunks,
+// chunk c of row r stored at chunk c ^ (r % 8).
+template <int D>
+struct Smem {
+  static constexpr int kRow = D;
+  static constexpr int kQ = 0, kK = BM * D, kV = kK + 2 * BN * D, kHalves = kV + 2 * BN * D;
+  static_assert(D / 8 >= 8, "the swizzle permutes 8 chunks");
+  static_assert(kHalves * 2 <= kDynamicSmem, "Q and two K/V tiles fit the dynamic shared memory");
+  __device__ static int at(int row, int chunk) { return row * kRow + ((chunk ^ (row & 7)) << 3); }
+};
+
+// rows [r0, r0 + rows) of a [s, D] matrix -> shared at `dst`, zeros past row s; all threads.
+template <int D>
+__device__ __forceinline__ void load_rows(half_bits* dst, const half_bits* src, int r0, int rows, int s) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = r0 + r < s;
+    kit::cp_async16(dst + Smem<D>::at(r, c), ok ? src + (long long)(r0 + r) * D + c * 8 : src, ok);
+  }
+}
+
+template <class E, int D, bool kCausal>
+__device__ void block(const Problem& p, half_bits* smem) {
+  using L = Smem<D>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int last_key = kCausal ? min(p.s, p.q0 + BM) : p.s;  // keys past it are masked for every row
+  const int ntiles = (last_key + BN - 1) / BN;
+
+  load_rows<D>(smem + L::kQ, p.q, p.q0, BM, p.s);
+  load_rows<D>(smem + L::kK, p.k, 0, BN, p.s);
+  load_rows<D>(smem + L::kV, p.v, 0, BN, p.s);
+  kit::cp_async_commit();
+
+  const bool computes = warp < kComputeWarps;
+  const int row_a = p.q0 + warp * 16 + lane / 4, row_b = row_a + 8;  // this thread's two query rows
+  unsigned qf[D / 16][4];
+  float o[D / 8][4] = {};
+  float m_a = kit::neg_inf(), m_b = kit::neg_inf(), l_a = 0.f, l_b = 0.f;
+
+  for (int t = 0; t < ntiles; ++t) {
+    kit::cp_async_wait<0>();
+    __syncthreads();  // tile t is in; everyone is done with tile t - 1's buffers
+    if (t + 1 < ntiles) {
+      const int nb = (t + 1) % 2;
+      load_rows<D>(smem + L::kK + nb * BN * D, p.k, (t + 1) * BN, BN, p.s);
+      load_rows<D>(smem + L::kV + nb * BN * D, p.v, (t + 1) * BN, BN, p.s);
+    }
+    kit::cp_async_commit();
+    if (!computes) continue;
+    if (t == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        kit::ldmatrix_x4(qf[kk], smem + L::kQ + L::at(warp * 16 + lane % 16, kk * 2 + lane / 16));
+    }
+    const half_bits* ks = smem + L::kK + (t % 2) * BN * D;
+    const half_bits* vs = smem + L::kV + (t % 2) * BN * D;
+
+    // S = Q K^T: 16 rows x 64 keys, 8 tiles of 16 x 8.
+    float sc[BN / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; nt += 2) {
+        unsigned r[4];
+        kit::ldmatrix_x4(r, ks + L::at(nt * 8 + lane / 16 * 8 + lane % 8, kk * 2 + lane / 8 % 2));
+        kit::mma_16x8x16<E>(sc[nt], qf[kk], r[0], r[1]);
+        kit::mma_16x8x16<E>(sc[nt + 1], qf[kk], r[2], r[3]);
+      }
+    }
+
+    // Online softmax over this tile, in the log2 domain.
+    const int key0 = t * BN + lane % 4 * 2;
+    const bool masked = t * BN + BN > p.s || (kCausal && t * BN + BN - 1 > p.q0 + warp * 16);
+    float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[nt][e] * p.scale2;
+        if (masked) {
+          const int key = key0 + nt * 8 + (e & 1), row = e < 2 ? row_a : row_b;
+          if (key >= p.s || (kCausal && key > row)) x = kit::neg_inf();
+        }
+        sc[nt][e] = x;
+        if (e < 2) mx_a = fmaxf(mx_a, x); else mx_b = fmaxf(mx_b, x);
+      }
+    mx_a = quad_max(mx_a), mx_b = quad_max(mx_b);
+    const float ref_a = max_or_zero(mx_a), ref_b = max_or_zero(mx_b);
+    const float alpha_a = exp2_approx(m_a - ref_a), alpha_b = exp2_approx(m_b - ref_b);
+    m_a = mx_a, m_b = mx_b;
+    float sum_a = 0.f, sum_b = 0.f;
+    unsigned pf[BN / 16][4];  // P as the A operand of P V: k16 step j = key tiles 2j, 2j + 1
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+      const float p0 = exp2_approx(sc[nt][0] - ref_a), p1 = exp2_approx(sc[nt][1] - ref_a);
+      const float p2 = exp2_approx(sc[nt][2] - ref_b), p3 = exp2_approx(sc[nt][3] - ref_b);
+      sum_a += p0 + p1, sum_b += p2 + p3;
+      pf[nt / 2][(nt % 2) * 2] = kit::pack2<E>(p0, p1);
+      pf[nt / 2][(nt % 2) * 2 + 1] = kit::pack2<E>(p2, p3);
+    }
+    l_a = l_a * alpha_a + sum_a, l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[dt][0] *= alpha_a, o[dt][1] *= alpha_a, o[dt][2] *= alpha_b, o[dt][3] *= alpha_b;
+    }
+
+    // O += P V: V tile rows are keys (k), columns head dims (n); ldmatrix.trans gives B fragments.
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; dt += 2) {
+        unsigned r[4];
+        kit::ldmatrix_x4_trans(r, vs + L::at(kk * 16 + lane % 16, dt + lane / 16));
+        kit::mma_16x8x16<E>(o[dt], pf[kk], r[0], r[1]);
+        kit::mma_16x8x16<E>(o[dt + 1], pf[kk], r[2], r[3]);
+      }
+    }
+  }
+  if (!computes) return;
+
+  write_rows<E, D>(p, row_a, l_a, l_b, lane, [&](int j, int e) { return o[j][e]; });
+}
+
+}  // namespace ampere
+
+// ============================================================ wgmma + TMA path (sm_90a)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace hopper {
+
+using namespace kit::sm90;
+
+constexpr int kStages = 3;              // K/V tiles in flight
+constexpr int kStaticBytes = 48 * 1024;  // the part of the layout in a static array
+
+__device__ __align__(128) unsigned char tensor_map_slots[kTensorMapSlots][3][kTensorMapBytes];
+
+// Shared memory: Q (128 x D), then K and V tiles (BN x D) per stage, each as D / 64 boxes of
+// 64 columns (128-byte rows, 128-byte swizzle). Byte offsets below 48 KB live in the static
+// array, the rest in the dynamic one; every buffer is a multiple of 16 KB, so none straddles.
+template <int D>
+struct Layout {
+  static constexpr int BN = D == 64 ? 128 : 64;  // keys per tile: 16 KB of K and of V either way
+  static constexpr int kBoxes = D / 64;
+  static constexpr int kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
+  static constexpr int kBytes = kQBytes + kStages * 2 * kKVBytes;
+  static constexpr int kBarrierOffset = kBytes - kStaticBytes;  // in the dynamic part
+  static constexpr int kMapOffset = kBarrierOffset + 128;
+  static_assert(kQBytes % 16384 == 0 && kKVBytes == 16384, "buffers do not straddle the static/dynamic seam");
+  static_assert(1023 + kMapOffset + 3 * kTensorMapBytes <= kDynamicSmem, "dynamic shared memory layout");
+  static_assert(kStaticBytes + kDynamicSmem > 227 * 1024 / 2, "one block per SM (the tensor-map slots rely on it)");
+
+  unsigned stat, dyn;  // shared addresses, 1024-aligned
+  unsigned long long* bars;  // q_full, k_full[kStages], v_full[kStages], empty[kStages]
+  __device__ unsigned at(int off) const { return off < kStaticBytes ? stat + off : dyn + off - kStaticBytes; }
+  __device__ unsigned q() const { return at(0); }
+  __device__ unsigned k(int s) const { return at(kQBytes + s * 2 * kKVBytes); }
+  __device__ unsigned v(int s) const { return at(kQBytes + s * 2 * kKVBytes + kKVBytes); }
+  __device__ unsigned long long* q_full() const { return bars; }
+  __device__ unsigned long long* k_full(int s) const { return bars + 1 + s; }
+  __device__ unsigned long long* v_full(int s) const { return bars + 1 + kStages + s; }
+  __device__ unsigned long long* empty(int s) const { return bars + 1 + 2 * kStages + s; }
+};
+
+struct Args {
+  const half_bits* q;  // whole tensors: the maps see them as [b * h, s, d]
+  const half_bits* k;
+  const half_bits* v;
+  int heads;  // b * h
+  int head;   // this block's
+  int ntiles;
+};
+
+// Warp 0 of the producer warpgroup: builds the Q, K and V maps, then (lane 0) loads Q once and
+// keeps the K/V ring full.
+template <class E, int D>
+__device__ void produce(const Layout<D>& L, const Args& a, const Problem& p, unsigned maps, unsigned char (*slot)[kTensorMapBytes]) {
+  using C = Layout<D>;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    tensor_map_3d<E>(maps, a.q, D, p.s, a.heads, 64, BM);
+    tensor_map_3d<E>(maps + kTensorMapBytes, a.k, D, p.s, a.heads, 64, C::BN);
+    tensor_map_3d<E>(maps + 2 * kTensorMapBytes, a.v, D, p.s, a.heads, 64, C::BN);
+  }
+  __syncwarp();
+  for (int i = 0; i < 3; ++i) tensor_map_publish(slot[i], maps + i * kTensorMapBytes);
+  if (lane != 0) return;
+  for (int i = 0; i < 3; ++i) tensor_map_acquire(slot[i]);
+  mbar_arrive_expect_tx(L.q_full(), C::kQBytes);
+  for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.q() + i * BM * 128, slot[0], 64 * i, p.q0, a.head, L.q_full());
+  for (int t = 0; t < a.ntiles; ++t) {
+    const int s = t % kStages;
+    mbar_wait(L.empty(s), ((t / kStages) & 1) ^ 1);  // the first pass finds every stage free
+    mbar_arrive_expect_tx(L.k_full(s), C::kKVBytes);
+    for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.k(s) + i * C::BN * 128, slot[1], 64 * i, t * C::BN, a.head, L.k_full(s));
+    mbar_arrive_expect_tx(L.v_full(s), C::kKVBytes);
+    for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.v(s) + i * C::BN * 128, slot[2], 64 * i, t * C::BN, a.head, L.v_full(s));
+  }
+}
+
+// Consumer warpgroup `wg` (0 or 1): query rows 64 * wg .. + 64 of the block.
+template <class E, int D, bool kCausal>
+__device__ void consume(const Layout<D>& L, const Args& a, const Problem& p, int wg) {
+  using C = Layout<D>;
+  constexpr int BN = C::BN;
+  const int t_in_wg = threadIdx.x % 128, warp = t_in_wg / 32, lane = t_in_wg % 32;
+  const int first_row = p.q0 + wg * 64 + warp * 16;  // of this warp
+  const int row_a = first_row + lane / 4, row_b = row_a + 8;
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m_a = kit::neg_inf(), m_b = kit::neg_inf(), l_a = 0.f, l_b = 0.f;
+  mbar_wait(L.q_full(), 0);
+  const unsigned q = L.q() + wg * 64 * 128;
+  for (int t = 0; t < a.ntiles; ++t) {
+    const int s = t % kStages;
+    const unsigned parity = (t / kStages) & 1;
+    // S = Q K^T (64 x BN): A = Q and B = K, both K-major (head dim contiguous).
+    float sc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) sc[i] = 0.f;
+    mbar_wait(L.k_full(s), parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const unsigned box = kk / 4, col = kk % 4 * 32;
+      wgmma_ss<E, BN, 0>(sc, smem_desc_sw128(q + box * BM * 128 + col, 16, 1024),
+                         smem_desc_sw128(L.k(s) + box * BN * 128 + col, 16, 1024));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    // Online softmax over the tile, in the log2 domain.
+    const int key0 = t * BN + lane % 4 * 2;
+    const bool masked = t * BN + BN > p.s || (kCausal && t * BN + BN - 1 > first_row);
+    float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) {
+      float x = sc[i] * p.scale2;
+      if (masked) {
+        const int key = key0 + i / 4 * 8 + (i & 1), row = (i & 2) ? row_b : row_a;
+        if (key >= p.s || (kCausal && key > row)) x = kit::neg_inf();
+      }
+      sc[i] = x;
+      if (i & 2) mx_b = fmaxf(mx_b, x); else mx_a = fmaxf(mx_a, x);
+    }
+    mx_a = quad_max(mx_a), mx_b = quad_max(mx_b);
+    const float ref_a = max_or_zero(mx_a), ref_b = max_or_zero(mx_b);
+    const float alpha_a = exp2_approx(m_a - ref_a), alpha_b = exp2_approx(m_b - ref_b);
+    m_a = mx_a, m_b = mx_b;
+    float sum_a = 0.f, sum_b = 0.f;
+    unsigned pf[BN / 16][4];  // P as the A operand of P V (mma.sync's A fragment, per warp)
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const float p0 = exp2_approx(sc[4 * j] - ref_a), p1 = exp2_approx(sc[4 * j + 1] - ref_a);
+      const float p2 = exp2_approx(sc[4 * j + 2] - ref_b), p3 = exp2_approx(sc[4 * j + 3] - ref_b);
+      sum_a += p0 + p1, sum_b += p2 + p3;
+      pf[j / 2][(j % 2) * 2] = kit::pack2<E>(p0, p1);
+      pf[j / 2][(j % 2) * 2 + 1] = kit::pack2<E>(p2, p3);
+    }
+    l_a = l_a * alpha_a + sum_a, l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] *= (i & 2) ? alpha_b : alpha_a;
+
+    // O += P V: B = V, N-major (head dim contiguous), 64-column boxes BN rows apart.
+    mbar_wait(L.v_full(s), parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_rs<E, D, 1>(o, pf[kk], smem_desc_sw128(L.v(s) + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    if (t_in_wg == 0) mbar_arrive(L.empty(s));
+  }
+
+  write_rows<E, D>(p, row_a, l_a, l_b, lane, [&](int j, int e) { return o[4 * j + e]; });
+}
+
+template <class E, int D, bool kCausal>
+__device__ void block(const Problem& p, Args a, unsigned stat, char* dyn_smem) {
+  using C = Layout<D>;
+  const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
+  char* dyn_aligned = dyn_smem + (dyn - kit::smem_addr(dyn_smem));
+  const C L{stat, dyn, reinterpret_cast<unsigned long long*>(dyn_aligned + C::kBarrierOffset)};
+  const int last_key = kCausal ? min(p.s, p.q0 + BM) : p.s;
+  a.ntiles = (last_key + C::BN - 1) / C::BN;
+  if (threadIdx.x == 0) {
+    mbar_init(L.q_full(), 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(L.k_full(s), 1);
+      mbar_init(L.v_full(s), 1);
+      mbar_init(L.empty(s), 2);  // one arrival per consumer warpgroup
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    setmaxnreg_dec<40>();
+    if (threadIdx.x < 32) produce<E, D>(L, a, p, dyn + C::kMapOffset, tensor_map_slots[sm_id()]);
+  } else {
+    setmaxnreg_inc<232>();
+    consume<E, D, kCausal>(L, a, p, wg - 1);
+  }
+}
+
+}  // namespace hopper
+#endif
+
+// Rows of the block's output as NaN: head dims the kernel has no code for, misaligned tensors.
+__device__ void fill_nan(const Problem& p, int d) {
+  for (int i = threadIdx.x; i < BM * d; i += kThreads) {
+    const int r = p.q0 + i / d;
+    if (r < p.s) p.o[(long long)r * d + i % d] = 0x7fff;  // a NaN in f16 and in bf16
+  }
+}
+
+template <class E, bool kCausal>
+__device__ __forceinline__ void attention(const half_bits* q, const half_bits* k, const half_bits* v, half_bits* o,
+                                          int b, int h, int s, int d) {
+  extern __shared__ __align__(1024) char dyn_smem[];
+  const Problem p = block_problem(q, k, v, o, h, s, d);
+  half_bits* smem = reinterpret_cast<half_bits*>(dyn_smem);
+  const bool aligned = kit::aligned16(q) && kit::aligned16(k) && kit::aligned16(v) && kit::aligned16(o);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ __align__(1024) char stat[hopper::kStaticBytes];
+  const unsigned stat_addr = kit::smem_addr(stat);
+  if (aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
+    const hopper::Args a{q, k, v, b * h, int(blockIdx.z) * h + int(blockIdx.y), 0};
+    if (d == 128) {
+      hopper::block<E, 128, kCausal>(p, a, stat_addr, dyn_smem);
+    } else {
+      hopper::block<E, 64, kCausal>(p, a, stat_addr, dyn_smem);
+    }
+    return;
+  }
+#endif
+  if (aligned && d == 128) {
+    ampere::block<E, 128, kCausal>(p, smem);
+  } else if (aligned && d == 64) {
+    ampere::block<E, 64, kCausal>(p, smem);
+  } else {
+    fill_nan(p, d);
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+attention_f16(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,
+              half_bits* __restrict__ o, int b, int h, int s, int d) {
+  attention<kit::F16, false>(q, k, v, o, b, h, s, d);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+attention_causal_f16(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,
+                     half_bits* __restrict__ o, int b, int h, int s, int d) {
+  attention<kit::F16, true>(q, k, v, o, b, h, s, d);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+attention_bf16(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,
+               half_bits* __restrict__ o, int b, int h, int s, int d) {
+  attention<kit::BF16, false>(q, k, v, o, b, h, s, d);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+attention_causal_bf16(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,
+                      half_bits* __restrict__ o, int b, int h, int s, int d) {
+  attention<kit::BF16, true>(q, k, v, o, b, h, s, d);
+}

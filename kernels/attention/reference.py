@@ -1,0 +1,31 @@
+"""numpy references of the fused attention kernels, in float64, rounded once to the input type."""
+
+import numpy as np
+
+
+def _attention(q, k, v, causal):
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    scores = q64 @ np.swapaxes(k64, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:  # query i sees keys 0..i (PyTorch's is_causal)
+        s = q.shape[-2]
+        scores = np.where(np.tril(np.ones((s, s), dtype=bool)), scores, -np.inf)
+    scores -= scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return (weights @ v64).astype(q.dtype)
+
+
+def attention_f16(q, k, v):
+    return _attention(q, k, v, causal=False)
+
+
+def attention_causal_f16(q, k, v):
+    return _attention(q, k, v, causal=True)
+
+
+def attention_bf16(q, k, v):
+    return _attention(q, k, v, causal=False)
+
+
+def attention_causal_bf16(q, k, v):
+    return _attention(q, k, v, causal=True)
