@@ -48,10 +48,10 @@ def parse_entries(ptx: str) -> dict[str, PtxEntry]:
 def check_kernel_against_ptx(kernel: Kernel, entries: dict[str, PtxEntry], where: str) -> None:
     """The object must export the kernel with the parameters and block size the layout declares.
 
-    Each C parameter must have exactly the size IREE fills: a pointer 8 bytes; a push
-    constant lands in its own parameter slot as 32 bits, of which a 4-, 2- (f16, bf16) or
-    1-byte (bool) parameter reads the low bytes; an 8-byte parameter would read 32 bits of
-    garbage, so 64-bit scalars are two 4-byte parameters (spec.SCALAR_TYPES)."""
+    Each C parameter must have the size of what the layout puts there (abi.py): a pointer
+    8 bytes, a scalar its type's size (a 64-bit half 4 bytes). Entries whose parameters IREE
+    cannot fill as they are (8-byte scalars, pointers after scalars) are bridged after this
+    check (bridge.py)."""
     entry = entries.get(kernel.entry)
     if entry is None:
         have = ", ".join(sorted(entries)) or "none"
@@ -67,20 +67,18 @@ def check_kernel_against_ptx(kernel: Kernel, entries: dict[str, PtxEntry], where
             f"kernel {kernel.name!r} takes {len(entry.params)} parameters in the compiled object "
             f"but the manifest declares {len(slots)} ({', '.join(s.name for s in slots)})",
             where=where,
-            fix="declare every C parameter of the kernel, in the order of its signature; a 64-bit "
-            "scalar NAME is two 32-bit parameters NAME_lo, NAME_hi",
+            fix="declare every C parameter of the kernel, in the order of its signature",
         )
     for i, (slot, compiled) in enumerate(zip(slots, entry.params)):
         if compiled.size != slot.size:
             p = slot.param
             what = (
                 "a pointer" if isinstance(p, Buffer)
-                else f"a 32-bit half of {p.dtype} {p.name!r}" if p.is_wide
+                else f"a 32-bit half of {p.dtype} {p.name!r}" if p.split
                 else p.dtype
             )
             hint = (
-                "; IREE passes 32 bits per parameter, so take a 64-bit value as two 32-bit halves "
-                "and declare it i64/u64/f64"
+                "; a 64-bit scalar is declared i64, u64 or f64"
                 if compiled.size == 8 and not isinstance(p, Buffer) else ""
             )
             raise AbiError(

@@ -17,7 +17,8 @@ import numpy as np
 from ._proc import ToolResult, run_tool
 from .errors import KitError, RuntimeUnavailable, ToolError
 from .record import RECORD_SUFFIX, BuildRecord, read_record, record_beside  # noqa: F401 (RECORD_SUFFIX: API)
-from .spec import ELEMENT_TYPES, FLOAT_BITS_ARGUMENTS, FunctionSignature, ScalarType, float_bits
+from . import abi
+from .spec import FunctionSignature, ScalarType
 
 RUN_TIMEOUT_S = 600.0
 
@@ -171,58 +172,16 @@ def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
     return out
 
 
-# How a Python scalar reaches the generated function (spec.SCALAR_ARGUMENT_TYPES): as the
-# numpy type that checks its range, then viewed as what IREE's VM takes.
-_SCALAR_ARGUMENTS = {
-    "i32": (np.int32, None),
-    "u32": (np.uint32, np.int32),
-    "i64": (np.int64, None),
-    "u64": (np.uint64, np.int64),
-    "f32": (np.float32, None),
-}
-
-
 def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float:
-    """A Python or numpy scalar as the generated function takes it, range-checked."""
-    if dtype == "bool":
-        return int(bool(value))  # the VM's i1 takes 0 or 1
-    if dtype in FLOAT_BITS_ARGUMENTS:  # the VM has no f16/bf16, and IREE demotes f64
-        try:
-            bits = float_bits(dtype, value)
-        except (TypeError, ValueError, KitError) as exc:
-            raise KitError(f"{where}: {getattr(exc, 'what', exc)}", fix=f"pass a number that fits {dtype}") from None
-        return bits - (1 << 64) if bits >= 1 << 63 else bits
-    kind, view = _SCALAR_ARGUMENTS[dtype]
-    if isinstance(value, (np.ndarray, list, tuple)) and np.ndim(value) != 0:
-        raise KitError(f"{where}: got an array of shape {np.shape(value)}", fix=f"pass one {dtype} number")
+    """A Python or numpy scalar as the generated function takes it (abi.argument), range-checked."""
     try:
-        if np.issubdtype(kind, np.integer):
-            number = _integer(value)
-            info = np.iinfo(kind)
-            if not info.min <= number <= info.max:
-                raise OverflowError(f"{value!r} is out of range [{info.min}, {info.max}]")
-            arr = np.array(number, dtype=kind)
-        else:
-            arr = np.array(float(value), dtype=np.float64).astype(kind)
+        return abi.argument(abi.lookup(dtype), value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise KitError(f"{where}: {exc}", fix=f"pass a number that fits {dtype}") from None
-    return (arr.view(view) if view is not None else arr).item()
-
-
-def _integer(value) -> int:
-    if isinstance(value, (bool, np.bool_, int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return int(value)
-    raise ValueError(f"{value!r} is not an integer")
 
 
 def numpy_dtype(dtype: str) -> np.dtype:
-    if dtype == "bf16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(ELEMENT_TYPES[dtype])
+    return abi.lookup(dtype).dtype
 
 
 def _to_numpy(value):

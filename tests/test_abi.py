@@ -109,12 +109,21 @@ def test_layout_mismatches_name_kernel_parameter_and_both_sides(tmp_path, body, 
     assert "kitdispatch.toml" in str(err.value) and "fix:" in str(err.value)
 
 
-def test_a_64_bit_c_parameter_is_refused_with_the_halves_advice(tmp_path):
-    cu = 'extern "C" __global__ void k(float* out, long long seed) {}'
+def test_a_64_bit_c_parameter_is_one_scalar_the_bridge_adapts(tmp_path):
+    cu = 'extern "C" __global__ void k(float* out, const long long seed, double d, size_t n) {}'
     toml = '[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [1]\nworkgroup_count = [1]\nshapes = { out = "f32[4]" }\n'
-    with pytest.raises(ManifestError) as err:
-        manifest(tmp_path, cu, toml)
-    assert "C type 'long long'" in str(err.value) and "unsigned seed_lo, unsigned seed_hi" in str(err.value)
+    k = manifest(tmp_path, cu, toml).kernels[0]
+    assert [(s.name, s.dtype, s.split) for s in k.scalars] == [("seed", "i64", False), ("d", "f64", False), ("n", "u64", False)]
+    assert [s.size for s in k.c_slots] == [8, 8, 8, 8] and k.needs_bridge
+    assert [str(a) for a in k.signature().args] == ["i64", "f64", "u64"]
+
+
+def test_scalars_before_pointers_are_accepted_and_bridged(tmp_path):
+    cu = 'extern "C" __global__ void k(int n, const float* x, float* y) {}'
+    toml = '[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [1]\nworkgroup_count = [1]\nshapes = { x = "f32[n]", y = "f32[n]" }\n'
+    k = manifest(tmp_path, cu, toml).kernels[0]
+    assert [p.name for p in k.params] == ["n", "x", "y"] and k.needs_bridge
+    assert not manifest(tmp_path / "b", SAXPY_CU, SAXPY_HEAD + 'shapes = { x = "f32[n]", y = "f32[n]" }\n').kernels[0].needs_bridge
 
 
 def test_explicit_params_of_a_missing_source_are_left_to_the_build(tmp_path):
@@ -150,7 +159,7 @@ def test_ptx_check_accepts_exactly_the_sizes_iree_fills():
         check_kernel_against_ptx(dataclasses.replace(k, symbol=lowered[k.name]) if k.cpp_name else k, entries, "test")
     # A kernel taking a real 64-bit parameter where a half is declared: refused, with the reason.
     bad = ptx.decode().replace(".param .u32 add_i64_param_3", ".param .u64 add_i64_param_3")
-    with pytest.raises(KitError, match=r"parameter 3 \('offset_hi'\) .* takes 8 bytes there; IREE passes 32 bits"):
+    with pytest.raises(KitError, match=r"parameter 3 \('offset_hi'\) .* takes 8 bytes there; a 64-bit scalar is declared i64, u64 or f64"):
         check_kernel_against_ptx(spec.kernels[0], parse_entries(bad), "test")
 
 
