@@ -18,6 +18,7 @@ from ._files import write_atomic
 from ._parallel import CpuSlots
 from ._workers import run_in_threads
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
+from .bridge import BridgingCompiler, entry_bridge
 from .cache import Cache, CachedCompiler, CachedLinker, Linked
 from .compilers import COMPILE_TIMEOUT_S, CompileOptions, ObjectCode, get_compiler
 from .errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
@@ -318,7 +319,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
 def _counting(compiler, cache: Cache | None) -> CachedCompiler:
     """Every module goes through a CachedCompiler of its own, which counts its compiler runs;
     with no cache it uses an unusable one, so every compile is a miss."""
-    return CachedCompiler(compiler, cache if cache is not None else Cache.disabled())
+    return CachedCompiler(BridgingCompiler(compiler), cache if cache is not None else Cache.disabled())
 
 
 # -------------------------------------------------------------------------- compiling
@@ -369,9 +370,12 @@ def _jobs(spec: ModuleSpec, options: BuildOptions) -> list[_Job]:
 
 def compile_options_for(spec: ModuleSpec, source: Path, options: BuildOptions) -> CompileOptions:
     """The build's options plus the C++ kernel names of this source, which NVRTC must
-    instantiate and name (`scale<float>`)."""
-    names = tuple(k.name for k in spec.kernels if k.cpp_name and k.symbol is None and spec.source_path(k.source) == source)
-    return dataclasses.replace(options.compile_options, name_expressions=names) if names else options.compile_options
+    instantiate and name (`scale<float>`), and the entries to bridge to IREE's parameter
+    passing (bridge.py)."""
+    mine = [k for k in spec.kernels if spec.source_path(k.source) == source]
+    names = tuple(k.name for k in mine if k.cpp_name and k.symbol is None)
+    bridges = tuple(entry_bridge(k) for k in mine if k.needs_bridge)
+    return dataclasses.replace(options.compile_options, name_expressions=names, bridges=bridges)
 
 
 def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Callable[[str, float], None]) -> list[_Built]:

@@ -43,6 +43,9 @@ class CompileOptions:
     # C++ kernel names (`scale<float>`) NVRTC must instantiate and name in the object; nvcc
     # has no such switch, so there a template kernel needs an explicit instantiation.
     name_expressions: tuple[str, ...] = ()
+    # Entries to adapt to IREE's parameter passing, (kernel name, pointer positions) each;
+    # applied by bridge.BridgingCompiler, not by the compiler itself (no flag).
+    bridges: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def flags(self) -> list[str]:
         flags = [f"-I{d}" for d in self.include_dirs] + [f"-D{d}" for d in self.defines]

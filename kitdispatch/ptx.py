@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from .errors import AbiError
 from .spec import Buffer, Kernel
 
-_ENTRY_RE = re.compile(
+ENTRY_RE = re.compile(
     r"\.entry\s+(?P<name>[\w$.]+)\s*\((?P<params>[^)]*)\)(?P<directives>[^{]*)\{", re.S
 )
 _PARAM_RE = re.compile(
@@ -35,7 +35,7 @@ class PtxEntry:
 
 def parse_entries(ptx: str) -> dict[str, PtxEntry]:
     entries = {}
-    for m in _ENTRY_RE.finditer(ptx):
+    for m in ENTRY_RE.finditer(ptx):
         params = tuple(
             PtxParam(p.group("name"), int(p.group("type")[1:]) // 8 * int(p.group("count") or 1))
             for p in _PARAM_RE.finditer(m.group("params"))
