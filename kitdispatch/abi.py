@@ -18,6 +18,7 @@ arrive as their bits (f16, bf16, fp8 in an i32, f64 in an i64) or widened (i8, u
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from .errors import ManifestError
 
-Kind = Literal["sint", "uint", "float", "bool"]
+Kind = Literal["sint", "uint", "float", "bool", "struct"]
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,17 @@ class AbiType:
     @property
     def words(self) -> int:
         """32-bit push constants a scalar of this type takes."""
-        return max(1, self.size // 4)
+        return max(1, -(-self.size // 4))
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The generated function's arguments for one scalar: a struct takes one i32 per word."""
+        return (self.argument,) * (self.words if self.kind == "struct" else 1)
 
     @property
     def argument(self) -> str:
-        """The MLIR type the generated function takes for a scalar of this type."""
+        """The MLIR type the generated function takes for a scalar of this type (for a
+        struct, for each of its words)."""
         if self.kind == "bool":
             return "i1"
         if self.name == "f32":
@@ -71,6 +78,8 @@ class AbiType:
 
     @property
     def dtype(self) -> np.dtype:
+        if self.kind == "struct":
+            return np.dtype((np.void, self.size))
         if self.numpy.startswith(("bfloat", "float8")):
             import ml_dtypes
 
@@ -106,8 +115,25 @@ BY_C_NAME = {c: t for t in TYPES for c in t.c_names}
 C_UNSUPPORTED = ("long double", "__int128", "unsigned __int128", "wchar_t", "char16_t", "char32_t")
 
 
+# A struct passed by value travels as its bytes in 32-bit words ("struct24": 24 bytes, six
+# constants); the kernel's PTX parameter must have exactly that size. IREE's CUDA HAL takes
+# at most 64 push constants a dispatch.
+MAX_STRUCT_BYTES = 256
+_STRUCT_RE = re.compile(r"^struct([1-9][0-9]*)\Z")
+
+
 def lookup(name: str) -> AbiType:
+    m = _STRUCT_RE.match(name)
+    if m and int(m.group(1)) <= MAX_STRUCT_BYTES:
+        return AbiType(name, "", "void", int(m.group(1)), "struct", (), tensor=False)
     return BY_NAME[name]
+
+
+def find(name: object) -> AbiType | None:
+    try:
+        return lookup(name) if isinstance(name, str) else None
+    except KeyError:
+        return None
 
 
 def element_type(name: object, where: str) -> AbiType:
@@ -119,10 +145,12 @@ def element_type(name: object, where: str) -> AbiType:
 
 
 def scalar_type(name: object, where: str, hint: str = "") -> AbiType:
-    row = BY_NAME.get(name) if isinstance(name, str) else None
+    row = find(name)
     if row is None or not row.scalar:
         raise ManifestError(
-            f"unknown scalar type {name!r}", where=where, fix=f"use one of {', '.join(SCALAR_TYPES)}{hint}"
+            f"unknown scalar type {name!r}",
+            where=where,
+            fix=f"use one of {', '.join(SCALAR_TYPES)}, or structN for a struct of N bytes (N <= {MAX_STRUCT_BYTES}){hint}",
         )
     return row
 
@@ -159,6 +187,8 @@ def words(row: AbiType, raw: int) -> tuple[int, ...]:
 def argument(row: AbiType, value: object) -> int | float:
     """A Python or numpy scalar as the generated function takes it, range-checked.
     Raises ValueError (or TypeError) with the reason."""
+    if row.kind == "struct":
+        return struct_words(row, value)
     if isinstance(value, (np.ndarray, list, tuple)) and np.ndim(value) != 0:
         raise ValueError(f"got an array of shape {np.shape(value)}")
     if row.kind == "bool":
@@ -176,6 +206,15 @@ def argument(row: AbiType, value: object) -> int | float:
     if not info.min <= number <= info.max:
         raise OverflowError(f"{value!r} is out of range [{info.min}, {info.max}]")
     return _signed(number, 64 if row.argument == "i64" else 32) if row.size >= 4 else number
+
+
+def struct_words(row: AbiType, value: object) -> tuple[int, ...]:
+    """A struct's bytes (bytes, or a numpy structured scalar) as its i32 arguments."""
+    raw = value.tobytes() if isinstance(value, (np.void, np.ndarray)) else value
+    if not isinstance(raw, (bytes, bytearray, memoryview)) or len(bytes(raw)) != row.size:
+        raise ValueError(f"expected {row.size} bytes (bytes, or a numpy structured scalar), got {value!r:.60}")
+    padded = bytes(raw) + bytes(4 * row.words - row.size)
+    return tuple(int(w) for w in np.frombuffer(padded, "<i4"))
 
 
 def _signed(value: int, width: int) -> int:

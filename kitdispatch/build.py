@@ -610,7 +610,7 @@ def _check_declaration(sig: FunctionSignature, declarations: dict[str, str], whe
     if m is None:
         return  # a declaration IREE wrote in a form this kit does not know: nothing to compare
     have = (_declared_types(m.group("args")), _declared_types(m.group("results")))
-    want = (tuple(t.mlir for t in sig.args), tuple(t.mlir for t in sig.results))
+    want = (tuple(m for t in sig.args for m in t.mlir_types), tuple(m for t in sig.results for m in t.mlir_types))
     if have != want:
         raise ManifestError(
             f"function {sig.name!r} is declared as ({', '.join(want[0])}) -> ({', '.join(want[1])}) but the "

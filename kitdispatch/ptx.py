@@ -14,7 +14,7 @@ ENTRY_RE = re.compile(
 )
 _PARAM_RE = re.compile(
     r"\.param\s+(?:\.align\s+(?P<align>\d+)\s+)?(?:\.ptr\s+(?:\.\w+\s+)*)?\.(?P<type>[usfb]\d+)"
-    r"(?:\s+\.ptr(?:\s+\.\w+)*(?:\s+\.align\s+\d+)?)?\s+(?P<name>[\w$.]+)(?:\[(?P<count>\d+)\])?"
+    r"(?:\s+\.ptr(?:\s+\.(?!align\b)\w+)*(?:\s+\.align\s+\d+)?)?\s+(?P<name>[\w$.]+)(?:\[(?P<count>\d+)\])?"
 )
 _NTID_RE = re.compile(r"\.(?P<kind>reqntid|maxntid)\s+(?P<dims>\d+(?:\s*,\s*\d+)*)")
 

@@ -221,6 +221,8 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
     args = kernel.function_arguments
     arg_ssa = {p.name: ssa.take(p.name) for p in args}
     arg_types = {p.name: p.type.mlir if isinstance(p, Buffer) else ScalarType(p.dtype).mlir for p in args}
+    # A struct is one argument per 32-bit word (abi.AbiType.arguments).
+    words = {p.name: [ssa.take(f"{p.name}_w{i}") for i in range(p.words)] for p in args if isinstance(p, Scalar) and p.abi.kind == "struct"}
 
     # Symbol values (index): dimensions of tensor arguments, then integer scalar arguments.
     symbol_ssa: dict[str, str] = {}
@@ -266,6 +268,8 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
             constants.from_index(s, idx)
         elif isinstance(value, float):
             constants.from_literal(s, value)
+        elif s.name in words:
+            constants.values += words[s.name]
         else:
             constants.from_argument(s, arg_ssa[s.name])
 
@@ -296,7 +300,10 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
     return {
         "doc": f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})",
         "name": kernel.function,
-        "args": ", ".join(f"%{arg_ssa[p.name]}: {arg_types[p.name]}" for p in args),
+        "args": ", ".join(
+            ", ".join(f"%{w}: i32" for w in words[p.name]) if p.name in words else f"%{arg_ssa[p.name]}: {arg_types[p.name]}"
+            for p in args
+        ),
         "index_constants": [{"ssa": v, "value": k} for k, v in index_constants.items()],
         "dims": dims,
         "symbol_casts": symbol_casts,

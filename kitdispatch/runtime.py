@@ -152,7 +152,8 @@ def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
     for i, (want, got) in enumerate(zip(sig.args, args)):
         where = f"{sig.name} argument {i} ({want})"
         if isinstance(want, ScalarType):
-            out.append(scalar_argument(want.dtype, got, where))
+            value = scalar_argument(want.dtype, got, where)
+            out += value if isinstance(value, tuple) else [value]  # a struct: its words
             continue
         arr = np.asarray(got)
         want_dtype = numpy_dtype(want.dtype)
@@ -172,7 +173,7 @@ def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
     return out
 
 
-def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float:
+def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float | tuple[int, ...]:
     """A Python or numpy scalar as the generated function takes it (abi.argument), range-checked."""
     try:
         return abi.argument(abi.lookup(dtype), value)

@@ -127,6 +127,11 @@ class TensorType:
         return tuple(d for d in self.shape if isinstance(d, str))
 
     @property
+    def mlir_types(self) -> tuple[str, ...]:
+        """The function arguments it takes: one tensor."""
+        return (self.mlir,)
+
+    @property
     def mlir(self) -> str:
         dims = "".join(f"{'?' if isinstance(d, str) else d}x" for d in self.shape)
         return f"tensor<{dims}{abi.lookup(self.dtype).mlir}>"
@@ -143,6 +148,11 @@ class ScalarType:
     def mlir(self) -> str:
         """The type a generated function takes for this scalar (abi.AbiType.argument)."""
         return abi.lookup(self.dtype).argument
+
+    @property
+    def mlir_types(self) -> tuple[str, ...]:
+        """The function arguments it takes: one, or one i32 per word of a struct."""
+        return abi.lookup(self.dtype).arguments
 
     def __str__(self) -> str:
         return self.dtype
@@ -623,6 +633,10 @@ class Kernel:
                         f"scalar {p.name!r} of type {p.dtype} cannot be split into 32-bit halves",
                         where=pwhere,
                         fix="only 64-bit scalars (i64, u64, f64) come as NAME_lo, NAME_hi",
+                    )
+                if row.kind == "struct" and p.value is not None:
+                    raise ManifestError(
+                        f"struct scalar {p.name!r} takes no value", where=pwhere, fix="pass it as an argument"
                     )
                 if isinstance(p.value, float) and row.kind != "float":
                     raise ManifestError(

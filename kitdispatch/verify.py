@@ -178,6 +178,8 @@ def _tolerance_dtype(sig: FunctionSignature, result) -> str:
 def _make_input(t, symbols: dict[str, int], rng) -> np.ndarray | float | int:
     row = abi.lookup(t.dtype)
     if isinstance(t, ScalarType):
+        if row.kind == "struct":  # small integers in every 32-bit word, as bytes
+            return rng.integers(1, 8, size=row.words).astype("<i4").tobytes()[: row.size]
         return float(rng.uniform(0.5, 2.0)) if row.kind == "float" else int(rng.integers(1, 8))
     shape = tuple(symbols[d] if isinstance(d, str) else d for d in t.shape)
     if row.kind == "float":

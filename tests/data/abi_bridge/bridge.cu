@@ -30,7 +30,7 @@ extern "C" __global__ void axpb_f64(double a, const double* __restrict__ x, doub
   if (i < n) out[i] = a * x[i] + b;
 }
 
-// A plain struct by value (24 bytes: float, int, double), passed as six 32-bit constants.
+// A plain struct by value (16 bytes: float, int, double), passed as four 32-bit constants.
 struct Affine {
   float scale;
   int shift;
