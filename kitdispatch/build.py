@@ -34,7 +34,7 @@ from .iree_compile import (
 from .manifest import load_manifest
 from .outputs import OutputFolder, os_error, prepare_output_dir, staging_dir
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
-from .ptx import check_kernel_against_ptx, parse_entries
+from .ptx import check_kernel_against_ptx, parse_entries, stores_to_inputs
 from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
 from .render import ExecutableObjects, VariantObject, render_module
 from .spec import OBJECT_FORMATS, FunctionSignature, ModuleSpec
@@ -274,7 +274,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
 
     built = _compile_all(spec, options, compiler, lambda what, secs: shared.report(label + what, secs))
     spec = _resolve_entries(spec, built, compiler, options)
-    _check_abi(spec, built, compiler, options)
+    abi_warnings = _check_abi(spec, built, compiler, options)
     preflight_notes = _preflight(built, shared.driver)
 
     templates = shared.cache.template_dir if shared.cache is not None else None
@@ -284,7 +284,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     )
     mlir_name, vmfb_name = f"{spec.name}.mlir", f"{spec.name}.vmfb" if make_vmfb else None
     outputs = objects | {mlir_name: rendered.text.encode()}
-    diagnostics = _compile_diagnostics(built)
+    diagnostics = _compile_diagnostics(built) + abi_warnings
     iree_runs = 0
     with staging_dir(out_dir) as stage:
         if vmfb_name is not None:
@@ -436,10 +436,12 @@ def _lowered_by_nvrtc(source: Path, name: str, compiler, options: BuildOptions) 
         ) from None
 
 
-def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> None:
-    """Every kernel against the PTX of its source: entry name, parameters, block size.
-    nvcc's cubins and fatbins carry no PTX, so those sources get one PTX compile to check."""
+def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> tuple[Diagnostic, ...]:
+    """Every kernel against the PTX of its source: entry name, parameters, block size; and a
+    warning for each `in` buffer the kernel stores through (it would write IREE's read-only
+    input). nvcc's cubins and fatbins carry no PTX, so those sources get one PTX compile."""
     ptx_by_source: dict[Path, tuple[bytes, str]] = {}
+    warnings: list[Diagnostic] = []
     for b in built:
         if b.obj.ptx is not None:
             ptx_by_source.setdefault(b.obj.source, (b.obj.ptx, b.obj.arch.name))
@@ -450,7 +452,10 @@ def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOp
             probe = compiler.compile(src, oldest, "ptx", compile_options_for(spec, src, options))
             ptx_by_source[src] = (probe.ptx, oldest.name)
         ptx, arch = ptx_by_source[src]
-        check_kernel_against_ptx(kernel, parse_entries(ptx.decode(errors="replace")), f"{src} ({arch})")
+        text = ptx.decode(errors="replace")
+        check_kernel_against_ptx(kernel, parse_entries(text), f"{src} ({arch})")
+        warnings += [Diagnostic("kitdispatch", str(src), text) for text in stores_to_inputs(kernel, text)]
+    return tuple(warnings)
 
 
 def _preflight(built: list[_Built], driver: Version | None) -> tuple[str, ...]:

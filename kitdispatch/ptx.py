@@ -90,6 +90,22 @@ def check_kernel_against_ptx(kernel: Kernel, entries: dict[str, PtxEntry], where
     _check_block_size(kernel, entry, where)
 
 
+def stores_to_inputs(kernel: Kernel, ptx: str) -> list[str]:
+    """A warning for each `in` buffer the kernel's PTX stores through: IREE binds it
+    read-only and may share it with other values, so the write is lost or corrupts them."""
+    slots = kernel.c_slots
+    warnings = []
+    for i in written_params(ptx, kernel.entry):
+        p = slots[i].param if i < len(slots) else None
+        if isinstance(p, Buffer) and p.access == "in":
+            warnings.append(
+                f"kernel {kernel.name!r} stores through {p.name!r}, which the manifest declares `in` "
+                "(read-only): IREE may share that buffer with other values, so the result is undefined; "
+                f"declare it inout = [\"{p.name}\"] (or out), or make the pointer const if it is only read"
+            )
+    return warnings
+
+
 def _check_block_size(kernel: Kernel, entry: PtxEntry, where: str) -> None:
     size = kernel.workgroup_size
     if entry.reqntid is not None:
@@ -108,3 +124,79 @@ def _check_block_size(kernel: Kernel, entry: PtxEntry, where: str) -> None:
             where=where,
             fix="lower workgroup_size or raise the kernel's __launch_bounds__",
         )
+
+
+# ------------------------------------------------------------------ stores through params
+
+_INSTR_RE = re.compile(r"^\s*(?:@!?%\w+\s+)?(?P<op>[a-z][\w.]*)\s+(?P<args>[^;]*);")
+_REG_RE = re.compile(r"%[\w$.]+")
+_MEMORY_WRITES = re.compile(r"^(?:st|atom|red)(?:\.global)?(?:\.|$)")
+_NOT_GLOBAL = re.compile(r"\.(?:shared|local|param|const)\b")
+
+
+def written_params(ptx: str, entry: str) -> tuple[int, ...]:
+    """Positions of the entry's pointer parameters that the kernel stores through (st, atom or
+    red to global or generic memory at an address computed from the parameter).
+
+    A taint analysis over the entry's body: a register loaded from a parameter carries it,
+    and so does an address computed from it (mov, cvta, add, the pointer of a sub, the
+    addend of a mad, either side of a selp); an integer derived otherwise (an alignment test
+    `and`, a pointer difference) and a value loaded from memory do not. It runs to a fixed
+    point, so loops are followed."""
+    m = next((m for m in ENTRY_RE.finditer(ptx) if m.group("name") == entry), None)
+    if m is None:
+        return ()
+    names = {p.group("name"): i for i, p in enumerate(_PARAM_RE.finditer(m.group("params")))}
+    body = ptx[m.end() : _body_end(ptx, m.end() - 1)]
+    instructions = [(i.group("op"), i.group("args")) for i in map(_INSTR_RE.match, body.split("\n")) if i]
+    taint: dict[str, frozenset[int]] = {}
+    written: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for op, args in instructions:
+            if _MEMORY_WRITES.match(op) and not _NOT_GLOBAL.search(op):
+                address = re.search(r"\[\s*(%[\w$.]+)", args)
+                if address:
+                    written |= taint.get(address.group(1), frozenset())
+                if not op.startswith("atom"):
+                    continue
+            dst, _, sources = args.partition(",")
+            dst = dst.strip()
+            if not dst.startswith("%"):
+                continue
+            if op.startswith("ld.param"):
+                param = re.search(r"\[\s*([\w$.]+)", sources)
+                new = frozenset({names[param.group(1)]}) if param and param.group(1) in names else frozenset()
+            elif op.startswith(("ld.", "atom")):
+                new = frozenset()  # a value from memory is not the pointer
+            else:
+                new = frozenset().union(*(taint.get(r, frozenset()) for r in _address_sources(op, sources)))
+            if not new <= taint.get(dst, frozenset()):
+                taint[dst] = taint.get(dst, frozenset()) | new
+                changed = True
+    return tuple(sorted(written))
+
+
+def _address_sources(op: str, sources: str) -> list[str]:
+    """The operands of `op` through which an address passes to its result."""
+    operands = [o.strip() for o in sources.split(",")]
+    base = op.split(".", 1)[0]
+    if base in ("mov", "cvta", "add", "selp"):
+        chosen = operands[:2] if base == "selp" else operands
+    elif base == "sub":
+        chosen = operands[:1]
+    elif base == "mad":
+        chosen = operands[2:3]
+    else:
+        return []
+    return [r for o in chosen for r in _REG_RE.findall(o)]
+
+
+def _body_end(text: str, start: int) -> int:
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return len(text)

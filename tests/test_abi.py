@@ -256,3 +256,42 @@ def test_cuda_headers_work_under_nvrtc_from_pip(tmp_path, header):
     src.write_text(f'#include <{header}>\nextern "C" __global__ void k(float* o) {{ o[0] = 1.0f; }}\n')
     obj = NvrtcCompiler().compile(src, Arch.parse("sm_80"), "ptx", CompileOptions())
     assert "k" in parse_entries(obj.ptx.decode())
+
+
+# ------------------------------------------------------------------- stores through `in`
+
+STORES_TO_INPUT_CU = r"""
+extern "C" __global__ void k(float* x, float* y, int n) {
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+    x[j] = 2 * x[j];
+    y[j] = x[j];
+  }
+}
+"""
+
+
+def test_a_store_to_an_in_buffer_is_a_build_warning(tmp_path):
+    toml = ('[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [64]\nworkgroup_count = ["ceildiv(n, 64)"]\n'
+            'shapes = { x = "f32[n]", y = "f32[n]" }\n')
+    root = write_kernel_project(tmp_path / "src", STORES_TO_INPUT_CU, toml + 'in = ["x"]\n')
+    result = generate(root, BuildOptions.create("sm_80"), tmp_path / "out")
+    [warning] = [d for d in result.diagnostics if d.tool == "kitdispatch"]
+    assert "kernel 'k' stores through 'x', which the manifest declares `in`" in warning.text
+    assert read_record(result.record).diagnostics == result.diagnostics
+    root = write_kernel_project(tmp_path / "ok", STORES_TO_INPUT_CU, toml + 'inout = ["x"]\n')
+    assert not generate(root, BuildOptions.create("sm_80"), tmp_path / "out_ok").diagnostics
+
+
+@pytest.mark.parametrize("project", sorted(p.parent.name for p in (Path(__file__).parent.parent / "kernels").glob("*/kitdispatch.toml")))
+def test_the_store_analysis_finds_exactly_the_results_of_the_library(project):
+    from kitdispatch.ptx import written_params
+
+    spec = load_manifest(Path(__file__).parent.parent / "kernels" / project)
+    names = tuple(k.name for k in spec.kernels if k.cpp_name)
+    for source in {spec.source_path(k.source) for k in spec.kernels}:
+        obj = NvrtcCompiler().compile(source, Arch.parse("sm_90"), "ptx", CompileOptions(name_expressions=names))
+        lowered = dict(obj.lowered)
+        for k in (k for k in spec.kernels if spec.source_path(k.source) == source):
+            slots = k.c_slots
+            results = tuple(i for i, s in enumerate(slots) if isinstance(s.param, Buffer) and s.param.is_result)
+            assert written_params(obj.ptx.decode(), lowered.get(k.name, k.name)) == results, k.name
