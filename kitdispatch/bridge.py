@@ -37,7 +37,7 @@ from ._proc import run_tool
 from ._resources import installed_version
 from ._workers import POOL, map_in_threads
 from .archs import Arch, ptx_fallback_archs
-from .compilers import CompileOptions, ObjectCode, check_archs, pack_fatbin
+from .compilers import CompileOptions, ObjectCode, check_archs, fatbin_note, pack_fatbin
 from .errors import AbiError, CompileError, KitError
 from .ptx import ENTRY_RE
 from .spec import Buffer, Kernel
@@ -183,6 +183,12 @@ def assemble(ptx: bytes, arch: Arch, compiler: str, *, nvcc: str | None = None, 
     return _nvjitlink(ptx, arch, timeout)
 
 
+def assemble_command(arch: Arch, compiler: str, nvcc: str | None) -> str:
+    """The assembler's command, as -v shows it (nvJitLink is a library: its equivalent)."""
+    tool = "ptxas" if compiler == "nvcc" else "# nvJitLink (the library), as: ptxas"
+    return f"{tool} -arch={arch.name} -O3 bridged.ptx -o bridged.cubin"
+
+
 def assembler_version(compiler: str) -> tuple[str, str]:
     """The (package, version) of the assembler, for cache keys: nvcc's ptxas is nvcc's."""
     if compiler == "nvcc":
@@ -268,7 +274,8 @@ class BridgingCompiler:
             [dataclasses.replace(pairs[a][0], ptx=pairs[a][1]) for a in ptx_fallback_archs(archs)],
         )
         notes = tuple(dict.fromkeys(n for c in cubins for n in c.diagnostics))
-        return ObjectCode.from_fatbin(data, tuple(archs), source, self.name, ptx=cubins[-1].ptx, lowered=cubins[0].lowered, diagnostics=notes)
+        commands = tuple(c for cubin in cubins for c in cubin.commands) + (fatbin_note(cubins, [pairs[a][0] for a in ptx_fallback_archs(archs)]),)
+        return ObjectCode.from_fatbin(data, tuple(archs), source, self.name, ptx=cubins[-1].ptx, lowered=cubins[0].lowered, diagnostics=notes, commands=commands)
 
     def _bridged(self, source: Path, arch: Arch, options: CompileOptions) -> tuple[ObjectCode, bytes]:
         """The compiler's PTX object for `arch`, and its PTX with the entries rewritten."""
@@ -282,4 +289,5 @@ class BridgingCompiler:
         timeout = getattr(self.inner, "timeout", ASSEMBLE_TIMEOUT_S)
         cubin, log = assemble(bridged, plain.arch, self.name, nvcc=getattr(self.inner, "path", None), timeout=timeout)
         notes = plain.diagnostics + ((log,) if log else ())
-        return ObjectCode.from_cubin(cubin, plain.arch, plain.source, self.name, ptx=plain.ptx, lowered=plain.lowered, diagnostics=notes)
+        commands = plain.commands + (assemble_command(plain.arch, self.name, getattr(self.inner, "path", None)),)
+        return ObjectCode.from_cubin(cubin, plain.arch, plain.source, self.name, ptx=plain.ptx, lowered=plain.lowered, diagnostics=notes, commands=commands)

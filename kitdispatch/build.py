@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 import shutil
 import tempfile
 import threading
@@ -100,6 +101,9 @@ class BuildResult:
     diagnostics: tuple[Diagnostic, ...] = ()  # tools' warnings on success, also in the record
     names: dict = field(default_factory=dict)  # kernel -> {function, entry} the kit chose
     removed: tuple[str, ...] = ()  # stale files of the folder's previous build, removed
+    # The commands this build ran, to re-run by hand (NVRTC's as equivalent nvcc commands,
+    # the link as iree-compile on the published files); cached steps ran nothing.
+    commands: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {
@@ -116,6 +120,7 @@ class BuildResult:
             "diagnostics": [dataclasses.asdict(d) for d in self.diagnostics],
             "names": self.names,
             "removed": list(self.removed),
+            "commands": list(self.commands),
         }
 
 
@@ -267,12 +272,14 @@ def _remove_if_empty(folder: Path) -> None:
 def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Shared, *, make_vmfb: bool) -> BuildResult:
     folder = OutputFolder(out_dir, spec.name)  # what the folder's previous build wrote
     compiler = _counting(shared.compiler, shared.cache)
-    codegen = choose_codegen_target(options.archs, options.codegen_target)
     programs = [_read_program(spec, p.source) for p in spec.programs]
     reference = _reference_path(spec)
     label = f"{spec.name}: " if shared.modules > 1 else ""  # whose step it is, when there are several
 
     built = _compile_all(spec, options, compiler, lambda what, secs: shared.report(label + what, secs))
+    # After the compile, which refuses an architecture the compiler cannot target with the
+    # list of those it can: a better first message for `--arch sm_50` than IREE's targets.
+    codegen = choose_codegen_target(options.archs, options.codegen_target)
     spec = _resolve_entries(spec, built, compiler, options)
     abi_warnings = _check_abi(spec, built, compiler, options)
     preflight_notes = _preflight(built, shared.driver)
@@ -286,12 +293,16 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     outputs = objects | {mlir_name: rendered.text.encode()}
     diagnostics = _compile_diagnostics(built) + abi_warnings
     iree_runs = 0
+    commands = tuple(c for b in built for c in b.obj.commands)
     with staging_dir(out_dir) as stage:
         if vmfb_name is not None:
             link = _Link(rendered.text, objects, codegen.target, stage, mlir_name, vmfb_name)
             linked = _link(link, options, shared, label)
             check_declared_functions(spec, linked.declarations)
             outputs[vmfb_name], iree_runs = linked.vmfb, int(linked.ran)
+            if linked.ran:
+                argv = compile_args(out_dir / mlir_name, out_dir / vmfb_name, codegen.target, out_dir, options.iree_flags)
+                commands += (shlex.join(argv),)
             diagnostics += tuple(Diagnostic("iree-compile", mlir_name, d) for d in linked.diagnostics)
         if reference is not None:
             outputs[reference.name] = _read_reference(reference)
@@ -313,6 +324,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
         diagnostics=diagnostics,
         names=record.names,
         removed=published.removed,
+        commands=commands,
     )
 
 

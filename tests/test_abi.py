@@ -295,3 +295,51 @@ def test_the_store_analysis_finds_exactly_the_results_of_the_library(project):
             slots = k.c_slots
             results = tuple(i for i, s in enumerate(slots) if isinstance(s.param, Buffer) and s.param.is_result)
             assert written_params(obj.ptx.decode(), lowered.get(k.name, k.name)) == results, k.name
+
+
+# --------------------------------------------------------------- what the tools say
+
+@pytest.mark.parametrize(
+    "arch, why",
+    [
+        ("sm_50", "nvrtc cannot target sm_50: nvrtc no longer supports GPUs older than sm_75"),
+        ("sm_10", "nvrtc cannot target sm_10: no NVIDIA GPU has that compute capability"),
+    ],
+)
+def test_an_architecture_the_compiler_cannot_target_says_why(tmp_path, arch, why):
+    import io
+
+    from kitdispatch.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["build", str(ABI_SCALARS), "--arch", arch, "--no-cache", "-o", str(tmp_path / "o")], out, err) == 2
+    assert why in err.getvalue() and "choose from what nvrtc supports: sm_75, sm_80" in err.getvalue()
+    assert not (tmp_path / "o").exists()
+
+
+@needs_iree_compile
+def test_verbose_shows_the_commands_that_ran(tmp_path):
+    import io
+
+    from kitdispatch.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["build", str(ABI_SCALARS), "--arch", "sm_80", "-o", str(tmp_path / "o"), "-v"], out, err) == 0
+    text = out.getvalue() + err.getvalue()
+    assert "ran: nvcc --cubin -arch=sm_80 -std=c++17" in text and "abi_scalars.cu" in text
+    assert f"--iree-hal-executable-object-search-path={tmp_path / 'o'} -o {tmp_path / 'o' / 'abi_scalars.vmfb'}" in text
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["build", str(ABI_SCALARS), "--arch", "sm_80", "-o", str(tmp_path / "o"), "-v"], out, err) == 0
+    assert "ran:" not in out.getvalue() + err.getvalue()  # everything came from the cache
+
+
+def test_test_scalars_are_checked_and_recorded(tmp_path):
+    body = SAXPY_HEAD + 'shapes = { x = "f32[n]", y = "f32[n]" }\ninout = ["y"]\n[test]\nscalars = { alpha = 2.5 }\n'
+    root = write_kernel_project(tmp_path / "src", SAXPY_CU, body)
+    assert load_manifest(root).test.scalars == (("alpha", 2.5),)
+    result = generate(root, BuildOptions.create("sm_80", format="ptx"), tmp_path / "out")
+    record = read_record(result.record)
+    assert record.test.scalars == {"alpha": 2.5}
+    assert record.functions[0].arg_names == ("x", "y", "alpha")
+    with pytest.raises(ManifestError, match="names 'beta', which is no scalar argument"):
+        manifest(tmp_path / "bad", SAXPY_CU, body.replace("alpha = 2.5", "beta = 1"))
