@@ -39,7 +39,7 @@ from ._workers import POOL, map_in_threads
 from .archs import Arch, ptx_fallback_archs
 from .compilers import CompileOptions, ObjectCode, check_archs, fatbin_note, pack_fatbin
 from .errors import AbiError, CompileError, KitError
-from .ptx import ENTRY_RE
+from .ptx import ENTRY_RE, body_end_of
 from .spec import Buffer, Kernel
 
 ASSEMBLE_TIMEOUT_S = 300.0
@@ -87,7 +87,7 @@ def rewrite_entry(ptx: str, entry: str, pointers: tuple[int, ...]) -> str:
         decls += [f".param .u32 {_word(p.name, w)}" for w in range(-(-p.size // _WORD))] if p.name in split else [p.decl]
     header = ",\n\t".join(decls)
     body_start = m.end()
-    body_end = _closing_brace(ptx, body_start - 1)
+    body_end = body_end_of(ptx, body_start - 1)
     body, temps = _rewrite_loads(ptx[body_start:body_end], split, entry)
     declare = f"\n\t.reg .b32 \t%kdw<{temps}>;" if temps else ""
     head = ptx[m.start() : m.start("params")] + "\n\t" + header + "\n)" + m.group("directives") + "{"
@@ -105,18 +105,6 @@ def _param(decl: str) -> _Param:
 
 def _word(name: str, index: int) -> str:
     return f"{name}_w{index}"
-
-
-def _closing_brace(text: str, start: int) -> int:
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-    raise AbiError("the PTX entry's body is not closed", fix="report this kernel to kitdispatch")
 
 
 def _rewrite_loads(body: str, split: dict[str, _Param], entry: str) -> tuple[str, int]:

@@ -147,7 +147,7 @@ def written_params(ptx: str, entry: str) -> tuple[int, ...]:
     if m is None:
         return ()
     names = {p.group("name"): i for i, p in enumerate(_PARAM_RE.finditer(m.group("params")))}
-    body = ptx[m.end() : _body_end(ptx, m.end() - 1)]
+    body = ptx[m.end() : body_end_of(ptx, m.end() - 1)]
     instructions = [(i.group("op"), i.group("args")) for i in map(_INSTR_RE.match, body.split("\n")) if i]
     taint: dict[str, frozenset[int]] = {}
     written: set[int] = set()
@@ -193,10 +193,12 @@ def _address_sources(op: str, sources: str) -> list[str]:
     return [r for o in chosen for r in _REG_RE.findall(o)]
 
 
-def _body_end(text: str, start: int) -> int:
+def body_end_of(text: str, start: int) -> int:
+    """Index of the `}` that closes the `{` at text[start] (an entry's body, which holds
+    nested blocks)."""
     depth = 0
     for i in range(start, len(text)):
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         if depth == 0:
             return i
-    return len(text)
+    raise AbiError("a PTX entry's body is not closed", fix="report this kernel to kitdispatch")
