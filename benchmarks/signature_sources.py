@@ -26,7 +26,8 @@ sys.path.insert(0, str(REPO))
 
 from kitdispatch import signature  # noqa: E402
 from kitdispatch.archs import Arch  # noqa: E402
-from kitdispatch.compilers import CompileOptions, NvrtcCompiler, cuda_include_dir  # noqa: E402
+from kitdispatch.compilers import CompileOptions, NvrtcCompiler  # noqa: E402
+from kitdispatch.toolchain import find_nvrtc  # noqa: E402
 from kitdispatch.ptx import parse_entries  # noqa: E402
 
 CUDA_ATTRIBUTES = [
@@ -42,7 +43,7 @@ def sources() -> list[Path]:
 
 def clang_kernels(index, ci, path: Path, with_headers: bool) -> tuple[dict, list[str]]:
     args = ["-x", "cuda", "--cuda-device-only", "-nocudainc", "-nocudalib", "--cuda-gpu-arch=sm_90",
-            "-std=c++17", f"-I{cuda_include_dir()}", f"-I{path.parent}"]
+            "-std=c++17", *(f"-I{d}" for d in find_nvrtc().include_dirs), f"-I{path.parent}"]
     args += ["-include", "cuda_runtime.h"] if with_headers else CUDA_ATTRIBUTES
     tu = index.parse(str(path), args=args, options=ci.TranslationUnit.PARSE_SKIP_FUNCTION_BODIES)
     errors = [str(d) for d in tu.diagnostics if d.severity >= ci.Diagnostic.Error]

@@ -65,3 +65,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def run_checked(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    what: str,
+    fix: str,
+    where: str | None = None,
+    error: type[ToolError] = ToolError,
+) -> ToolResult:
+    """`run_tool`, and a kit error carrying the tool's log, exit code and command when it fails."""
+    res = run_tool(argv, timeout=timeout)
+    if res.returncode != 0:
+        raise error(what, where=where, argv=res.argv, returncode=res.returncode, log=res.stderr + res.stdout, fix=fix)
+    return res

@@ -20,7 +20,23 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 
-def nvrtc_info(_request):
+_LOADED = []
+
+
+def _load(libraries):
+    """The NVRTC the build chose (and its builtins), loaded before cuda-python looks for one:
+    it takes a library already loaded under its name."""
+    if _LOADED or not libraries:
+        return
+    import ctypes
+
+    for library in libraries:
+        ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+    _LOADED.append(True)
+
+
+def nvrtc_info(libraries):
+    _load(libraries)
     from cuda.bindings import nvrtc
 
     err, major, minor = nvrtc.nvrtcVersion()
@@ -32,7 +48,8 @@ def nvrtc_info(_request):
 
 def nvrtc_compile(request):
     """request: source (bytes), name (str), options (list of str), names (name expressions),
-    cubin (bool). Returns ok, log, ptx, cubin, lowered names."""
+    cubin (bool), libraries (to load first). Returns ok, log, ptx, cubin, lowered names."""
+    _load(request["libraries"])
     from cuda.bindings import nvrtc
 
     err, prog = nvrtc.nvrtcCreateProgram(request["source"], request["name"].encode(), 0, [], [])
@@ -193,3 +210,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    os._exit(0)  # the build has gone: nothing to flush, and its stderr may be closed already

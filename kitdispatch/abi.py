@@ -111,6 +111,7 @@ BY_NAME = {t.name: t for t in TYPES}
 TENSOR_TYPES = tuple(t.name for t in TYPES if t.tensor)
 SCALAR_TYPES = tuple(t.name for t in TYPES if t.scalar)
 BY_C_NAME = {c: t for t in TYPES for c in t.c_names}
+BY_NUMPY = {t.numpy: t for t in TYPES if t.tensor}  # numpy dtype names: 'float32', 'bfloat16' 
 # C types no row describes as a scalar: a parameter of one is refused with the reason.
 C_UNSUPPORTED = ("long double", "__int128", "unsigned __int128", "wchar_t", "char16_t", "char32_t")
 

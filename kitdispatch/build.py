@@ -18,6 +18,7 @@ from . import __version__
 from ._files import write_atomic
 from ._parallel import CpuSlots
 from ._workers import run_in_threads
+from .arch_features import check_arch_features
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
 from .bridge import BridgingCompiler, entry_bridge
 from .cache import Cache, CachedCompiler, CachedLinker, Linked
@@ -282,6 +283,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     codegen = choose_codegen_target(options.archs, options.codegen_target)
     spec = _resolve_entries(spec, built, compiler, options)
     abi_warnings = _check_abi(spec, built, compiler, options)
+    check_arch_features([b.obj for b in built], lambda src, arch: _ptx_with_lines(spec, src, arch, compiler, options))
     preflight_notes = _preflight(built, shared.driver)
 
     templates = shared.cache.template_dir if shared.cache is not None else None
@@ -446,6 +448,12 @@ def _lowered_by_nvrtc(source: Path, name: str, compiler, options: BuildOptions) 
             where=str(source),
             fix='declare the kernel extern "C", or make the source compile with NVRTC too',
         ) from None
+
+
+def _ptx_with_lines(spec: ModuleSpec, source: Path, arch: Arch, compiler, options: BuildOptions) -> bytes:
+    """The source's PTX with -lineinfo, for an error that names the source line."""
+    with_lines = dataclasses.replace(compile_options_for(spec, source, options), line_info=True)
+    return compiler.compile(source, arch, "ptx", with_lines).data
 
 
 def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> tuple[Diagnostic, ...]:

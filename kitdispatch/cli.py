@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import traceback
 import warnings
@@ -116,6 +117,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--function", required=True, help="function to call")
     r.add_argument("--input", action="append", default=[], help="an input in IREE's syntax, e.g. 8xf32=2 (repeatable)")
     r.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
+    r.add_argument(
+        "--benchmark", type=int, default=0, metavar="N",
+        help="also time N calls: device time (CUPTI) against whole-call time, launched and synchronous",
+    )
 
     t = sub.add_parser("test", parents=[common], help="build samples, run them on the GPU and check them against numpy")
     t.add_argument("paths", nargs="+", help="sample folders, build folders, or folders of them")
@@ -289,11 +294,21 @@ def _cmd_gen(args, out: _Out) -> int:
 
 
 def _cmd_run(args, out: _Out) -> int:
-    from .runtime import run_module
+    from .runtime import read_signatures, run_function, run_module
 
-    res = run_module(Path(args.vmfb), args.function, args.input, device=args.device)
-    out.detail(f"$ {' '.join(res.argv)}")
-    out.result({"function": args.function, "output": res.stdout}, res.stdout.rstrip())
+    if args.function not in read_signatures(Path(args.vmfb)) and not args.benchmark:
+        res = run_module(Path(args.vmfb), args.function, args.input, device=args.device)  # not built by kitdispatch
+        out.detail(f"$ {' '.join(res.argv)}")
+        out.result({"function": args.function, "output": res.stdout}, res.stdout.rstrip())
+        return 0
+    run = run_function(Path(args.vmfb), args.function, args.input, device=args.device, benchmark=args.benchmark)
+    lines = [f"EXEC @{run.function}", *run.results]
+    if run.times:
+        anchor = ["iree-benchmark-module", f"--device={args.device}", f"--module={args.vmfb}", f"--function={args.function}"]
+        lines += [*run.times.lines(run.function), "  IREE's own tool, to compare: " + shlex.join(anchor + [f"--input={i}" for i in args.input])]
+    text = "\n".join(lines)
+    data = {"function": run.function, "output": "\n".join(run.results), "benchmark": run.times.to_json() if run.times else None}
+    out.result(data, text)
     return 0
 
 

@@ -19,15 +19,13 @@ from typing import Literal, Protocol
 from ._files import read_regular_file
 from ._parallel import CpuSlots
 from ._proc import run_tool
-from ._workers import POOL, map_in_threads
 from ._resources import installed_version
+from ._workers import POOL, map_in_threads
 from .archs import Arch, check_supported, ptx_fallback_archs
 from .errors import CompileError, KitError, ToolError
+from .toolchain import find_nvrtc, load_nvfatbin, not_installed_error
 
 ObjectFormat = Literal["ptx", "cubin", "fatbin"]
-# The wheels whose headers NVRTC compiles read (cuda_fp16.h, mma.h, crt/): their versions
-# are part of every NVRTC cache key.
-CUDA_HEADER_PACKAGES = ("nvidia-cuda-runtime", "nvidia-cuda-crt")
 COMPILE_TIMEOUT_S = 300.0  # a compile of one source for one target; --timeout changes it
 
 
@@ -167,8 +165,10 @@ def read_source(source: Path) -> bytes:
 
 
 class NvrtcCompiler:
-    """NVRTC from the nvidia-cuda-nvrtc wheel via cuda-python: no toolkit needed. Each compile
-    runs in a worker process (`_workers`), so one that never ends is stopped at its deadline."""
+    """NVRTC through cuda-python: from the CUDA 13 or CUDA 12 wheels (or a toolkit), whichever
+    `toolchain.find_nvrtc` finds; no toolkit needed. Each compile runs in a worker process
+    (`_workers`) that loads exactly that library, so one that never ends is stopped at its
+    deadline."""
 
     name = "nvrtc"
 
@@ -182,17 +182,24 @@ class NvrtcCompiler:
         # cache never starts NVRTC.
         _check_nvrtc_importable()
         try:
-            return POOL.call("nvrtc_info", None, timeout=60, what="loading NVRTC")
+            info = POOL.call("nvrtc_info", nvrtc_libraries(), timeout=60, what="loading NVRTC")
         except ToolError as exc:
+            install = find_nvrtc()
+            fix = install.headers_hint if install is not None else not_installed_error().fix
+            raise KitError(f"NVRTC library could not be loaded: {exc.what}", fix=f"{fix}; or use --compiler nvcc") from None
+        install = find_nvrtc()
+        if install is not None and not info["version"].startswith(f"{install.cuda_major}."):
             raise KitError(
-                f"NVRTC library could not be loaded: {exc.what}",
-                fix="pip install 'nvidia-cuda-nvrtc>=13.0,<13.1', or use --compiler nvcc",
-            ) from None
+                f"the compiler process loaded NVRTC {info['version']}, not {install.origin}",
+                fix="install only one CUDA major's NVRTC (kitdispatch doctor lists them)",
+            )
+        return info
 
     def version(self) -> str:
-        """The nvidia-cuda-nvrtc wheel's full version, which cuda-python loads before any
-        other NVRTC (no need to load it here); else the loaded library's major.minor."""
-        return installed_version("nvidia-cuda-nvrtc", "nvidia") or self.library_version()
+        """The full version of the NVRTC this backend loads (toolchain.find_nvrtc: found on
+        disk, not loaded); else the loaded library's major.minor."""
+        install = find_nvrtc()
+        return install.version if install is not None else self.library_version()
 
     def library_version(self) -> str:
         return self._info["version"]
@@ -221,20 +228,23 @@ class NvrtcCompiler:
         return self._run(source, self._flags(source, named), named, cubin=False)["lowered"]
 
     def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
-        headers = cuda_include_dir()
+        install = find_nvrtc()
+        if install is None:
+            return IncludeSearch((*options.include_dirs, str(source.parent)))
+        versions = tuple((d, installed_version(d, "nvidia") or "none") for d in install.layout.header_distributions)
         return IncludeSearch(
             (*options.include_dirs, str(source.parent)),
-            (headers,) if headers else (),
-            tuple((d, installed_version(d, "nvidia") or "none") for d in CUDA_HEADER_PACKAGES),
+            tuple(str(d) for d in install.include_dirs),
+            versions or (("toolkit", install.version),),
         )
 
     def _flags(self, source: Path, options: CompileOptions) -> list[str]:
         # NVRTC resolves quoted includes against the working folder, nvcc against the
         # source's folder; make NVRTC behave like nvcc. The CUDA headers (cuda_fp16.h,
-        # mma.h, ...) come from the nvidia-cuda-runtime wheel, as nvcc has its own.
-        flags = [*options.flags(), f"-I{source.parent}"]
-        headers = cuda_include_dir()
-        return flags + [f"-I{headers}"] if headers else flags
+        # mma.h, ...) come from the wheels of NVRTC's CUDA major, as nvcc has its own.
+        install = find_nvrtc()
+        headers = install.include_dirs if install is not None else ()
+        return [*options.flags(), f"-I{source.parent}", *(f"-I{h}" for h in headers)]
 
     def _run(self, source: Path, opts: list[str], options: CompileOptions, *, cubin: bool) -> dict:
         """One NVRTC compile in a worker: the reply, or a CompileError with NVRTC's log."""
@@ -242,7 +252,10 @@ class NvrtcCompiler:
         _info = self._info  # noqa: F841 (NVRTC loads, or its error is raised, before a slot is taken)
         target = next((o.split("=", 1)[1] for o in opts if o.startswith("--gpu-architecture=")), "")
         argv = rerun_command(source, opts)
-        request = {"source": text, "name": str(source), "options": opts, "names": list(options.name_expressions), "cubin": cubin}
+        request = {
+            "source": text, "name": str(source), "options": opts, "names": list(options.name_expressions),
+            "cubin": cubin, "libraries": nvrtc_libraries(),
+        }
         with self._slots:
             reply = POOL.call("nvrtc_compile", request, timeout=self.timeout, what=f"NVRTC compiling {source}", argv=argv)
         if not reply["ok"]:
@@ -299,23 +312,15 @@ def _check_nvrtc_importable() -> None:
         ) from None
 
 
-@functools.cache
-def cuda_include_dir() -> str | None:
-    """The CUDA headers of the nvidia-cuda-runtime wheel (`kitdispatch[build]`), if installed."""
-    try:
-        from cuda.pathfinder import find_nvidia_header_directory
-
-        found = find_nvidia_header_directory("cudart")
-    except Exception:  # an older cuda-pathfinder, or none: look for the wheel's folder
-        found = None
-    if found is None:
-        try:
-            import nvidia.cu13
-
-            found = next((str(Path(p) / "include") for p in nvidia.cu13.__path__ if (Path(p) / "include" / "cuda_fp16.h").is_file()), None)
-        except ImportError:
-            return None
-    return str(found) if found else None
+def nvrtc_libraries() -> list[str]:
+    """The NVRTC library the kit uses and its builtins, for the worker to load first: NVRTC
+    opens its builtins by name from a folder on no search path, and cuda-python takes a
+    library already loaded under its name before searching for one."""
+    install = find_nvrtc()
+    if install is None:
+        return []
+    builtins = sorted(install.library.parent.glob(f"libnvrtc-builtins.so.{install.cuda_major}.*"))
+    return [str(b) for b in builtins] + [str(install.library)]
 
 
 # --------------------------------------------------------------------------------- nvcc
@@ -401,17 +406,8 @@ def _shown_command(argv: list[str], out: Path) -> str:
 
 def pack_fatbin(cubins: list[ObjectCode], ptx: list[ObjectCode]) -> bytes:
     """One fatbin from cubins and the PTX they were compiled from, with nvFatbin (pip)."""
-    try:
-        from cuda.bindings import nvfatbin
-    except ImportError as exc:
-        raise KitError(f"nvFatbin is not available: {exc}", fix="pip install 'kitdispatch[build]'") from None
-    try:
-        handle = nvfatbin.create([], 0)
-    except Exception as exc:  # cuda-pathfinder raises when libnvfatbin is missing
-        raise KitError(
-            f"nvFatbin library could not be loaded: {str(exc).splitlines()[0]}",
-            fix="pip install 'nvidia-nvfatbin>=13.0,<13.1', or use --compiler nvcc",
-        ) from None
+    nvfatbin = load_nvfatbin()
+    handle = nvfatbin.create([], 0)
     try:
         for c in cubins:
             nvfatbin.add_cubin(handle, c.data, len(c.data), str(c.arch.capability) + c.arch.suffix, c.source.stem)

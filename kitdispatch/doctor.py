@@ -11,15 +11,52 @@ from . import __version__
 def collect() -> dict:
     report = {
         "kitdispatch": __version__,
-        "nvrtc": _compiler("nvrtc"),
+        "nvrtc": _compiler("nvrtc") | _nvrtc_install(),
         "nvcc": _compiler("nvcc"),
         "iree_compiler": _pkg("iree-base-compiler"),
         "iree_runtime": _pkg("iree-base-runtime"),
-        "iree_codegen_targets": _codegen_targets(),
+        **_iree_release(),
         "gpu": _gpu(),
     }
     report["warnings"] = _warnings(report)
     return report
+
+
+def _nvrtc_install() -> dict:
+    """Which NVRTC the nvrtc backend loads, from where, with which headers and nvFatbin."""
+    from .toolchain import find_all_nvrtc, find_nvrtc
+
+    install = find_nvrtc()
+    if install is None:
+        return {}
+    return {
+        "origin": install.origin,
+        "cuda_major": install.cuda_major,
+        "library": str(install.library),
+        "include_dirs": [str(d) for d in install.include_dirs],
+        "missing_headers": list(install.missing_headers),
+        "headers_hint": install.headers_hint,
+        "nvfatbin": install.nvfatbin_version or (str(install.nvfatbin) if install.nvfatbin else None),
+        "nvfatbin_hint": install.nvfatbin_hint,
+        "not_used": [other.origin for other in find_all_nvrtc()[1:]],
+    }
+
+
+def _iree_release() -> dict:
+    """The IREE release the MLIR is generated for, and its codegen targets."""
+    from .errors import KitError
+    from .iree_compile import target_release
+
+    try:
+        release = target_release()
+    except KitError as exc:  # an IREE version kitdispatch does not support
+        return {"iree_release": None, "iree_error": exc.render(), "iree_codegen_targets": []}
+    return {
+        "iree_release": release.name,
+        "iree_mlir_syntax": release.syntax,
+        "iree_codegen_targets": [a.name for a in release.codegen_targets],
+        "iree_crashing_targets": [a.name for a in release.crashing_targets],
+    }
 
 
 def _pkg(name: str) -> str | None:
@@ -59,12 +96,6 @@ def _ptx_isa(compiler, arch, options) -> str | None:
     return m.group(1) if m else None
 
 
-def _codegen_targets() -> list[str]:
-    from .iree_compile import IREE_CODEGEN_TARGETS
-
-    return [a.name for a in IREE_CODEGEN_TARGETS]
-
-
 def _gpu() -> dict:
     from .cuda_driver import driver_info
     from .preflight import Version, max_ptx_isa
@@ -81,18 +112,39 @@ def _gpu() -> dict:
 
 
 def _warnings(report: dict) -> list[str]:
-    """PTX that a compiler here emits but the local driver cannot load."""
-    from .preflight import Version
+    """What will fail later: PTX or cubins the local driver cannot load, headers or nvFatbin
+    missing beside NVRTC, two NVRTCs, an IREE release kitdispatch does not support."""
+    from .preflight import Version, nvrtc_for_driver
 
     limit = report["gpu"].get("driver_max_ptx_isa")
+    driver = report["gpu"].get("driver_cuda_version")
     out = []
     for name in ("nvrtc", "nvcc"):
         isa = report[name].get("ptx_isa")
         if limit and isa and isa[0].isdigit() and Version.parse(isa) > Version.parse(limit):
             out.append(
                 f"{name} emits PTX ISA {isa} but this driver loads {limit} at most: "
-                "build with --format cubin or fatbin, or pin an older NVRTC"
+                f"build with --format cubin or fatbin, or {nvrtc_for_driver(Version.parse(driver))}"
             )
+    nvrtc = report["nvrtc"]
+    if driver and nvrtc.get("cuda_major", 0) > Version.parse(driver).major:
+        out.append(
+            f"NVRTC is CUDA {nvrtc['cuda_major']} but this driver is CUDA {driver}: it loads neither "
+            f"its cubins nor its PTX; pip install 'kitdispatch[cu{Version.parse(driver).major}]' to build for it"
+        )
+    if nvrtc.get("missing_headers"):
+        out.append(f"NVRTC has no {', '.join(nvrtc['missing_headers'])} (kernels that include CUDA headers "
+                   f"fail to compile): {nvrtc['headers_hint']}")
+    if "origin" in nvrtc and not nvrtc.get("nvfatbin"):
+        out.append(f"no nvFatbin beside NVRTC, so --format fatbin (the default) fails: {nvrtc['nvfatbin_hint']}")
+    if nvrtc.get("not_used"):
+        out.append(f"several NVRTCs are installed; kitdispatch uses {nvrtc['origin']}, not {', '.join(nvrtc['not_used'])}")
+    if report.get("iree_error"):
+        out.append(report["iree_error"].replace("\n", ";"))
+    compiler, runtime = report["iree_compiler"], report["iree_runtime"]
+    if compiler and runtime and compiler.split(".")[:2] != runtime.split(".")[:2]:
+        out.append(f"iree-base-compiler {compiler} and iree-base-runtime {runtime} are different releases: "
+                   "install the same release of both")
     return out
 
 
@@ -104,7 +156,12 @@ def format_report(report: dict) -> str:
             lines.append(f"{name:<16} not available: {info['error']}")
         else:
             lines.append(f"{name:<16} {info['version']} (PTX ISA {info['ptx_isa']}; archs {', '.join(info['archs'])})")
-    lines.append(f"iree compiler    {report['iree_compiler'] or 'not installed'}")
+        if "origin" in info:
+            lines.append(f"  from           {info['origin']} ({info['library']})")
+            lines.append(f"  headers        {', '.join(info['include_dirs']) or 'none'}")
+            lines.append(f"  nvfatbin       {info['nvfatbin'] or 'not installed'}")
+    syntax = f" (MLIR for IREE {report['iree_release']})" if report.get("iree_release") else ""
+    lines.append(f"iree compiler    {report['iree_compiler'] or 'not installed'}{syntax}")
     lines.append(f"iree runtime     {report['iree_runtime'] or 'not installed'}")
     lines.append(f"iree codegen     {', '.join(report['iree_codegen_targets'])}")
     gpu = report["gpu"]

@@ -13,16 +13,77 @@ from ._proc import run_tool
 from ._resources import installed_version
 from ._workers import POOL
 from .archs import Arch
-from .errors import IreeCompileError, KitError
+from .errors import ArchError, IreeCompileError, KitError
 
-# CUDA targets IREE 3.13's codegen knows (measured: sm_90 and sm_100 fail with "missing GPU
-# target in #hal.executable.target"). Hand-written kernels are not limited by this list.
-IREE_CODEGEN_TARGETS = tuple(
-    Arch.parse(a)
-    for a in ("sm_60", "sm_61", "sm_70", "sm_72", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_120", "sm_121")
-)
 IREE_COMPILE_TIMEOUT_S = 600.0
 EXCERPT_CONTEXT_LINES = 4
+
+
+@dataclass(frozen=True)
+class IreeRelease:
+    """What kitdispatch knows of one IREE release series, measured with iree-base-compiler
+    3.10.0, 3.11.0, 3.12.0 and 3.13.0 (a dispatch IREE generates, compiled for every target
+    from sm_50 to sm_121)."""
+
+    series: tuple[int, int]
+    # How the MLIR spells the inherent attributes of hal.executable.source (objects) and
+    # hal.executable.export (workgroup_size, workgroup_local_memory): "properties", `<...>`
+    # (3.13), or "attr-dict", `attributes {...}` (3.10 to 3.12, which reject properties).
+    syntax: str
+    # CUDA targets IREE's codegen knows; any other gives "missing GPU target in
+    # #hal.executable.target" for an IREE-generated dispatch. Hand-written kernels are not
+    # limited by this list.
+    codegen_targets: tuple[Arch, ...]
+    # Targets that abort the whole process (an LLVM ERROR, in process as well) instead of failing.
+    crashing_targets: tuple[Arch, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.series[0]}.{self.series[1]}"
+
+
+def _archs(names: str) -> tuple[Arch, ...]:
+    return tuple(Arch.parse(n) for n in names.split())
+
+
+_PASCAL_TO_ORIN = "sm_60 sm_61 sm_62 sm_70 sm_72 sm_75 sm_80 sm_86 sm_87"
+IREE_RELEASES = {
+    (3, 10): IreeRelease((3, 10), "attr-dict", _archs(_PASCAL_TO_ORIN)),
+    (3, 11): IreeRelease((3, 11), "attr-dict", _archs(_PASCAL_TO_ORIN)),
+    # "PTX version 7.6 does not support target 'sm_120'": LLVM ERROR, the process aborts.
+    (3, 12): IreeRelease((3, 12), "attr-dict", _archs(_PASCAL_TO_ORIN + " sm_89"), _archs("sm_120 sm_121")),
+    (3, 13): IreeRelease((3, 13), "properties", _archs(_PASCAL_TO_ORIN + " sm_89 sm_120 sm_121")),
+}
+OLDEST_RELEASE, NEWEST_RELEASE = IREE_RELEASES[min(IREE_RELEASES)], IREE_RELEASES[max(IREE_RELEASES)]
+SUPPORTED_RANGE = f"{OLDEST_RELEASE.name} through {NEWEST_RELEASE.name}"
+SUPPORTED_PIN = f"iree-base-compiler>={OLDEST_RELEASE.name},<{NEWEST_RELEASE.series[0]}.{NEWEST_RELEASE.series[1] + 1}"
+
+
+def release_of(version: str) -> IreeRelease:
+    """The release series of an iree-base-compiler version ("3.13.0", "3.13.0rc20261016")."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    release = IREE_RELEASES.get((int(m.group(1)), int(m.group(2)))) if m else None
+    if release is None:
+        raise KitError(
+            f"IREE {version} is not supported: kitdispatch generates MLIR for IREE {SUPPORTED_RANGE}",
+            fix=f"pip install '{SUPPORTED_PIN}' (and the iree-base-runtime of the same release)",
+        )
+    return release
+
+
+@functools.cache
+def installed_release() -> IreeRelease | None:
+    """The installed IREE compiler's release; None where no compiler is installed (then the
+    MLIR is generated for the newest release). An unsupported version is an error."""
+    try:
+        version = iree_compiler_version()
+    except KitError:  # no compiler here: generating MLIR still works
+        return None
+    return release_of(version)
+
+
+def target_release() -> IreeRelease:
+    return installed_release() or NEWEST_RELEASE
 
 
 @dataclass(frozen=True)
@@ -31,28 +92,47 @@ class CodegenChoice:
     note: str | None  # one line for the user when the choice differs from what they asked
 
 
-def choose_codegen_target(archs: Sequence[Arch], override: str | None = None) -> CodegenChoice:
+def choose_codegen_target(
+    archs: Sequence[Arch], override: str | None = None, *, release: IreeRelease | None = None
+) -> CodegenChoice:
     """IREE-generated dispatches must run on every requested GPU: compile them for the best
-    target IREE knows at or below the oldest requested architecture (PTX runs forward)."""
+    target the IREE release (default: the installed one) knows at or below the oldest
+    requested architecture (PTX runs forward)."""
+    release = release or target_release()
     if override:
-        return CodegenChoice(Arch.parse(override), None)
+        target = Arch.parse(override)
+        check_codegen_target(target, release)
+        return CodegenChoice(target, None)
     oldest = min(archs)
     plain = Arch(oldest.major, oldest.minor)
-    candidates = [t for t in IREE_CODEGEN_TARGETS if t <= plain]
+    candidates = [t for t in release.codegen_targets if t <= plain]
     if not candidates:
-        known = ", ".join(t.name for t in IREE_CODEGEN_TARGETS)
-        raise KitError(
-            f"IREE has no codegen target at or below {oldest.name}",
-            fix=f"pass --codegen-target with one of {known}",
+        # Hand-written kernels do not care; an IREE-generated dispatch would not run there.
+        lowest = min(release.codegen_targets)
+        return CodegenChoice(
+            lowest,
+            f"IREE {release.name} has no codegen target at or below {oldest.name}; IREE-generated "
+            f"dispatches use {lowest.name} and will not run on {oldest.name} (custom kernels keep their own objects)",
         )
     best = max(candidates)
     note = None
     if best != plain:
         note = (
-            f"IREE {iree_compiler_version()} has no codegen target for {oldest.name}; "
+            f"IREE {release.name} has no codegen target for {oldest.name}; "
             f"IREE-generated dispatches use {best.name} (custom kernels keep their own objects)"
         )
     return CodegenChoice(best, note)
+
+
+def check_codegen_target(target: Arch, release: IreeRelease | None = None) -> None:
+    """Refuses a target that would abort iree-compile, and the Python process linking in process."""
+    release = release or target_release()
+    if target in release.crashing_targets:
+        safe = max(t for t in release.codegen_targets if t < target)
+        raise ArchError(
+            f"IREE {release.name} aborts with an LLVM error when compiling for --iree-cuda-target={target.name}",
+            fix=f"pass --codegen-target {safe.name} (its PTX runs on {target.name} too), or use IREE {NEWEST_RELEASE.name}",
+        )
 
 
 @functools.cache
@@ -65,7 +145,7 @@ def find_iree_compile() -> str:
     except ImportError:
         raise KitError(
             "iree-compile is not installed",
-            fix="pip install 'kitdispatch[build]' (iree-base-compiler 3.13); running needs only the runtime",
+            fix=f"pip install 'kitdispatch[build]' ({SUPPORTED_PIN}); running needs only the runtime",
         ) from None
     return find_tool("iree-compile")
 
@@ -93,6 +173,7 @@ def _version_from_tool() -> str:
 
 def iree_flags(codegen: Arch, extra: Sequence[str] = ()) -> list[str]:
     """The flags every link uses, in process or as a subprocess."""
+    check_codegen_target(codegen)
     return [
         "--iree-hal-target-device=cuda",
         f"--iree-cuda-target={codegen.name}",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,11 @@ from .spec import (
     parse_value_type,
     with_split_halves,
 )
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, as a package (kitdispatch depends on it there)
+    import tomli as tomllib
 
 MANIFEST_NAME = "kitdispatch.toml"
 

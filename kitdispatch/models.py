@@ -33,9 +33,9 @@ from . import __version__
 from ._files import write_atomic
 from .outputs import OutputFolder, prepare_output_dir, staging_dir
 from .record import JOURNAL_SUFFIX, RecordError, file_sha256, sha256
-from ._proc import run_tool
+from ._proc import run_checked, run_tool
 from .build import BuildOptions, generate
-from .errors import IreeCompileError, KitError, ToolError
+from .errors import IreeCompileError, KitError
 from .iree_compile import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_iree_compile, iree_compiler_version
 from .manifest import load_manifest
 from .render import render_template
@@ -132,7 +132,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
     record_name = folder.record
     with staging_dir(out_dir) as stage:
         imported = import_model(model, stage / f"{name}.imported.mlir")
-        staged = _run_iree(
+        _run_iree(
             [find_iree_compile(), str(imported), *flags, f"--compile-to={STAGE}", "--mlir-print-debuginfo",
              "-o", str(stage / f"{name}.{STAGE}.mlir")],
             what=f"iree-compile could not bring {model} to {STAGE}",
@@ -246,16 +246,13 @@ def import_model(model: Path, dest: Path) -> Path:
         except ImportError:
             raise KitError("importing ONNX models needs the onnx package", fix="pip install 'kitdispatch[onnx]'") from None
         argv = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(model), "-o", str(dest)]
-        res = run_tool(argv, timeout=IREE_COMPILE_TIMEOUT_S)
-        if res.returncode != 0:
-            raise ToolError(
-                f"iree-import-onnx could not import {model}",
-                where=str(model),
-                argv=argv,
-                returncode=res.returncode,
-                log=res.stderr + res.stdout,
-                fix="check that the model loads with onnx.checker.check_model; the importer's message is above",
-            )
+        run_checked(
+            argv,
+            timeout=IREE_COMPILE_TIMEOUT_S,
+            what=f"iree-import-onnx could not import {model}",
+            where=str(model),
+            fix="check that the model loads with onnx.checker.check_model; the importer's message is above",
+        )
         return dest
     raise KitError(
         f"cannot import {model}: unknown model format {suffix or '(no suffix)'}",
@@ -375,7 +372,7 @@ def _kernel_symbols(spec: ModuleSpec, kernels: list[Kernel], options: BuildOptio
 
 def _as_spec_symbols(text: str, kernels: list[Kernel]) -> _Symbols:
     from iree.compiler import ir
-    from iree.compiler.dialects import util
+    from iree.compiler.dialects import util  # noqa: F401 (registers util.func for parsing)
 
     context = ir.Context()
     module = ir.Module.parse(text, context)

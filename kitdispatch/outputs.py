@@ -15,6 +15,7 @@ mistaken for a complete one. Staging folders of killed builds are removed by the
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -188,7 +189,14 @@ class OutputFolder:
         return True
 
     def publish(self, stage: Path, outputs: dict[str, bytes]) -> Published:
-        """Moves the staged outputs into place; the record (the last entry of `outputs`) last."""
+        """Moves the staged outputs into place; the record (the last entry of `outputs`) last.
+        Builds publishing into one folder at once take turns (a lock on the folder itself, which
+        the kernel drops when its holder dies: no lock file is left behind)."""
+        with _folder_lock(self.dir):
+            self.owned = self._owned()  # what the build that published last wrote
+            return self._publish(stage, outputs)
+
+    def _publish(self, stage: Path, outputs: dict[str, bytes]) -> Published:
         if self.unchanged(outputs):
             return Published((), (), True)
         self.check_conflicts(outputs)
@@ -238,6 +246,19 @@ def _claimed_files(path: Path) -> dict[str, str]:
         names = [old.get("mlir"), old.get("vmfb"), *(old.get("objects") or []), (old.get("test") or {}).get("reference")]
         return {n: ANY_CONTENT for n in names if isinstance(n, str) and n and "/" not in n}
     return BuildRecord.from_bytes(raw, str(path)).files
+
+
+@contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError as exc:
+        raise os_error(exc, f"cannot open the output folder {folder}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _digest(path: Path) -> str | None:

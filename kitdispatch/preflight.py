@@ -19,6 +19,8 @@ _DRIVER_PTX_ISA = {
     (12, 0): (8, 0), (12, 1): (8, 1), (12, 2): (8, 2), (12, 3): (8, 3), (12, 4): (8, 4),
     (12, 5): (8, 5), (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8),
 }
+# The minor releases of the NVRTC wheels on PyPI, by CUDA major (there is no 12.7).
+_NVRTC_WHEEL_MINORS = {12: (0, 1, 2, 3, 4, 5, 6, 8, 9), 13: (0, 1, 2, 3, 4, 5)}
 _PTX_VERSION_RE = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.M)
 
 
@@ -73,8 +75,19 @@ def check_ptx_loads(ptx_isa_version: Version, driver: Version, *, compiler: str,
             f"which loads PTX ISA {limit} at most",
             where=where,
             fix=(
-                "use --format cubin or --format fatbin (SASS needs no PTX JIT), or pin an NVRTC "
-                f"that emits ISA {limit} or older (pip install 'nvidia-cuda-nvrtc=={driver}.*'), "
-                "or raise --min-driver if every target machine has a newer driver"
+                "use --format cubin or --format fatbin (SASS needs no PTX JIT), or "
+                f"{nvrtc_for_driver(driver)}, or raise --min-driver if every target machine has a newer driver"
             ),
         )
+
+
+def nvrtc_for_driver(driver: Version) -> str:
+    """How to install the newest NVRTC whose PTX a driver of version `driver` loads."""
+    from .toolchain import wheel_distributions
+
+    if driver.major not in _NVRTC_WHEEL_MINORS:
+        return f"build with the nvcc of a CUDA {driver.major} toolkit (--compiler nvcc)"
+    release = f"{driver.major}.{max(m for m in _NVRTC_WHEEL_MINORS[driver.major] if m <= driver.minor)}"
+    extra = "cu12" if driver.major == 12 else "build"
+    pins = " ".join(f"'{d}=={release}.*'" for d in wheel_distributions(driver.major))
+    return f"install NVRTC {release}, whose PTX loads there: pip install 'kitdispatch[{extra}]' {pins}"

@@ -79,19 +79,24 @@ def render_module(
     programs: Sequence[tuple[str, str]] = (),
     archs: Sequence[Arch] = (),
     template_cache: Path | None = None,
+    syntax: str | None = None,
 ) -> RenderedModule:
     """`programs` are (origin, MLIR text) pairs of the user's own functions to append; `archs`
     the build's architectures, for the header.
-    `template_cache` keeps the compiled templates between processes (jinja2 bytecode)."""
+    `template_cache` keeps the compiled templates between processes (jinja2 bytecode).
+    `syntax` is an IreeRelease.syntax; by default the installed IREE compiler's."""
+    spelling = _Spelling(syntax or _installed_syntax())
     by_key = {(o.source, o.format): o for o in objects}
     groups = _group_kernels(spec.kernels)
     sources_with_formats = [source for source, _ in groups]
     executables, functions = [], []
     for (source, fmt), kernels in groups.items():
         name = executable_name(spec.source_stem(source), fmt if sources_with_formats.count(source) > 1 else None)
-        exe = _executable_view(name, kernels, by_key[(source, fmt)])
+        exe = _executable_view(name, kernels, by_key[(source, fmt)], spelling)
         executables.append(exe)
-        functions += [_function_view(k, exe) for k in kernels]
+        for kernel in kernels:
+            view = _function_view(kernel, exe)
+            functions += [view, _async_variant(view)] if view["result_count"] else [view]
     for origin, text in programs:
         _check_program_text(origin, text)
     archs = sorted(set(archs) or {v.arch for o in objects for v in o.objects}, reverse=True)
@@ -103,7 +108,35 @@ def render_module(
         functions=functions,
         programs=[{"origin": o, "text": t.strip("\n")} for o, t in programs],
     )
-    return RenderedModule(text, tuple(e["name"] for e in executables), tuple(f["name"] for f in functions))
+    return RenderedModule(
+        text, tuple(e["name"] for e in executables), tuple(f["name"] for f in functions if f["op"] == "func.func")
+    )
+
+
+def _installed_syntax() -> str:
+    from .iree_compile import target_release
+
+    return target_release().syntax
+
+
+@dataclass(frozen=True)
+class _Spelling:
+    """How the target IREE release spells ops' inherent attributes (IreeRelease.syntax):
+    3.13 parses them only as properties (`<workgroup_size = [...]>`), 3.10 to 3.12 only from
+    an attribute dictionary (`attributes {workgroup_size = [...]}`), where an untyped integer
+    is not an index."""
+
+    syntax: str
+
+    def inherent(self, attrs: dict[str, str], index_attrs: dict[str, int] | None = None) -> str:
+        """`attrs` are spelled out already; `index_attrs` are integers of type index."""
+        typed = " : index" if self.syntax == "attr-dict" else ""
+        items = [f"{k} = {v}" for k, v in attrs.items()] + [f"{k} = {v}{typed}" for k, v in (index_attrs or {}).items()]
+        if self.syntax == "properties":
+            return "<" + ", ".join(items) + ">"
+        if self.syntax == "attr-dict":
+            return "attributes {" + ", ".join(items) + "}"
+        raise ValueError(f"unknown MLIR syntax {self.syntax!r}")
 
 
 @functools.cache
@@ -134,7 +167,7 @@ def _group_kernels(kernels: Sequence[Kernel]) -> dict[tuple[Path, str], list[Ker
 # ------------------------------------------------------------------------- executables
 
 
-def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObjects) -> dict:
+def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObjects, spelling: _Spelling) -> dict:
     variants = [
         {
             "name": f"{v.arch.name}_{v.format}",
@@ -150,15 +183,20 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
     # conditions: an objects map with several targets always runs the first one listed,
     # whatever the GPU (README, "How the generated MLIR is chosen").
     template = "executable_source.mlir.j2" if len(variants) == 1 else "executable_variants.mlir.j2"
+    # One object keyed by the generic CUDA target, which matches any CUDA device target.
+    generic_target = '#hal.executable.target<"cuda", "cuda-nvptx-fb">'
+    first_object = f'#hal.executable.object<{{path = "{variants[0]["object_path"]}"}}>'
+    objects_map = f"#hal.executable.objects<{{\n    {generic_target} = [{first_object}]\n}}>"
     return {
         "name": name,
         "template": template,
         "variants": variants,
-        "exports": [_export_view(k, i) for i, k in enumerate(kernels)],
+        "objects": spelling.inherent({"objects": objects_map}),
+        "exports": [_export_view(k, i, spelling) for i, k in enumerate(kernels)],
     }
 
 
-def _export_view(kernel: Kernel, ordinal: int) -> dict:
+def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
     workload = kernel.workload
     symbol_index = {s: i for i, s in enumerate(workload)}
     count = [
@@ -180,10 +218,10 @@ def _export_view(kernel: Kernel, ordinal: int) -> dict:
         "bindings": ["" if not b.read_only else ", ReadOnly" for b in kernel.buffers],
         "workload": list(workload),
         "count": count,
-        "workgroup_size": list(kernel.workgroup_size),
-        # Dynamic shared memory travels as the export's workgroup_local_memory property.
-        "local_memory": (
-            f", workgroup_local_memory = {kernel.dynamic_shared_memory}" if kernel.dynamic_shared_memory else ""
+        # Dynamic shared memory travels as the export's workgroup_local_memory attribute.
+        "attributes": spelling.inherent(
+            {"workgroup_size": "[" + ", ".join(f"{n} : index" for n in kernel.workgroup_size) + "]"},
+            {"workgroup_local_memory": kernel.dynamic_shared_memory} if kernel.dynamic_shared_memory else {},
         ),
     }
 
@@ -299,11 +337,17 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
         targets = [f"@{exe['name']}::@{v['name']}::@{kernel.entry}" for v in exe["variants"]]
     return {
         "doc": f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})",
+        "op": "func.func",
         "name": kernel.function,
         "args": ", ".join(
             ", ".join(f"%{w}: i32" for w in words[p.name]) if p.name in words else f"%{arg_ssa[p.name]}: {arg_types[p.name]}"
             for p in args
         ),
+        "attributes": "",
+        "return_op": "return",
+        "outputs": [
+            (i, f"%{ssa.take(f'{b.name}_storage')}: {b.type.mlir}") for i, b in enumerate(result_buffers) if b.access == "out"
+        ],
         "index_constants": [{"ssa": v, "value": k} for k, v in index_constants.items()],
         "dims": dims,
         "symbol_casts": symbol_casts,
@@ -318,6 +362,28 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
         "result_count": len(result_buffers),
         "returns": ", ".join(f"%result#{i}" for i in range(len(result_buffers))),
         "result_types": ", ".join(b.type.mlir for b in result_buffers),
+    }
+
+
+ASYNC_SUFFIX = "$async"
+
+
+def _async_variant(view: dict) -> dict:
+    """`NAME$async`: the same dispatch with IREE's coarse-fences ABI (a wait and a signal fence
+    after the arguments) writing each `out` result into a caller-given buffer (`iree.abi.output`),
+    so a call allocates nothing and does not block; kitdispatch's runtime calls this one. An
+    `inout` result is its argument's buffer, updated in place (as NAME does: IREE 3.13 dispatches
+    a tied argument in place; giving it storage too adds an allocation and two copies).
+    A `util.func`, as converting a `func.func` drops the `iree.abi.model` attribute (IREE 3.13)."""
+    outputs = [f"{arg} {{iree.abi.output = {i} : index}}" for i, arg in view["outputs"]]
+    return {
+        **view,
+        "doc": f"{view['name']}{ASYNC_SUFFIX}: {view['name']} into given outputs, ordered by fences",
+        "op": "util.func public",
+        "name": view["name"] + ASYNC_SUFFIX,
+        "args": ", ".join(a for a in (view["args"], *outputs) if a),
+        "attributes": ' attributes {iree.abi.model = "coarse-fences"}',
+        "return_op": "util.return",
     }
 
 

@@ -7,6 +7,7 @@ on the GPU box.
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ._proc import ToolResult, run_tool
-from .errors import KitError, RuntimeUnavailable, ToolError
+from ._proc import ToolResult, run_checked
+from .device import DeviceArray, element_type, get_device, numpy_dtype
+from .errors import KitError, RuntimeUnavailable
 from .record import RECORD_SUFFIX, BuildRecord, read_record, record_beside  # noqa: F401 (RECORD_SUFFIX: API)
 from . import abi
-from .spec import FunctionSignature, ScalarType
+from .render import ASYNC_SUFFIX
+from .spec import FunctionSignature, ScalarType, TensorType
 
 RUN_TIMEOUT_S = 600.0
 
@@ -83,7 +86,9 @@ def preflight_run(vmfb: Path, record: BuildRecord | None = None) -> None:
 
 
 class Module:
-    """A .vmfb loaded on a device; call its functions with numpy arrays, get numpy back."""
+    """A .vmfb loaded on a device. `module.NAME(...)` (or `module["NAME"]`) is a `Function`:
+    host arrays in give host arrays out; device arrays in (this module's, IREE's, or CUDA
+    tensors of torch, CuPy, ... through DLPack) give device arrays out."""
 
     def __init__(self, vmfb: str | Path, *, device: str = "cuda"):
         import iree.runtime as rt
@@ -94,15 +99,16 @@ class Module:
         record = read_record_of(self.path)
         require_cuda(device)
         preflight_run(self.path, record)
-        self.device = device
         self.signatures = {f.name: f for f in record.functions} if record else {}
-        config = rt.Config(device=rt.get_device(device))
-        self.hal_device = config.device  # for rt.asdevicearray: inputs that stay on the GPU
+        self.device = get_device(device)
+        self.hal_device = self.device.hal
+        config = rt.Config(device=self.hal_device)
         self._context = rt.SystemContext(config=config)
-        vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
-        self._context.add_vm_module(vm_module)
-        self._functions = self._context.modules[vm_module.name]
-        self.name = vm_module.name
+        self._vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
+        self._context.add_vm_module(self._vm_module)
+        self._functions = self._context.modules[self._vm_module.name]
+        self._bound: dict[str, Function] = {}
+        self.name = self._vm_module.name
 
     @property
     def function_names(self) -> tuple[str, ...]:
@@ -117,36 +123,362 @@ class Module:
             known = ", ".join(self.function_names) or "see `iree-dump-module`"
             raise KitError(f"{self.path} has no function {name!r}", fix=f"call one of: {known}") from None
 
-    def __getitem__(self, name: str):
-        return functools.partial(self.call, name)
+    def function(self, name: str) -> "Function":
+        bound = self._bound.get(name)
+        if bound is None:
+            invoker = self.raw(name)
+            vm_async = self._vm_module.lookup_function(name + ASYNC_SUFFIX)
+            bound = self._bound[name] = Function(self, name, self.signatures.get(name), invoker, vm_async)
+        return bound
 
-    def __getattr__(self, name: str):
+    def __getitem__(self, name: str) -> "Function":
+        return self.function(name)
+
+    def __getattr__(self, name: str) -> "Function":
         if name.startswith("_"):
             raise AttributeError(name)
-        return self[name]
+        return self.function(name)
 
-    def call(self, name: str, *args):
-        """Calls `name`; returns one numpy array, or a tuple for several results."""
-        sig = self.signatures.get(name)
-        if sig is not None:
-            args = check_arguments(sig, args)
-        results = self.raw(name)(*args)
-        if isinstance(results, (list, tuple)):
-            return tuple(_to_numpy(r) for r in results)
-        return _to_numpy(results)
+    def call(self, name: str, *args, out=None):
+        """Calls `name` and waits; one result, or a tuple for several."""
+        return self.function(name)(*args, out=out)
 
 
 def load_module(vmfb: str | Path, *, device: str = "cuda") -> Module:
     return Module(vmfb, device=device)
 
 
-def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
-    """Checks count, dtype, rank, static dims and shared symbols before IREE sees them."""
+class Function:
+    """A function of a loaded module.
+
+    `f(*args, out=None)` returns once the results are ready: numpy arrays when every tensor
+    argument is a host array and `out` is not given, device arrays otherwise. `f.launch(...)`
+    queues the call and returns its device arrays at once; calls on a device run in launch
+    order, and `module.device.synchronize()` (or any host copy) waits for them. `out` (one
+    device array, or a tuple with one per `out` result) receives those results instead of
+    arrays from the device's pool, and is returned as given (a torch tensor stays a torch
+    tensor); `inout` results are their argument, updated in place. `f.prepare(...)` checks the
+    arguments once for calls repeated on the same arrays.
+
+    Kernel functions built by this kitdispatch run through `NAME$async` (render.py): the
+    outputs are given, not allocated, and nothing blocks. Others ([[programs]], older builds)
+    run through IREE's synchronous call, which allocates its results."""
+
+    def __init__(self, module: Module, name: str, signature: FunctionSignature | None, invoker, vm_async):
+        self.module = module
+        self.name = name
+        self.signature = signature
+        self._invoker = invoker
+        self._vm_async = vm_async if signature is not None else None
+        self._device = module.device
+        self._invoke = module._context.vm_context.invoke
+        if signature is not None:
+            self._args = [a.dtype if isinstance(a, ScalarType) else _TensorCheck(a) for a in signature.args]
+            self._results = [_TensorCheck(r) for r in signature.results]
+            self._storage = _stored_results(self._vm_async) if self._vm_async is not None else ()
+            self._stored_checks = [self._results[k] for k in self._storage]
+            self._all_stored = len(self._storage) == len(signature.results)
+            self._list_size = sum(len(a.mlir_types) for a in signature.args) + len(self._storage) + 2
+            self._returned = None  # made on first use: needs iree.runtime
+
+    def __repr__(self) -> str:
+        return f"<kitdispatch Function {self.name} of {self.module.name}>"
+
+    @property
+    def writes_into_outputs(self) -> bool:
+        """Whether calls run through NAME$async (`out=`, no allocation, no blocking)."""
+        return self._vm_async is not None
+
+    def __call__(self, *args, out=None):
+        if self._vm_async is None:
+            return self._call_allocating(args, out)
+        results, host_only, value = self._launch(args, out)
+        self._device.wait_for(value)
+        if host_only:
+            arrays = results if isinstance(results, tuple) else (results,)
+            hosts = tuple(a.to_host() for a in arrays)
+            return hosts if isinstance(results, tuple) else hosts[0]
+        return results
+
+    def launch(self, *args, out=None):
+        """Queues the call and returns its results (device arrays, or `out`) at once."""
+        if self._vm_async is None:
+            return self._call_allocating(args, out)
+        return self._launch(args, out)[0]
+
+    # -- the fast path: NAME$async with given outputs --------------------------------
+
+    def prepare(self, *args, out=None) -> "PreparedCall":
+        """This call with its arguments fixed and checked once; `launch()` / `()` on it run it
+        again into the same result arrays, at little more than IREE's own cost."""
+        if self._vm_async is None:
+            raise KitError(f"{self.name} has no NAME$async form to prepare", fix="call it directly")
+        return PreparedCall(self, *self._pack(args, out))
+
+    def _launch(self, args, out):
+        refs, results, given, host_only, bound, _inputs = self._pack(args, out)
+        value = self._queue(refs, results, bound)
+        if given is not None and self._all_stored:
+            returned = given
+        else:
+            returned = tuple(results) if len(results) > 1 else results[0]
+        return returned, host_only and out is None, value
+
+    def _pack(self, args, out):
+        """Checks the arguments and takes the outputs: (what to push, the stored results,
+        `out` as given, whether every tensor came from the host, the bound sizes, arrays made
+        here, which must live until the call is queued)."""
+        device = self._device
+        if len(args) != len(self._args):
+            _check_count(self.signature, args)
+        refs = []  # VmRefs, or (push method name, number) for scalars
+        bound: dict[str, int] = {}
+        host_only = True
+        inputs = []
+        for i, (check, value) in enumerate(zip(self._args, args)):
+            if value.__class__ is DeviceArray and check.__class__ is _TensorCheck and value.device is device:
+                host_only = False
+                if not check.fits(value._shape, value._np_dtype, bound):
+                    check_tensor(self._where(i), self.signature.args[i], value._shape, value._np_dtype, bound)
+                refs.append(value._ref)
+            elif check.__class__ is str:  # a scalar's dtype
+                number = scalar_argument(check, value, self._where(i))
+                if isinstance(number, tuple):  # a struct: one i32 per word
+                    refs += [("push_int", word) for word in number]
+                else:
+                    refs.append(("push_float" if check == "f32" else "push_int", number))
+            else:
+                array, from_host = self._device_argument(i, value, bound)
+                host_only = host_only and from_host
+                inputs.append(array)
+                refs.append(array._ref)
+        outputs, given = self._outputs(out, bound)
+        refs += [array._ref for array in outputs]
+        return refs, outputs, given, host_only, bound, inputs
+
+    def _queue(self, refs: list, outputs: list, bound: dict) -> int:
+        """Invokes NAME$async; returns the timeline value its completion signals. Fills in
+        `outputs` with inout results (IREE returns them) where there are any."""
+        import iree.runtime as rt
+
+        device = self._device
+        if self._returned is None:
+            self._returned = rt.VmVariantList(len(self._results))  # what IREE returns (read for inout)
+        vm_args = rt.VmVariantList(self._list_size)
+        push = vm_args.push_ref
+        for ref in refs:
+            if ref.__class__ is tuple:
+                getattr(vm_args, ref[0])(ref[1])
+            else:
+                push(ref)
+        with device.order:  # calls reach IREE's queue in the order of their values
+            wait, done = device.next_fences()
+            push(wait)
+            push(done.ref)
+            try:
+                self._invoke(self._vm_async, vm_args, self._returned)
+            except (RuntimeError, ValueError) as exc:
+                device.abandon(done)
+                raise KitError(
+                    f"{self.name}: IREE refused the call: {str(exc).strip()}",
+                    fix="check the arguments against the function's signature",
+                ) from None
+            value = device.launched()
+            if not self._all_stored:
+                outputs[:] = self._with_in_place(outputs, bound)
+        return value
+
+    def _with_in_place(self, outputs: list, bound: dict) -> list:
+        """All results in order: the stored ones, and inout results, which IREE returns as
+        their argument's buffer (updated in place)."""
+        import iree.runtime as rt
+
+        stored = iter(outputs)
+        results = []
+        for k, r in enumerate(self._results):
+            if k in self._storage:
+                results.append(next(stored))
+            else:
+                view = self._returned.get_as_object(k, rt.HalBufferView)
+                results.append(DeviceArray(self._device, view, r.shape_from(bound), r.dtype))
+        return results
+
+    def _where(self, i: int) -> str:
+        return f"{self.signature.name} argument {i} ({self.signature.args[i]})"
+
+    def _device_argument(self, i: int, value, bound: dict):
+        """The argument as an array on this device, checked; and whether it came from the host."""
+        want = self.signature.args[i]
+        if isinstance(value, np.ndarray) or not _is_device_value(value):
+            host = np.asarray(value)
+            check_tensor(self._where(i), want, host.shape, host.dtype, bound)
+            return self._device.put(host), True
+        array = self._device.asarray(value)
+        check_tensor(self._where(i), want, array.shape, array.dtype, bound)
+        return array, False
+
+    def _outputs(self, out, bound: dict):
+        """(arrays the call writes its `out` results into, `out` as given or None): arrays from
+        the device's pool, or the caller's."""
+        stored = self._stored_checks
+        if out is None:
+            arrays = []
+            for r in stored:
+                shape = r.shape_from(bound)
+                if shape is None:
+                    raise KitError(
+                        f"{self.name}: a result size depends on a scalar argument, so the kit cannot size it",
+                        fix="pass out= with arrays of the result shapes",
+                    )
+                arrays.append(self._device.pooled_array(shape, r))
+            return arrays, None
+        given = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if len(given) != len(stored):
+            raise KitError(
+                f"{self.name} writes {len(stored)} result(s) into new arrays, out= gave {len(given)}",
+                fix="pass one array per `out` result (inout results are updated in their argument)",
+            )
+        arrays = []
+        for k, value, r in zip(self._storage, given, stored):
+            if value.__class__ is DeviceArray and value.device is self._device:
+                array = value
+            elif isinstance(value, np.ndarray) or not _is_device_value(value):
+                raise KitError(
+                    f"{self.name} out: out= takes device arrays, got {type(value).__name__}",
+                    fix="use module.device.empty(shape, dtype), or a CUDA tensor",
+                )
+            else:
+                array = self._device.asarray(value)
+            if not r.fits(array.shape, array.dtype, bound):
+                want = self.signature.results[k]
+                check_tensor(f"{self.name} result {k} ({want}) out=", want, array.shape, array.dtype, bound)
+            arrays.append(array)
+        return arrays, (given if len(given) > 1 else given[0])
+
+    # -- the fallback: IREE's synchronous call ---------------------------------------
+
+    def _call_allocating(self, args, out):
+        if out is not None:
+            raise KitError(
+                f"{self.name} cannot write into given outputs: only kernel functions of modules built by this kitdispatch can",
+                fix="rebuild the module, or drop out= ([[programs]] functions allocate their results)",
+            )
+        device = self._device
+        sig = self.signature
+        host_only = all(isinstance(a, np.ndarray) or not _is_device_value(a) for a in args)
+        if sig is not None and host_only:
+            args = check_arguments(sig, args)
+        elif sig is not None:
+            _check_count(sig, args)
+            bound: dict[str, int] = {}
+            args = [
+                v
+                for i, (t, a) in enumerate(zip(sig.args, args))
+                for v in _flat(scalar_argument(t.dtype, a, self._where(i)) if isinstance(t, ScalarType) else self._device_argument(i, a, bound)[0])
+            ]
+        # IREE's invoker packs only its own DeviceArray class without a host round trip.
+        args = [a._buffer_view if isinstance(a, DeviceArray) else a for a in args]
+        device.synchronize()  # IREE's own call does not wait for launched calls
+        results = self._invoker(*args)
+        many = isinstance(results, (list, tuple))
+        values = tuple(results) if many else (results,)
+        if host_only:
+            values = tuple(_to_numpy(v) for v in values)
+        else:
+            values = tuple(device.asarray(v) if hasattr(v, "_buffer_view") else v for v in values)
+        return values if many else values[0]
+
+
+class PreparedCall:
+    """A call whose arguments are fixed (`Function.prepare`): `launch()` queues it again and
+    returns its results, the same arrays every time; `()` also waits for them."""
+
+    def __init__(self, function: Function, refs, results, given, host_only, bound, inputs):
+        self.function = function
+        self._refs, self._bound, self._inputs = refs, bound, inputs  # inputs: kept alive
+        self._stored = list(results)
+        self._results = list(results)
+        self._returned = given if given is not None and function._all_stored else None
+
+    def launch(self):
+        self._results = list(self._stored)
+        value = self.function._queue(self._refs, self._results, self._bound)
+        self._last = value
+        return self.results
+
+    def __call__(self):
+        self.launch()
+        self.function._device.wait_for(self._last)
+        return self.results
+
+    @property
+    def results(self):
+        if self._returned is not None:
+            return self._returned
+        return tuple(self._results) if len(self._results) > 1 else self._results[0]
+
+
+class _TensorCheck:
+    """A tensor type, ready for the per-call check (the error text comes from check_tensor)."""
+
+    __slots__ = ("dtype", "hal_type", "dims", "name")
+
+    def __init__(self, t: TensorType):
+        self.dtype = numpy_dtype(t.dtype)
+        self.hal_type = element_type(self.dtype)
+        self.dims = t.shape
+        self.name = t.dtype  # with a shape, the pool's key
+
+    def fits(self, shape: tuple, dtype, bound: dict[str, int]) -> bool:
+        if dtype != self.dtype or len(shape) != len(self.dims):
+            return False
+        for dim, size in zip(self.dims, shape):
+            if dim.__class__ is int:
+                if dim != size:
+                    return False
+            elif bound.setdefault(dim, size) != size:
+                return False
+        return True
+
+    def shape_from(self, bound: dict[str, int]) -> tuple[int, ...] | None:
+        try:
+            return tuple([d if d.__class__ is int else bound[d] for d in self.dims])
+        except KeyError:
+            return None
+
+
+def _stored_results(vm_function) -> tuple[int, ...]:
+    """Indices of the results NAME$async writes into given buffers (its `iree.abi.output`
+    arguments, in order); the others are inout, updated in their argument."""
+    declaration = vm_function.reflection.get("iree.abi.declaration", "")
+    return tuple(int(k) for k in re.findall(r"iree\.abi\.output = (\d+)", declaration))
+
+
+def _is_device_value(value) -> bool:
+    """Device memory the kit can take as it is (no host copy)."""
+    import iree.runtime as rt
+
+    if isinstance(value, (rt.DeviceArray, rt.HalBufferView)):
+        return True
+    if hasattr(value, "__dlpack_device__") and not isinstance(value, np.ndarray):
+        try:
+            return int(value.__dlpack_device__()[0]) != 1  # not kDLCPU
+        except Exception:
+            return False
+    return False
+
+
+def _check_count(sig: FunctionSignature, args: Sequence) -> None:
     if len(args) != len(sig.args):
         raise KitError(
             f"{sig.name} takes {len(sig.args)} arguments ({', '.join(map(str, sig.args))}), got {len(args)}",
-            fix="pass one numpy array per tensor argument and one number per scalar",
+            fix="pass one array per tensor argument and one number per scalar",
         )
+
+
+def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
+    """Checks count, dtype, rank, static dims and shared symbols before IREE sees them."""
+    _check_count(sig, args)
     bound: dict[str, int] = {}
     out = []
     for i, (want, got) in enumerate(zip(sig.args, args)):
@@ -156,37 +488,77 @@ def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
             out += value if isinstance(value, tuple) else [value]  # a struct: its words
             continue
         arr = np.asarray(got)
-        want_dtype = numpy_dtype(want.dtype)
-        if arr.dtype != want_dtype:
-            raise KitError(f"{where}: got dtype {arr.dtype}", fix=f"pass a {want_dtype} array (arr.astype(...))")
-        if arr.ndim != len(want.shape):
-            raise KitError(f"{where}: got shape {arr.shape}", fix=f"pass a rank-{len(want.shape)} array")
-        for dim, size in zip(want.shape, arr.shape):
-            if isinstance(dim, int) and dim != size:
-                raise KitError(f"{where}: got shape {arr.shape}", fix=f"dimension must be {dim}")
-            if isinstance(dim, str) and bound.setdefault(dim, size) != size:
-                raise KitError(
-                    f"{where}: {dim} = {size} here but {bound[dim]} in an earlier argument",
-                    fix=f"give every argument the same size for {dim}",
-                )
+        check_tensor(where, want, arr.shape, arr.dtype, bound)
         out.append(np.ascontiguousarray(arr))
     return out
 
 
+def check_tensor(where: str, want: TensorType, shape: tuple, dtype, bound: dict[str, int]) -> None:
+    """dtype, rank, static dims, and symbols that must agree with earlier arguments (`bound`)."""
+    want_dtype = numpy_dtype(want.dtype)
+    if dtype != want_dtype:
+        raise KitError(f"{where}: got dtype {dtype}", fix=f"pass a {want_dtype} array (arr.astype(...))")
+    if len(shape) != len(want.shape):
+        raise KitError(f"{where}: got shape {tuple(shape)}", fix=f"pass a rank-{len(want.shape)} array")
+    for dim, size in zip(want.shape, shape):
+        if isinstance(dim, int) and dim != size:
+            raise KitError(f"{where}: got shape {tuple(shape)}", fix=f"dimension must be {dim}")
+        if isinstance(dim, str) and bound.setdefault(dim, size) != size:
+            raise KitError(
+                f"{where}: {dim} = {size} here but {bound[dim]} in an earlier argument",
+                fix=f"give every argument the same size for {dim}",
+            )
+
+
 def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float | tuple[int, ...]:
-    """A Python or numpy scalar as the generated function takes it (abi.argument), range-checked."""
+    """A Python or numpy scalar as the generated function takes it (abi.argument),
+    range-checked; a struct (`structN`) as the tuple of its 32-bit words."""
     try:
         return abi.argument(abi.lookup(dtype), value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise KitError(f"{where}: {exc}", fix=f"pass a number that fits {dtype}") from None
 
 
-def numpy_dtype(dtype: str) -> np.dtype:
-    return abi.lookup(dtype).dtype
+def _flat(value) -> tuple:
+    """An argument as the VM arguments it becomes: a struct's words, or itself."""
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _to_numpy(value):
     return value.to_host() if hasattr(value, "to_host") else np.asarray(value)
+
+
+# --------------------------------------------------------------- `kitdispatch run`
+
+
+@dataclass(frozen=True)
+class RunResult:
+    function: str
+    results: tuple[str, ...]  # each as iree-run-module prints it
+    times: "CallTimes | None" = None
+
+
+def run_function(vmfb: str | Path, function: str, inputs: Sequence[str], *, device: str = "cuda", benchmark: int = 0) -> RunResult:
+    """Runs one function in process with IREE's --input syntax, the way Python calls it; with
+    `benchmark` > 0 also times that many calls (timing.time_calls)."""
+    from .timing import time_calls
+    from .values import format_result, parse_input
+
+    module = Module(vmfb, device=device)
+    fn = module.function(function)
+    sig = fn.signature
+    if sig is None:
+        raise KitError(f"{vmfb} has no kitdispatch build record for {function}", fix="run it with iree-run-module")
+    if len(inputs) != len(sig.args):
+        _check_count(sig, inputs)
+    args = [parse_input(text, t, f"--input {i + 1} ({t})") for i, (text, t) in enumerate(zip(inputs, sig.args))]
+    results = fn(*args)
+    results = results if isinstance(results, tuple) else (results,)
+    times = None
+    if benchmark > 0:
+        on_device = [module.device.put(a) if isinstance(a, np.ndarray) else a for a in args]
+        times = time_calls(fn, on_device, calls=benchmark)
+    return RunResult(function, tuple(format_result(i, r) for i, r in enumerate(results)), times)
 
 
 # ---------------------------------------------------------------------- iree-run-module
@@ -230,14 +602,10 @@ def run_module(
         *(f"--input={i}" for i in inputs),
         *extra,
     ]
-    res = run_tool(argv, timeout=timeout)
-    if res.returncode != 0:
-        raise ToolError(
-            f"iree-run-module failed running {function}",
-            where=str(vmfb),
-            argv=argv,
-            returncode=res.returncode,
-            log=res.stderr + res.stdout,
-            fix="check the function name and the inputs' shapes and types",
-        )
-    return res
+    return run_checked(
+        argv,
+        timeout=timeout,
+        what=f"iree-run-module failed running {function}",
+        where=str(vmfb),
+        fix="check the function name and the inputs' shapes and types",
+    )

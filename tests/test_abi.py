@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from kitdispatch import BuildOptions, KitError, ManifestError, build, generate, load_manifest
+from kitdispatch.compilers import CompileOptions, NvrtcCompiler
 from kitdispatch.record import read_record
-from kitdispatch.compilers import CompileOptions, NvrtcCompiler, cuda_include_dir
+from kitdispatch.toolchain import find_nvrtc
 from kitdispatch.archs import Arch
 from kitdispatch.ptx import check_kernel_against_ptx, parse_entries
 from kitdispatch.runtime import scalar_argument
@@ -251,7 +252,7 @@ def test_a_cpp_kernel_missing_from_the_object_lists_the_entries(tmp_path):
 
 @pytest.mark.parametrize("header", ["cuda_fp16.h", "cuda_bf16.h", "mma.h"])
 def test_cuda_headers_work_under_nvrtc_from_pip(tmp_path, header):
-    assert cuda_include_dir() is not None
+    assert find_nvrtc() is not None and not find_nvrtc().missing_headers
     src = tmp_path / "k.cu"
     src.write_text(f'#include <{header}>\nextern "C" __global__ void k(float* o) {{ o[0] = 1.0f; }}\n')
     obj = NvrtcCompiler().compile(src, Arch.parse("sm_80"), "ptx", CompileOptions())

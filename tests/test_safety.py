@@ -19,7 +19,7 @@ from kitdispatch.cli import main
 from kitdispatch.outputs import STAGING_MARKER, STAGING_PREFIX
 from kitdispatch.record import RecordError, journal_name, read_record
 
-from conftest import REPO, SAMPLES, needs_iree_compile, write_kernel_project
+from conftest import REPO, needs_iree_compile, write_kernel_project
 
 CU = 'extern "C" __global__ void k(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = 2 * x[i]; }\n'
 TOML = """
@@ -428,3 +428,21 @@ def test_an_internal_error_is_one_line_without_v_and_a_traceback_with_it(monkeyp
     assert code == cli.EXIT_INTERNAL and "internal error: ZeroDivisionError: planted" in err and "Traceback" not in err
     code, _, err = run("doctor", "-v")
     assert "Traceback" in err
+
+
+@needs_iree_compile
+def test_concurrent_builds_into_one_folder_leave_a_consistent_build(tmp_path):
+    """Eight processes build the same module from different sources into one folder at once:
+    whichever publishes last, its record describes exactly the files there."""
+    roots = [project(tmp_path / f"p{i}" / "proj", cu=CU.replace("2 *", f"{i + 2} *")) for i in range(8)]
+    out = tmp_path / "out"
+    script = "import sys; from kitdispatch.cli import main; sys.exit(main(sys.argv[1:]))"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, "build", str(r), "--format", "ptx", "--arch", "sm_80", "-o", str(out), "-q"], cwd=REPO)
+        for r in roots
+    ]
+    assert [p.wait(timeout=600) for p in procs] == [0] * 8
+    record = read_record(out / "proj.kitdispatch.json")
+    for name in record.files:
+        record.check_file(out, name)
+    assert not any(p.name.startswith(STAGING_PREFIX) for p in out.iterdir())

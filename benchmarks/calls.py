@@ -1,0 +1,562 @@
+"""What a call costs above its kernel: kitdispatch's runtime against a direct launch.
+
+The library's `add` (kernels/elementwise, out = x + y) on the GPU, inputs on the device:
+
+- 1K elements, a loop of LOOP async calls waited for once: wall time per call minus the
+  kernel's device time (CUPTI), for kitdispatch's `launch` (outputs from the pool, and `out=`),
+  against the same fatbin launched with cuda-python's cuLaunchKernel, torch's eager add, and
+  iree-benchmark-module running the module's synchronous `add`;
+- 64M elements with outputs from the pool: whole call (a loop of calls waited for once, and
+  single synchronous calls) against the kernel's device time;
+- synchronous single calls at both sizes, the call IREE's Python API made before (FunctionInvoker,
+  device arrays), and IREE's caching allocator for that call;
+- every benchmarked result compared with numpy once.
+
+Where the time goes (H100, driver 580.159.04, iree-base-runtime 3.13.0; benchmarks/results/
+calls.json, and calls-chained.json for the design before; CUPTI for device times, wall clocks
+around loops for the rest; py-spy and nsys were not available on the GPU machine, IREE's CUDA
+HAL has no native profiling in 3.13, and the runtime wheel is built without Tracy):
+
+- The kernel: 1.1 us at 1K, 264 us at 64M, the same through IREE as launched directly.
+- IREE's own call, with nothing of the kit (`add$async` invoked with argument lists packed
+  beforehand): 7.5 us on the calling thread (the VM function, recording a deferred command
+  buffer, queueing it), and 11.9 us a call in a loop, which is the floor of any call through
+  IREE 3.13 from Python on this host: a worker thread replays each command buffer onto the
+  CUDA stream and a completion thread waits for its event and signals the fence
+  (runtime/src/iree/hal/utils/deferred_work_queue.c). A direct cuLaunchKernel costs 4.8 us.
+- Waits between calls: making each call wait on the one before through IREE's fences cost
+  36-39 us a launch (calls-chained.json: 40 us a call, the first design): the CUDA HAL holds
+  a call whose wait is not yet issued back in its host queue. Calls now wait on nothing and
+  keep their order through the HAL's one stream (kitdispatch/device.py), 7.5 us.
+- Output allocation: IREE's synchronous `add` allocates its result with cuMemAllocFromPoolAsync
+  from a pool whose release threshold is 0, and frees it with a synchronizing cuMemFree when
+  Python drops it (drivers/cuda/memory_pools.c): 178 us a call at 1K, 1124 us at 64M
+  (iree-benchmark-module: 138 and 1246 us). IREE's caching allocator does not see those
+  allocations unless stream-ordered allocations are off (`--cuda_async_allocations=false`:
+  then 50 and 347 us). The kit's calls write into pooled or given buffers: 4 allocations in
+  this whole script's 1500 pooled results.
+- Python: packing a call's argument list and fences costs 4.6 us here; the kit's argument
+  checks and output handling add about 6 us to a `launch` with `out=` (20.8 us a call, all
+  of it on the calling thread: issuing 1000 launches takes 20.9 us each), pooled outputs
+  about 5 us more (26.2 us). A prepared call (checks done once) costs 14.8 us.
+- A synchronous call adds IREE's thread hand-offs to the launch: 43.5 us at 1K (IREE's own
+  invoke-and-wait: 46.6 us), 310 us at 64M (1.17x the kernel).
+
+Build here (a machine with iree-compile), run on the GPU machine:
+
+    kitdispatch build kernels/elementwise --arch sm_90 -o build/elementwise
+    python benchmarks/calls.py build/elementwise OUTDIR   # writes calls.json and calls.txt
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+SMALL, LARGE = 1 << 10, 1 << 26
+LOOP = 1000  # async calls per loop at 1K
+LOOP_LARGE = 50
+SYNC_CALLS = 300
+BLOCK, PER_BLOCK = 256, 1024  # kernels/elementwise/kitdispatch.toml
+
+RESULTS: dict = {}
+CHECKS: dict[str, str] = {}
+
+
+def record(key: str, value) -> None:
+    RESULTS[key] = value
+    print(f"{key:<58} {value:10.2f}" if isinstance(value, float) else f"{key:<58} {value}", flush=True)
+
+
+def checked(name: str, got, expected) -> None:
+    """Every benchmarked result matches numpy, once."""
+    ok = np.array_equal(np.asarray(got), expected)
+    CHECKS[name] = "ok" if ok else "MISMATCH"
+    if not ok:
+        print(f"CHECK FAILED: {name}", flush=True)
+
+
+def section(fn):
+    def run(*args):
+        try:
+            return fn(*args)
+        except Exception:
+            print(f"--- {fn.__name__} failed:\n{traceback.format_exc()}", flush=True)
+            RESULTS.setdefault("failed_sections", []).append(fn.__name__)
+
+    return run
+
+
+def per_call_us(loop, calls: int, wait) -> float:
+    loop()  # warm-up
+    wait()
+    start = time.perf_counter()
+    for _ in range(calls):
+        loop()
+    wait()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def median_us(call, calls: int) -> float:
+    call()
+    samples = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples) * 1e6
+
+
+def kernel_us(launch, wait, reps: int = 200) -> float:
+    """Mean device time of the kernels one `launch` runs (CUPTI)."""
+    from kitdispatch.timing import KernelTimer
+
+    launch()
+    wait()
+    with KernelTimer.get().collect() as spans:
+        for _ in range(reps):
+            launch()
+        wait()
+    return sum(e - s for s, e in spans) / reps / 1e3
+
+
+# ------------------------------------------------------------------------ direct launch
+
+
+class Direct:
+    """The fatbin the .vmfb embeds, launched with cuda-python's driver API."""
+
+    def __init__(self, fatbin: bytes):
+        from cuda.bindings import driver as cu
+
+        self.cu = cu
+        self.check(cu.cuInit(0))
+        self.ctx = self.check(cu.cuDevicePrimaryCtxRetain(self.check(cu.cuDeviceGet(0))))
+        self.check(cu.cuCtxSetCurrent(self.ctx))
+        self.kernel = self.check(cu.cuModuleGetFunction(self.check(cu.cuModuleLoadData(fatbin)), b"add"))
+        self.stream = self.check(cu.cuStreamCreate(1))
+
+    def check(self, result):
+        err, *rest = result if isinstance(result, tuple) else (result,)
+        if err != self.cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"CUDA error {err}")
+        return rest[0] if len(rest) == 1 else rest
+
+    def upload(self, host: np.ndarray):
+        ptr = self.check(self.cu.cuMemAlloc(host.nbytes))
+        self.check(self.cu.cuMemcpyHtoD(ptr, host.ctypes.data, host.nbytes))
+        return ptr
+
+    def download(self, ptr, n: int) -> np.ndarray:
+        out = np.empty(n, np.float32)
+        self.check(self.cu.cuMemcpyDtoH(out.ctypes.data, ptr, out.nbytes))
+        return out
+
+    def launcher(self, x, y, out, n: int):
+        cu = self.cu
+        args = [ctypes.c_uint64(int(x)), ctypes.c_uint64(int(y)), ctypes.c_uint64(int(out)), ctypes.c_int32(n)]
+        ptrs = (ctypes.c_void_p * 4)(*[ctypes.addressof(a) for a in args])
+        grid = (n + PER_BLOCK - 1) // PER_BLOCK
+        kernel, stream, address = self.kernel, self.stream, ctypes.addressof(ptrs)
+
+        def launch():
+            cu.cuLaunchKernel(kernel, grid, 1, 1, BLOCK, 1, 1, 0, stream, address, 0)
+
+        launch.keep = (args, ptrs)
+        return launch
+
+    def wait(self):
+        self.check(self.cu.cuStreamSynchronize(self.stream))
+
+
+@section
+def direct_launch(fatbin: bytes, host: dict) -> None:
+    d = Direct(fatbin)
+    for n, tag in ((SMALL, "1k"), (LARGE, "64m")):
+        x, y = host[n]
+        dx, dy, dout = d.upload(x), d.upload(y), d.upload(np.full(n, np.nan, np.float32))
+        launch = d.launcher(dx, dy, dout, n)
+        loop = LOOP if n == SMALL else LOOP_LARGE
+        record(f"direct_{tag}_per_call_us", per_call_us(launch, loop, d.wait))
+        record(f"direct_{tag}_sync_us", median_us(lambda: (launch(), d.wait()), SYNC_CALLS))
+        record(f"direct_{tag}_kernel_us", kernel_us(launch, d.wait))
+        checked(f"direct {tag}", d.download(dout, n), x + y)
+        for p in (dx, dy, dout):
+            d.check(d.cu.cuMemFree(p))
+
+
+# --------------------------------------------------------------------------------- torch
+
+
+@section
+def torch_add(host: dict) -> None:
+    import torch
+
+    RESULTS["torch"] = torch.__version__
+    sync = torch.cuda.synchronize
+    for n, tag in ((SMALL, "1k"), (LARGE, "64m")):
+        x, y = (torch.from_numpy(a).cuda() for a in host[n])
+        o = torch.empty_like(x)
+        loop = LOOP if n == SMALL else LOOP_LARGE
+        record(f"torch_{tag}_per_call_us", per_call_us(lambda: torch.add(x, y, out=o), loop, sync))
+        record(f"torch_{tag}_sync_us", median_us(lambda: (torch.add(x, y, out=o), sync()), SYNC_CALLS))
+        record(f"torch_{tag}_kernel_us", kernel_us(lambda: torch.add(x, y, out=o), sync))
+        checked(f"torch {tag}", o.cpu().numpy(), host[n][0] + host[n][1])
+
+
+# ---------------------------------------------------------------------------- kitdispatch
+
+
+@section
+def kit_calls(module, host: dict) -> None:
+    """The kit's fast path: NAME$async, outputs from the pool or given, one ordered stream."""
+    dev = module.device
+    add = module.add
+    for n, tag in ((SMALL, "1k"), (LARGE, "64m")):
+        x, y = host[n]
+        dx, dy = dev.put(x), dev.put(y)
+        out = dev.empty((n,), np.float32)
+        loop = LOOP if n == SMALL else LOOP_LARGE
+        launch = add.launch
+        record(f"kit_{tag}_kernel_us", kernel_us(lambda: launch(dx, dy, out=out), dev.synchronize))
+        record(f"kit_{tag}_launch_pooled_per_call_us", per_call_us(lambda: launch(dx, dy), loop, dev.synchronize))
+        record(f"kit_{tag}_launch_out_per_call_us", per_call_us(lambda: launch(dx, dy, out=out), loop, dev.synchronize))
+        issue = per_call_us(lambda: launch(dx, dy, out=out), loop, lambda: None)
+        dev.synchronize()
+        record(f"kit_{tag}_launch_issue_only_us", issue)
+        prepared = add.prepare(dx, dy, out=out)
+        record(f"kit_{tag}_prepared_per_call_us", per_call_us(prepared.launch, loop, dev.synchronize))
+        issue = per_call_us(prepared.launch, loop, lambda: None)
+        dev.synchronize()
+        record(f"kit_{tag}_prepared_issue_only_us", issue)
+        record(f"kit_{tag}_prepared_sync_us", median_us(prepared, SYNC_CALLS if n == SMALL else 50))
+        record(f"kit_{tag}_sync_pooled_us", median_us(lambda: add(dx, dy), SYNC_CALLS if n == SMALL else 50))
+        record(f"kit_{tag}_sync_out_us", median_us(lambda: add(dx, dy, out=out), SYNC_CALLS if n == SMALL else 50))
+        record(f"kit_{tag}_numpy_in_out_us", median_us(lambda: add(x, y), 50 if n == SMALL else 3))
+        checked(f"kit {tag} pooled", add.launch(dx, dy).to_host(), x + y)
+        checked(f"kit {tag} out=", add(dx, dy, out=dev.empty((n,), np.float32)).to_host(), x + y)
+        checked(f"kit {tag} numpy", add(x, y), x + y)
+        out.device.synchronize()
+        prepared = add.prepare(dx, dy, out=dev.empty((n,), np.float32))
+        checked(f"kit {tag} prepared", prepared().to_host(), x + y)
+        RESULTS[f"kit_{tag}_overhead_pooled_us"] = RESULTS[f"kit_{tag}_launch_pooled_per_call_us"] - RESULTS[f"kit_{tag}_kernel_us"]
+        RESULTS[f"kit_{tag}_overhead_out_us"] = RESULTS[f"kit_{tag}_launch_out_per_call_us"] - RESULTS[f"kit_{tag}_kernel_us"]
+        RESULTS[f"kit_{tag}_overhead_prepared_us"] = RESULTS[f"kit_{tag}_prepared_per_call_us"] - RESULTS[f"kit_{tag}_kernel_us"]
+        RESULTS[f"kit_{tag}_whole_call_over_kernel"] = RESULTS[f"kit_{tag}_launch_pooled_per_call_us"] / RESULTS[f"kit_{tag}_kernel_us"]
+        RESULTS[f"kit_{tag}_sync_over_kernel"] = RESULTS[f"kit_{tag}_sync_pooled_us"] / RESULTS[f"kit_{tag}_kernel_us"]
+    RESULTS["pool"] = vars(dev.pool.stats)
+
+
+@section
+def breakdown(module, host: dict) -> None:
+    """Where a launch's time goes: Python, IREE's invoke, chaining, IREE's worker thread."""
+    import iree.runtime as rt
+
+    dev = module.device
+    x, y = host[SMALL]
+    dx, dy = dev.put(x), dev.put(y)
+    out = dev.empty((SMALL,), np.float32)
+    fn = module._vm_module.lookup_function("add$async")
+    invoke = module._context.vm_context.invoke
+    sem = dev.hal.create_semaphore(0)
+
+    def packed(wait_value, signal_value):
+        args = rt.VmVariantList(5)
+        for a in (dx, dy, out):
+            args.push_ref(a._buffer_view.ref)
+        args.push_ref((rt.HalFence.create_at(sem, wait_value) if wait_value is not None else rt.HalFence(0)).ref)
+        args.push_ref(rt.HalFence.create_at(sem, signal_value).ref)
+        return args
+
+    # IREE's invoke alone (lists packed beforehand), chained like the kit's calls.
+    base = sem.query()
+    lists = [packed(base + i, base + i + 1) for i in range(LOOP)]
+    t = time.perf_counter()
+    for a in lists:
+        invoke(fn, a, rt.VmVariantList(1))
+    issue = time.perf_counter() - t
+    rt.HalFence.create_at(sem, base + LOOP).wait()
+    total = time.perf_counter() - t
+    record("iree_invoke_only_issue_us", issue / LOOP * 1e6)
+    record("iree_invoke_only_chained_per_call_us", total / LOOP * 1e6)
+    # Not chained: every call waits on nothing (a signal per call on its own semaphore).
+    sems = [dev.hal.create_semaphore(0) for _ in range(LOOP)]
+    lists = []
+    for s in sems:
+        a = rt.VmVariantList(5)
+        for arr in (dx, dy, out):
+            a.push_ref(arr._buffer_view.ref)
+        a.push_ref(rt.HalFence(0).ref)
+        a.push_ref(rt.HalFence.create_at(s, 1).ref)
+        lists.append(a)
+    t = time.perf_counter()
+    for a in lists:
+        invoke(fn, a, rt.VmVariantList(1))
+    issue = time.perf_counter() - t
+    rt.HalFence.create_at(sems[-1], 1).wait()
+    for s in sems:
+        rt.HalFence.create_at(s, 1).wait()
+    total = time.perf_counter() - t
+    record("iree_invoke_only_unchained_issue_us", issue / LOOP * 1e6)
+    record("iree_invoke_only_unchained_per_call_us", total / LOOP * 1e6)
+    # Not chained, all calls signalling one semaphore (values 1, 2, ...): IREE's CUDA
+    # semaphores scan their pending timepoints, so this slows as calls pile up.
+    one = dev.hal.create_semaphore(0)
+    lists = []
+    for i in range(LOOP):
+        a = rt.VmVariantList(5)
+        for arr in (dx, dy, out):
+            a.push_ref(arr._buffer_view.ref)
+        a.push_ref(rt.HalFence(0).ref)
+        a.push_ref(rt.HalFence.create_at(one, i + 1).ref)
+        lists.append(a)
+    t = time.perf_counter()
+    for a in lists:
+        invoke(fn, a, rt.VmVariantList(1))
+    issue = time.perf_counter() - t
+    rt.HalFence.create_at(one, LOOP).wait()
+    total = time.perf_counter() - t
+    record("iree_invoke_only_one_semaphore_issue_us", issue / LOOP * 1e6)
+    record("iree_invoke_only_one_semaphore_per_call_us", total / LOOP * 1e6)
+    # Packing a call's argument list in Python (fences included), without invoking.
+    record("python_pack_only_us", per_call_us(lambda: packed(0, 1), LOOP, lambda: None))
+    # Synchronous: one invoke and its wait.
+    def one():
+        v = sem.query()
+        invoke(fn, packed(v, v + 1), rt.VmVariantList(1))
+        rt.HalFence.create_at(sem, v + 1).wait()
+    record("iree_invoke_and_wait_us", median_us(one, SYNC_CALLS))
+    checked("breakdown out", out.to_host(), x + y)
+
+
+@section
+def old_paths(module, host: dict) -> None:
+    """IREE's FunctionInvoker with IREE's device arrays (the call before this change)."""
+    import iree.runtime as rt
+
+    raw = module.raw("add")
+    for n, tag in ((SMALL, "1k"), (LARGE, "64m")):
+        x, y = host[n]
+        dx, dy = rt.asdevicearray(module.hal_device, x), rt.asdevicearray(module.hal_device, y)
+        record(f"iree_invoker_{tag}_sync_us", median_us(lambda: raw(dx, dy), SYNC_CALLS if n == SMALL else 30))
+        checked(f"iree invoker {tag}", raw(dx, dy).to_host(), x + y)
+
+
+CACHING_CHILD = """
+import sys, time, statistics, numpy as np, iree.runtime as rt
+from iree.runtime import _binding
+rt.flags.parse_flags("--cuda_async_allocations=false")
+driver = _binding.create_hal_driver("cuda")
+device = driver.create_default_device(allocators=["caching"])
+config = rt.Config(device=device)
+ctx = rt.SystemContext(config=config)
+vm = rt.VmModule.mmap(config.vm_instance, sys.argv[1]); ctx.add_vm_module(vm)
+add = ctx.modules[vm.name]["add"]
+out = {}
+for n, reps in ((1 << 10, 300), (1 << 26, 30)):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(n, dtype=np.float32); y = rng.standard_normal(n, dtype=np.float32)
+    dx, dy = rt.asdevicearray(device, x), rt.asdevicearray(device, y)
+    r = add(dx, dy); assert np.array_equal(r.to_host(), x + y)
+    del r
+    s = []
+    for _ in range(reps):
+        t = time.perf_counter(); r = add(dx, dy); s.append(time.perf_counter() - t); del r
+    out[n] = statistics.median(s) * 1e6
+print(out[1 << 10], out[1 << 26])
+"""
+
+
+@section
+def iree_caching_allocator(vmfb: Path) -> None:
+    """IREE's caching allocator only sees allocations once the CUDA HAL's stream-ordered
+    pools are off: queue_alloca goes to cuMemAllocFromPoolAsync first (cuda_device.c)."""
+    res = subprocess.run([sys.executable, "-c", CACHING_CHILD, str(vmfb)], capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-2000:])
+    small, large = map(float, res.stdout.split())
+    record("iree_invoker_caching_no_async_alloc_1k_sync_us", small)
+    record("iree_invoker_caching_no_async_alloc_64m_sync_us", large)
+    CHECKS["iree caching allocator"] = "ok"
+
+
+@section
+def iree_benchmark_module(vmfb: Path, host: dict) -> None:
+    from kitdispatch.runtime import find_runtime_tool
+
+    tool = find_runtime_tool("iree-benchmark-module")
+    runner = find_runtime_tool("iree-run-module")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, tag in ((SMALL, "1k"), (LARGE, "64m")):
+            x, y = host[n]
+            np.save(f"{tmp}/x.npy", x)
+            np.save(f"{tmp}/y.npy", y)
+            inputs = [f"--input=@{tmp}/x.npy", f"--input=@{tmp}/y.npy"]
+            res = subprocess.run(
+                [tool, "--device=cuda", f"--module={vmfb}", "--function=add", *inputs,
+                 "--benchmark_format=json", "--benchmark_min_time=2s" if n == SMALL else "--benchmark_min_time=3s"],
+                capture_output=True, text=True, timeout=300,
+            )
+            if res.returncode != 0:
+                raise RuntimeError(res.stderr[-2000:])
+            bench = json.loads(res.stdout)["benchmarks"][0]
+            unit = {"ns": 1e-3, "us": 1.0, "ms": 1e3}[bench.get("time_unit", "ns")]
+            record(f"iree_benchmark_module_{tag}_real_us", bench["real_time"] * unit)
+            res = subprocess.run([runner, "--device=cuda", f"--module={vmfb}", "--function=add", *inputs, f"--output=@{tmp}/out.npy"],
+                                 capture_output=True, text=True, timeout=300)
+            if res.returncode != 0:
+                raise RuntimeError(res.stderr[-2000:])
+            checked(f"iree-run-module {tag}", np.load(f"{tmp}/out.npy"), x + y)
+
+
+@section
+def dlpack_round_trip(module, host: dict) -> None:
+    """torch tensors in and out without copies: a call on torch tensors, out= a torch tensor."""
+    import torch
+
+    x, y = host[SMALL]
+    tx, ty = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+    to = torch.empty_like(tx)
+    add = module.add
+    result = add(tx, ty, out=to)
+    checked("dlpack torch out=", to.cpu().numpy(), x + y)
+    assert result is to
+    back = torch.from_dlpack(add(tx, ty))
+    checked("dlpack torch from_dlpack", back.cpu().numpy(), x + y)
+    record("kit_1k_torch_in_out_sync_us", median_us(lambda: add(tx, ty, out=to), SYNC_CALLS))
+    record("kit_1k_torch_in_out_launch_per_call_us", per_call_us(lambda: add.launch(tx, ty, out=to), LOOP, module.device.synchronize))
+    dev = module.device
+    capsule_us = median_us(lambda: tx.__dlpack__(stream=None), SYNC_CALLS)
+    record("torch_dlpack_export_us", capsule_us)
+    record("legacy_stream_sync_us", median_us(dev._producer_sync, SYNC_CALLS))
+    record("iree_from_dlpack_with_export_us", median_us(lambda: dev.hal.from_dlpack_capsule(tx.__dlpack__(stream=None)), SYNC_CALLS))
+    record("kit_asarray_torch_us", median_us(lambda: dev.asarray(tx), SYNC_CALLS))
+    vx, vy = module.device.asarray(tx), module.device.asarray(ty)  # imported once
+    vo = module.device.asarray(to)
+    record("kit_1k_torch_views_launch_per_call_us", per_call_us(lambda: add.launch(vx, vy, out=vo), LOOP, module.device.synchronize))
+    module.device.synchronize()
+    checked("dlpack torch views", to.cpu().numpy(), x + y)
+
+
+@section
+def cli_benchmark(vmfb: Path) -> None:
+    from kitdispatch.cli import main
+    import io
+
+    for n in (SMALL, LARGE):
+        out, err = io.StringIO(), io.StringIO()
+        code = main(["run", str(vmfb), "--function", "add", "--input", f"{n}xf32=1.5", "--input", f"{n}xf32=2",
+                     "--benchmark", str(LOOP if n == SMALL else LOOP_LARGE)], out, err)
+        text = out.getvalue()
+        print(text[-1200:], err.getvalue()[-1200:], flush=True)
+        RESULTS[f"cli_run_benchmark_{n}"] = text.splitlines()[-4:]
+        CHECKS[f"cli run {n}"] = "ok" if code == 0 and f"{n}xf32=3.5 3.5" in text else "MISMATCH"
+
+
+def environment() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from kitdispatch.cuda_driver import driver_info
+
+    def v(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    info = driver_info()
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    from kitdispatch.timing import find_cupti
+
+    return {
+        "gpu": smi,
+        "cuda_driver": info.version if info else None,
+        "iree_base_runtime": v("iree-base-runtime"),
+        "cuda_bindings": v("cuda-bindings"),
+        "torch": v("torch"),
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "cupti": find_cupti(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+    }
+
+
+def main() -> None:
+    import kitdispatch
+
+    build_dir, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    print(json.dumps(env), flush=True)
+    rng = np.random.default_rng(0)
+    host = {n: (rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)) for n in (SMALL, LARGE)}
+    vmfb = build_dir / "elementwise.vmfb"
+    module = kitdispatch.load_module(vmfb)
+    kit_calls(module, host)
+    breakdown(module, host)
+    old_paths(module, host)
+    direct_launch(next(build_dir.glob("*.fatbin")).read_bytes(), host)
+    torch_add(host)
+    dlpack_round_trip(module, host)
+    cli_benchmark(vmfb)
+    iree_benchmark_module(vmfb, host)
+    iree_caching_allocator(vmfb)
+    summary = {"environment": env, "results": RESULTS, "checks": CHECKS}
+    (out_dir / "calls.json").write_text(json.dumps(summary, indent=2) + "\n")
+    table = summary_table()
+    (out_dir / "calls.txt").write_text(json.dumps(env) + "\n" + table + "\n")
+    print(table)
+
+
+def summary_table() -> str:
+    r = RESULTS.get
+
+    def f(key):
+        value = r(key)
+        return f"{value:8.1f}" if isinstance(value, float) else "     n/a"
+
+    rows = [
+        ("1K add", "", ""),
+        ("kit launch, pool outputs, loop of 1000, per call (us)", f("kit_1k_launch_pooled_per_call_us"), f("kit_1k_kernel_us")),
+        ("kit launch, out=, loop of 1000, per call (us)", f("kit_1k_launch_out_per_call_us"), f("kit_1k_kernel_us")),
+        ("kit prepared call, loop of 1000, per call (us)", f("kit_1k_prepared_per_call_us"), f("kit_1k_kernel_us")),
+        ("direct cuLaunchKernel (cuda-python), loop, per call (us)", f("direct_1k_per_call_us"), f("direct_1k_kernel_us")),
+        ("torch eager add (out=), loop, per call (us)", f("torch_1k_per_call_us"), f("torch_1k_kernel_us")),
+        ("iree-benchmark-module add, per call (us)", f("iree_benchmark_module_1k_real_us"), f("kit_1k_kernel_us")),
+        ("kit synchronous call, pool outputs (us)", f("kit_1k_sync_pooled_us"), f("kit_1k_kernel_us")),
+        ("IREE FunctionInvoker, device arrays, sync (us)", f("iree_invoker_1k_sync_us"), f("kit_1k_kernel_us")),
+        ("64M add", "", ""),
+        ("kit launch, pool outputs, loop of 50, per call (us)", f("kit_64m_launch_pooled_per_call_us"), f("kit_64m_kernel_us")),
+        ("kit synchronous call, pool outputs (us)", f("kit_64m_sync_pooled_us"), f("kit_64m_kernel_us")),
+        ("direct cuLaunchKernel, loop, per call (us)", f("direct_64m_per_call_us"), f("direct_64m_kernel_us")),
+        ("torch eager add, loop, per call (us)", f("torch_64m_per_call_us"), f("torch_64m_kernel_us")),
+        ("iree-benchmark-module add, per call (us)", f("iree_benchmark_module_64m_real_us"), f("kit_64m_kernel_us")),
+        ("IREE FunctionInvoker, device arrays, sync (us)", f("iree_invoker_64m_sync_us"), f("kit_64m_kernel_us")),
+        ("same, IREE caching allocator, async allocations off (us)", f("iree_invoker_caching_no_async_alloc_64m_sync_us"), f("kit_64m_kernel_us")),
+    ]
+    lines = [f"{'':<62} {'whole':>8} {'kernel':>8}"]
+    lines += [f"{a:<62} {b:>8} {c:>8}" for a, b, c in rows]
+    lines.append(
+        f"1K overhead above device time (target <= 10 us): launch, pool {f('kit_1k_overhead_pooled_us')}; "
+        f"launch, out= {f('kit_1k_overhead_out_us')}; prepared {f('kit_1k_overhead_prepared_us')}"
+    )
+    lines.append(f"64M whole call / device time, kit launch (pool): {r('kit_64m_whole_call_over_kernel', float('nan')):.3f} (target <= 1.10); synchronous: {r('kit_64m_sync_over_kernel', float('nan')):.3f}")
+    lines.append("checks against numpy: " + ", ".join(f"{k}: {v}" for k, v in CHECKS.items()))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

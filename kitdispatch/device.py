@@ -1,0 +1,413 @@
+"""Data that stays on the GPU: the kit's device, its arrays, the output pool and the call order.
+
+One `Device` per IREE device URI, shared by every module loaded on it, so an array one module
+returns can go straight into another. Calls on a device form one ordered stream, as on a CUDA
+stream: a call returns at once and runs after every call launched before it; `synchronize()`
+waits for all of them. Host copies (`to_host`, `np.asarray`) and DLPack exports wait for every
+call launched before them, so they see what a stream would.
+
+How the order is kept: call number c signals its point on a ring of timeline semaphores
+(semaphore (c - 1) % RING, value (c - 1) // RING + 1), launched under a lock. A ring rather
+than one semaphore: with one, launching 1000 calls without waiting cost 84 us each and a
+prepared call 23 us in one H100 run, 21 and 15 us with the ring in the next (the cause is not
+established: IREE-only loops showed no difference; the ring costs nothing).
+
+On CUDA a call waits on no fence: IREE 3.13's CUDA HAL issues calls that wait on nothing in
+submission order, from one worker thread onto one CUDA stream, and completes them in that
+order (runtime/src/iree/hal/utils/deferred_work_queue.c, drivers/cuda/cuda_device.c). Making
+each call wait on the one before says the same through IREE's fences, but there a wait not yet
+issued holds the call back in the host queue: measured on an H100, 29 us to launch a call that
+way against 6 us (benchmarks/calls.py). Other devices (IREE's CPU task system runs calls
+concurrently) wait on the call before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import KitError
+
+KDL_CPU, KDL_CUDA = 1, 2  # DLPack device types
+DEFAULT_POOL_BYTES = 2 << 30  # free output buffers kept for reuse, per device
+SPIN_S = 0.002  # how long a wait polls before it blocks
+RING = 64  # timeline semaphores a device's calls signal in turn
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+@dataclass
+class PoolStats:
+    allocations: int = 0  # buffers allocated from the device
+    reuses: int = 0  # takes served by a free buffer
+    free_bytes: int = 0  # bytes held in free buffers
+    dropped: int = 0  # buffers given back over the limit, left to IREE to free
+
+
+class OutputPool:
+    """Device buffers for call results, reused for results of the same shape and type.
+
+    A result array takes a buffer and gives it back when the array is garbage-collected (or
+    exported through DLPack, which detaches it); reuse is safe because calls run in order.
+    Holds at most `max_free_bytes` of free buffers; `trim()` frees them all. What it hands out
+    is whatever `allocate(key, nbytes)` makes (the device: a buffer view)."""
+
+    def __init__(self, allocate, max_free_bytes: int = DEFAULT_POOL_BYTES):
+        self._allocate = allocate
+        self.max_free_bytes = max_free_bytes
+        self._free: dict = defaultdict(list)
+        self._lock = threading.Lock()
+        self.stats = PoolStats()
+
+    def take(self, key, nbytes: int):
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                self.stats.reuses += 1
+                self.stats.free_bytes -= nbytes
+                return free.pop()
+            self.stats.allocations += 1
+        return self._allocate(key, nbytes)
+
+    def give(self, key, nbytes: int, item) -> None:
+        with self._lock:
+            if self.stats.free_bytes + nbytes > self.max_free_bytes:
+                self.stats.dropped += 1
+                return
+            self._free[key].append(item)
+            self.stats.free_bytes += nbytes
+
+    def trim(self) -> int:
+        """Drops every free buffer (IREE frees them); returns the bytes released."""
+        with self._lock:
+            released = self.stats.free_bytes
+            self._free.clear()
+            self.stats.free_bytes = 0
+        return released
+
+
+# ------------------------------------------------------------------------------ arrays
+
+
+def _iree_device_array():
+    import iree.runtime as rt
+
+    return rt.DeviceArray
+
+
+class DeviceArray(_iree_device_array()):
+    """An array on a kit device: IREE's `DeviceArray` (it goes wherever one goes, and
+    `np.asarray` / `to_host()` copy it to the host), plus DLPack export (`torch.from_dlpack`,
+    `cupy.from_dlpack`) without a copy. Shape and dtype are fixed at creation."""
+
+    def __init__(self, device: "Device", buffer_view, shape: tuple[int, ...], dtype: np.dtype, *, pooled=None, ref=None):
+        super().__init__(device.hal, buffer_view, implicit_host_transfer=True, override_dtype=dtype)
+        self.device = device
+        self._shape = shape
+        self._np_dtype = dtype
+        self._ref = buffer_view.ref if ref is None else ref  # what a call pushes; made once
+        self._pooled = pooled  # (key, nbytes) of the pool entry this array gives back, or None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._np_dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self._np_dtype.itemsize * math.prod(self._shape)
+
+    @property
+    def buffer_view(self):
+        """IREE's HalBufferView of this array (for `Module.raw` and other IREE APIs)."""
+        return self._buffer_view
+
+    def _transfer_to_host(self, implicit) -> np.ndarray:
+        # Every launched call first; then always a copy: a mapped view of a pooled buffer
+        # would change under the caller once the buffer is reused.
+        self.device.synchronize()
+        return self._copy_to_host()
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule of this memory (no copy), once every launched call is done.
+        The buffer leaves the pool: the consumer may keep the memory as long as it likes."""
+        if copy:
+            raise BufferError("kitdispatch exports device memory without copying (copy=True asked for one)")
+        self.device.synchronize()
+        self._pooled = None
+        try:
+            return self.device.hal.create_dlpack_capsule(self._buffer_view, *self.__dlpack_device__())
+        except (RuntimeError, ValueError) as exc:
+            raise BufferError(f"IREE cannot export this buffer through DLPack: {exc}") from None
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (KDL_CUDA, self.device.ordinal) if self.device.is_cuda else (KDL_CPU, 0)
+
+    def __del__(self):
+        pooled = getattr(self, "_pooled", None)
+        if pooled is not None:
+            self._pooled = None
+            try:
+                self.device.pool.give(*pooled, (self._buffer_view, self._ref))
+            except Exception:  # interpreter shutdown: the pool may be gone already
+                pass
+
+    def __repr__(self) -> str:
+        return f"<kitdispatch DeviceArray shape={self._shape} dtype={self._np_dtype} on {self.device.uri}>"
+
+
+# ------------------------------------------------------------------------------ device
+
+
+class Device:
+    """An IREE device with the kit's pool and call order. Get one with `get_device(uri)`."""
+
+    def __init__(self, uri: str, *, pool_bytes: int = DEFAULT_POOL_BYTES):
+        import iree.runtime as rt
+
+        self._rt = rt
+        self.uri = uri
+        self.hal = rt.get_device(uri)
+        self.is_cuda = uri.split("://")[0] == "cuda"
+        self.ordinal = _cuda_ordinal(uri)
+        self.pool = OutputPool(self._allocate, pool_bytes)
+        self._ring = [self.hal.create_semaphore(0) for _ in range(RING)]
+        self._last = 0  # calls launched: the number of the latest
+        self.order = threading.Lock()  # held from taking a value to queueing the call
+        self._no_wait_ref = rt.HalFence(0).ref
+        self._chained = not self.is_cuda  # see the module's docstring
+        self._legacy_stream = None
+
+    # -- memory ----------------------------------------------------------------------
+
+    def _allocate(self, key, nbytes: int):
+        rt = self._rt
+        shape, name = key
+        hal_type = element_type(numpy_dtype(name))
+        buffer = self.hal.allocator.allocate_buffer(
+            memory_type=rt.MemoryType.DEVICE_LOCAL,
+            allowed_usage=rt.BufferUsage.DEFAULT,
+            allocation_size=max(nbytes, 1),
+        )
+        view = rt.HalBufferView(buffer, shape, hal_type)
+        return view, view.ref
+
+    def empty(self, shape, dtype) -> DeviceArray:
+        """An uninitialized array from the pool (for `out=`)."""
+        shape = tuple(int(d) for d in shape)
+        return self.pooled_array(shape, _PoolType(np.dtype(dtype)))
+
+    def pooled_array(self, shape: tuple[int, ...], kind) -> DeviceArray:
+        """An array from the pool; `kind` has the numpy `dtype` and the kit's type `name`."""
+        key, nbytes = (shape, kind.name), kind.dtype.itemsize * math.prod(shape)
+        view, ref = self.pool.take(key, nbytes)
+        return DeviceArray(self, view, shape, kind.dtype, pooled=(key, nbytes), ref=ref)
+
+    def put(self, host) -> DeviceArray:
+        """A copy of a host array on this device."""
+        host = np.ascontiguousarray(host)
+        hal_type = element_type(host.dtype)
+        view = self.hal.allocator.allocate_buffer_copy(
+            memory_type=self._rt.MemoryType.DEVICE_LOCAL,
+            allowed_usage=self._rt.BufferUsage.DEFAULT,
+            device=self.hal,
+            buffer=host,
+            element_type=hal_type,
+        )
+        return DeviceArray(self, view, host.shape, host.dtype)
+
+    def asarray(self, value) -> DeviceArray:
+        """`value` as an array on this device: kit and IREE device arrays and buffer views
+        as they are, CUDA tensors of other libraries (torch, CuPy, ...) through DLPack without
+        a copy, host arrays copied."""
+        if isinstance(value, DeviceArray):
+            if value.device is not self:
+                raise KitError(f"the array is on {value.device.uri}, not {self.uri}", fix="copy it with to_host() first")
+            return value
+        rt = self._rt
+        if isinstance(value, rt.DeviceArray):
+            view = value._buffer_view
+            return DeviceArray(self, view, tuple(view.shape), np.dtype(value.dtype))
+        if isinstance(value, rt.HalBufferView):
+            return DeviceArray(self, value, tuple(value.shape), np.dtype(rt.HalElementType.map_to_dtype(value.element_type)))
+        if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack_device__"):
+            kind, index = value.__dlpack_device__()
+            if int(kind) == KDL_CUDA:
+                return self._import_dlpack(value, int(index))
+        return self.put(value)
+
+    def _import_dlpack(self, tensor, index: int) -> DeviceArray:
+        if not self.is_cuda or index != self.ordinal:
+            raise KitError(
+                f"a CUDA tensor on device {index} cannot go to {self.uri}",
+                fix="move it to the module's device, or load the module with device='cuda://N'",
+            )
+        try:
+            capsule = tensor.__dlpack__(stream=None)  # we read on the legacy default stream...
+        except BufferError as exc:
+            raise KitError(f"the tensor cannot be shared through DLPack: {exc}", fix="make it contiguous") from None
+        self._producer_sync()  # ...so its pending work is done once that stream is
+        try:
+            view = self.hal.from_dlpack_capsule(capsule)
+        except (RuntimeError, ValueError) as exc:
+            raise KitError(f"IREE cannot import the tensor: {exc}", fix="pass a dense, row-major tensor (x.contiguous())") from None
+        return DeviceArray(self, view, tuple(view.shape), np.dtype(self._rt.HalElementType.map_to_dtype(view.element_type)))
+
+    def _producer_sync(self) -> None:
+        # IREE runs on its own non-blocking stream and cannot wait on other streams' events
+        # (3.13's CUDA semaphores do not import timepoints), so a producer is synchronized on
+        # the host: asked for the legacy default stream (DLPack's stream=None), it makes that
+        # stream wait for its own (torch and CuPy do), and we wait for that stream.
+        if self._legacy_stream is None:
+            self._legacy_stream = _LegacyStream(self.ordinal)
+        self._legacy_stream.synchronize()
+
+    # -- order -----------------------------------------------------------------------
+
+    def _point(self, call: int):
+        """(semaphore, value) that call number `call` signals (call 0: reached from the start)."""
+        return self._ring[(call - 1) % RING], (call - 1) // RING + 1
+
+    def next_fences(self):
+        """(wait ref, signal fence) for the next call; take them, queue the call, then
+        `launched()`, all under `order`."""
+        fence = self._rt.HalFence.create_at
+        done = fence(*self._point(self._last + 1))
+        wait = fence(*self._point(self._last)).ref if self._chained else self._no_wait_ref
+        return wait, done
+
+    def launched(self) -> int:
+        self._last += 1
+        return self._last
+
+    def abandon(self, signal) -> None:
+        """A call that failed before reaching the queue still passes its place in the order on."""
+        rt = self._rt
+        empty = rt.HalCommandBuffer(self.hal)
+        empty.end()
+        wait = rt.HalFence.create_at(*self._point(self._last)) if self._chained else rt.HalFence(0)
+        self.hal.queue_execute(empty, wait, signal)
+        self.launched()
+
+    def wait_for(self, call: int) -> None:
+        """Until call number `call` (and every call before it) is done. Polls for a while
+        first: the blocking wait costs a thread wake-up after IREE's own."""
+        semaphore, value = self._point(call)
+        query = semaphore.query
+        deadline = time.perf_counter() + SPIN_S
+        try:
+            while query() < value:
+                if time.perf_counter() > deadline:
+                    wait_fence(self._rt.HalFence.create_at(semaphore, value))
+                    return
+        except (RuntimeError, ValueError) as exc:  # the semaphore failed: a call failed on the device
+            raise KitError(f"a call on the device failed: {str(exc).strip()}", fix="see the error above") from None
+
+    def synchronize(self) -> None:
+        """Waits for every call launched on this device."""
+        self.wait_for(self._last)
+
+    def __repr__(self) -> str:
+        return f"<kitdispatch Device {self.uri}>"
+
+
+def wait_fence(fence) -> None:
+    try:
+        fence.wait()
+    except (RuntimeError, ValueError) as exc:
+        raise KitError(f"a call on the device failed: {str(exc).strip()}", fix="see the error above; the device may need a restart of the process") from None
+
+
+_DEVICES: dict[str, Device] = {}
+_DEVICES_LOCK = threading.Lock()
+
+
+def get_device(uri: str = "cuda") -> Device:
+    """The kit's device for an IREE device URI ("cuda", "cuda://1", "local-task"), one per process."""
+    with _DEVICES_LOCK:
+        device = _DEVICES.get(uri)
+        if device is None:
+            device = _DEVICES[uri] = Device(uri)
+        return device
+
+
+class _PoolType:
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.name = _kit_type_name(dtype)
+
+
+def _kit_type_name(dtype: np.dtype) -> str:
+    from . import abi
+
+    row = abi.BY_NUMPY.get(dtype.name)
+    if row is None:
+        raise KitError(f"kitdispatch has no element type for {dtype}", fix=f"use one of {', '.join(abi.BY_NUMPY)}")
+    return row.name
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a kit element type ('f32', 'bf16', ...)."""
+    from . import abi
+
+    return abi.lookup(name).dtype
+
+
+def element_type(dtype: np.dtype):
+    from iree.runtime.dtypes import map_dtype_to_hal_element_type
+
+    hal_type = map_dtype_to_hal_element_type(np.dtype(dtype))
+    if hal_type is None:
+        raise KitError(f"IREE has no element type for {dtype}", fix="use a numeric dtype")
+    return hal_type
+
+
+def _cuda_ordinal(uri: str) -> int:
+    _, _, path = uri.partition("://")
+    return int(path) if path.isdigit() else 0
+
+
+# ------------------------------------------------------------------ CUDA stream (ctypes)
+
+
+class _LegacyStream:
+    """The legacy default stream of the device's primary context, through libcuda (no CUDA
+    Python package needed)."""
+
+    CU_STREAM_LEGACY = 0x1
+
+    def __init__(self, ordinal: int):
+        from .cuda_driver import _libcuda
+
+        lib = _libcuda()
+        if lib is None:
+            raise KitError("libcuda is not loadable", fix="install the NVIDIA driver")
+        self._lib = lib
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        self._check(lib.cuInit(0), "cuInit")
+        self._check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
+        self._check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+        self._context = context
+
+    def synchronize(self) -> None:
+        lib = self._lib
+        self._check(lib.cuCtxPushCurrent_v2(self._context), "cuCtxPushCurrent")
+        try:
+            self._check(lib.cuStreamSynchronize(ctypes.c_void_p(self.CU_STREAM_LEGACY)), "cuStreamSynchronize")
+        finally:
+            lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+
+    @staticmethod
+    def _check(code: int, call: str) -> None:
+        if code != 0:
+            raise KitError(f"{call} failed with CUDA error {code}", fix="check the driver with `kitdispatch doctor`")
