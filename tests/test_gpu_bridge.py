@@ -44,6 +44,7 @@ def test_64_bit_values_reach_the_kernel_whole(bridge_build, offset):
     module = load_module(bridge_build / "abi_bridge.vmfb")
     x = np.arange(-500, 500, dtype=np.int64) * (2**33)
     np.testing.assert_array_equal(module.add_i64(offset, x), x + offset + (2**40 + 3))
+    np.testing.assert_array_equal(module.add_i64(offset, module.device.put(x)).to_host(), x + offset + (2**40 + 3))
 
 
 def test_u64_tensors_and_a_mask_above_2_53(bridge_build):
@@ -62,6 +63,9 @@ def test_doubles_and_a_struct_by_value(bridge_build):
     want = ((xf * np.float32(1.5) + np.float32(-7)).astype(np.float64) + (2.0**40 + 0.25)).astype(np.float32)
     np.testing.assert_array_equal(module.affine(xf, p), want)
     np.testing.assert_array_equal(module.affine(xf, p.tobytes()), want)
+    # Device arrays in: the call goes through NAME$async, pushing the struct's words.
+    on_gpu = module.affine(module.device.put(xf), p)
+    np.testing.assert_array_equal(on_gpu.to_host(), want)
 
 
 def test_narrow_scalars_and_fp8(bridge_build):
