@@ -189,6 +189,7 @@ def _nvjitlink(ptx: bytes, arch: Arch, timeout: float) -> tuple[bytes, str]:
         import cuda.bindings.nvjitlink  # noqa: F401
     except ImportError as exc:
         raise KitError(f"nvJitLink is not available: {exc}", fix="pip install 'nvidia-nvjitlink>=13.0,<13.1'") from None
+    _check_same_cuda_major()
     request = {"ptx": ptx.rstrip(b"\0") + b"\0", "options": [f"-arch={arch.name}", "-O3"]}
     reply = POOL.call("nvjitlink_cubin", request, timeout=timeout, what=f"nvJitLink assembling PTX for {arch.name}")
     if not reply["ok"]:
@@ -198,6 +199,26 @@ def _nvjitlink(ptx: bytes, arch: Arch, timeout: float) -> tuple[bytes, str]:
             fix="pip install 'nvidia-nvjitlink>=13.0,<13.1' (a version that reads the PTX NVRTC emits)",
         )
     return reply["cubin"], reply["log"]
+
+
+def _check_same_cuda_major() -> None:
+    """nvJitLink's cubins need a driver of its CUDA major: a CUDA 12 (cu12) NVRTC build must
+    not get CUDA 13 cubins it cannot load."""
+    from .toolchain import find_nvrtc
+
+    nvrtc, linker = find_nvrtc(), assembler_version("nvrtc")[1]
+    if linker == "none":
+        raise KitError(
+            "a bridged kernel (bridge.py) needs nvJitLink to assemble its PTX, and it is not installed",
+            fix="pip install 'nvidia-nvjitlink>=13.0,<13.1' (in kitdispatch[build]), or build with --format ptx",
+        )
+    if nvrtc is not None and linker.split(".")[0] != str(nvrtc.cuda_major):
+        raise KitError(
+            f"a bridged kernel (bridge.py) is assembled by nvJitLink {linker}, whose cubins need a CUDA "
+            f"{linker.split('.')[0]} driver, but this build uses CUDA {nvrtc.cuda_major}'s NVRTC ({nvrtc.origin})",
+            fix="build with --format ptx (the driver compiles the bridged PTX), or --compiler nvcc (its own ptxas), or "
+            "install nvJitLink of the same CUDA major",
+        )
 
 
 def _ptxas(ptx: bytes, arch: Arch, nvcc: str | None, timeout: float) -> tuple[bytes, str]:
