@@ -793,7 +793,8 @@ def _c_scalar_type(sig: KernelSignature, c: CParam, where: str) -> str:
         f"parameter {c.name!r} of kernel {sig.name!r} has C type '{c.type}', which kitdispatch "
         "cannot map to a scalar type",
         where=where,
-        fix=f"declare its type: scalars = {{ {c.name} = \"f32\" }} (one of {', '.join(abi.SCALAR_TYPES)})",
+        fix=f"declare its type: scalars = {{ {c.name} = \"f32\" }} (one of {', '.join(abi.SCALAR_TYPES)}), "
+        f"or {{ {c.name} = \"struct16\" }} for a struct of 16 bytes passed by value",
     )
 
 
