@@ -141,7 +141,33 @@ def _check(nvrtc, err, what):
         raise RuntimeError(f"NVRTC call {what} failed: {err}")
 
 
-FUNCTIONS = {"nvrtc_info": nvrtc_info, "nvrtc_compile": nvrtc_compile, "iree_link": iree_link}
+def nvjitlink_cubin(request):
+    """request: ptx (NUL-terminated bytes), options. Returns ok, log, cubin (bridge.py)."""
+    from cuda.bindings import nvjitlink
+
+    handle = nvjitlink.create(len(request["options"]), request["options"])
+    try:
+        try:
+            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, request["ptx"], len(request["ptx"]), "bridged.ptx")
+            nvjitlink.complete(handle)
+        except nvjitlink.nvJitLinkError:
+            return {"ok": False, "log": _nvjitlink_log(nvjitlink, handle, error=True), "cubin": None}
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
+        return {"ok": True, "log": _nvjitlink_log(nvjitlink, handle, error=False), "cubin": bytes(cubin)}
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def _nvjitlink_log(nvjitlink, handle, *, error):
+    size = (nvjitlink.get_error_log_size if error else nvjitlink.get_info_log_size)(handle)
+    buf = bytearray(size)
+    if size:
+        (nvjitlink.get_error_log if error else nvjitlink.get_info_log)(handle, buf)
+    return buf.rstrip(b"\0").decode(errors="replace").strip()
+
+
+FUNCTIONS = {"nvrtc_info": nvrtc_info, "nvrtc_compile": nvrtc_compile, "iree_link": iree_link, "nvjitlink_cubin": nvjitlink_cubin}
 
 
 def _die_with_parent():

@@ -68,15 +68,29 @@ def parse_arch_list(items: Iterable[str] | str) -> tuple[Arch, ...]:
     return tuple(sorted({Arch.parse(n) for n in names}, reverse=True))
 
 
+# Compute capabilities NVIDIA has shipped GPUs of (Fermi to Blackwell), to tell a typo from
+# an architecture the compiler has dropped.
+KNOWN_CAPABILITIES = (20, 21, 30, 32, 35, 37, 50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
 def check_supported(archs: Iterable[Arch], supported: Iterable[Arch], compiler: str) -> None:
-    """Rejects an architecture the compiler cannot target, listing the ones it can."""
+    """Rejects an architecture the compiler cannot target, saying why and listing the ones
+    it can."""
+    supported = sorted(set(supported))
     supported_caps = {a.capability for a in supported}
     for arch in archs:
         if arch.capability not in supported_caps:
-            can = ", ".join(a.name for a in sorted(set(supported)))
+            if arch.capability not in KNOWN_CAPABILITIES:
+                why = "no NVIDIA GPU has that compute capability"
+            elif supported and arch.capability < supported[0].capability:
+                why = f"{compiler} no longer supports GPUs older than {supported[0].name}"
+            elif supported and arch.capability > supported[-1].capability:
+                why = f"it is newer than {compiler}'s newest target, {supported[-1].name}"
+            else:
+                why = f"{compiler} does not support it"
             raise ArchError(
-                f"{compiler} cannot target {arch.name}",
-                fix=f"choose from what {compiler} supports: {can}",
+                f"{compiler} cannot target {arch.name}: {why}",
+                fix=f"choose from what {compiler} supports: {', '.join(a.name for a in supported)}",
             )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 import shutil
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from ._parallel import CpuSlots
 from ._workers import run_in_threads
 from .arch_features import check_arch_features
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
+from .bridge import BridgingCompiler, entry_bridge
 from .cache import Cache, CachedCompiler, CachedLinker, Linked
 from .compilers import COMPILE_TIMEOUT_S, CompileOptions, ObjectCode, get_compiler
 from .errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
@@ -34,7 +36,7 @@ from .iree_compile import (
 from .manifest import load_manifest
 from .outputs import OutputFolder, os_error, prepare_output_dir, staging_dir
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
-from .ptx import check_kernel_against_ptx, parse_entries
+from .ptx import check_kernel_against_ptx, parse_entries, stores_to_inputs
 from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
 from .render import ExecutableObjects, VariantObject, render_module
 from .spec import OBJECT_FORMATS, FunctionSignature, ModuleSpec
@@ -100,6 +102,9 @@ class BuildResult:
     diagnostics: tuple[Diagnostic, ...] = ()  # tools' warnings on success, also in the record
     names: dict = field(default_factory=dict)  # kernel -> {function, entry} the kit chose
     removed: tuple[str, ...] = ()  # stale files of the folder's previous build, removed
+    # The commands this build ran, to re-run by hand (NVRTC's as equivalent nvcc commands,
+    # the link as iree-compile on the published files); cached steps ran nothing.
+    commands: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {
@@ -116,6 +121,7 @@ class BuildResult:
             "diagnostics": [dataclasses.asdict(d) for d in self.diagnostics],
             "names": self.names,
             "removed": list(self.removed),
+            "commands": list(self.commands),
         }
 
 
@@ -267,14 +273,16 @@ def _remove_if_empty(folder: Path) -> None:
 def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Shared, *, make_vmfb: bool) -> BuildResult:
     folder = OutputFolder(out_dir, spec.name)  # what the folder's previous build wrote
     compiler = _counting(shared.compiler, shared.cache)
-    codegen = choose_codegen_target(options.archs, options.codegen_target)
     programs = [_read_program(spec, p.source) for p in spec.programs]
     reference = _reference_path(spec)
     label = f"{spec.name}: " if shared.modules > 1 else ""  # whose step it is, when there are several
 
     built = _compile_all(spec, options, compiler, lambda what, secs: shared.report(label + what, secs))
+    # After the compile, which refuses an architecture the compiler cannot target with the
+    # list of those it can: a better first message for `--arch sm_50` than IREE's targets.
+    codegen = choose_codegen_target(options.archs, options.codegen_target)
     spec = _resolve_entries(spec, built, compiler, options)
-    _check_abi(spec, built, compiler, options)
+    abi_warnings = _check_abi(spec, built, compiler, options)
     check_arch_features([b.obj for b in built], lambda src, arch: _ptx_with_lines(spec, src, arch, compiler, options))
     preflight_notes = _preflight(built, shared.driver)
 
@@ -285,14 +293,18 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     )
     mlir_name, vmfb_name = f"{spec.name}.mlir", f"{spec.name}.vmfb" if make_vmfb else None
     outputs = objects | {mlir_name: rendered.text.encode()}
-    diagnostics = _compile_diagnostics(built)
+    diagnostics = _compile_diagnostics(built) + abi_warnings
     iree_runs = 0
+    commands = tuple(c for b in built for c in b.obj.commands)
     with staging_dir(out_dir) as stage:
         if vmfb_name is not None:
             link = _Link(rendered.text, objects, codegen.target, stage, mlir_name, vmfb_name)
             linked = _link(link, options, shared, label)
             check_declared_functions(spec, linked.declarations)
             outputs[vmfb_name], iree_runs = linked.vmfb, int(linked.ran)
+            if linked.ran:
+                argv = compile_args(out_dir / mlir_name, out_dir / vmfb_name, codegen.target, out_dir, options.iree_flags)
+                commands += (shlex.join(argv),)
             diagnostics += tuple(Diagnostic("iree-compile", mlir_name, d) for d in linked.diagnostics)
         if reference is not None:
             outputs[reference.name] = _read_reference(reference)
@@ -314,13 +326,14 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
         diagnostics=diagnostics,
         names=record.names,
         removed=published.removed,
+        commands=commands,
     )
 
 
 def _counting(compiler, cache: Cache | None) -> CachedCompiler:
     """Every module goes through a CachedCompiler of its own, which counts its compiler runs;
     with no cache it uses an unusable one, so every compile is a miss."""
-    return CachedCompiler(compiler, cache if cache is not None else Cache.disabled())
+    return CachedCompiler(BridgingCompiler(compiler), cache if cache is not None else Cache.disabled())
 
 
 # -------------------------------------------------------------------------- compiling
@@ -371,9 +384,12 @@ def _jobs(spec: ModuleSpec, options: BuildOptions) -> list[_Job]:
 
 def compile_options_for(spec: ModuleSpec, source: Path, options: BuildOptions) -> CompileOptions:
     """The build's options plus the C++ kernel names of this source, which NVRTC must
-    instantiate and name (`scale<float>`)."""
-    names = tuple(k.name for k in spec.kernels if k.cpp_name and k.symbol is None and spec.source_path(k.source) == source)
-    return dataclasses.replace(options.compile_options, name_expressions=names) if names else options.compile_options
+    instantiate and name (`scale<float>`), and the entries to bridge to IREE's parameter
+    passing (bridge.py)."""
+    mine = [k for k in spec.kernels if spec.source_path(k.source) == source]
+    names = tuple(k.name for k in mine if k.cpp_name and k.symbol is None)
+    bridges = tuple(entry_bridge(k) for k in mine if k.needs_bridge)
+    return dataclasses.replace(options.compile_options, name_expressions=names, bridges=bridges)
 
 
 def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Callable[[str, float], None]) -> list[_Built]:
@@ -440,10 +456,12 @@ def _ptx_with_lines(spec: ModuleSpec, source: Path, arch: Arch, compiler, option
     return compiler.compile(source, arch, "ptx", with_lines).data
 
 
-def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> None:
-    """Every kernel against the PTX of its source: entry name, parameters, block size.
-    nvcc's cubins and fatbins carry no PTX, so those sources get one PTX compile to check."""
+def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> tuple[Diagnostic, ...]:
+    """Every kernel against the PTX of its source: entry name, parameters, block size; and a
+    warning for each `in` buffer the kernel stores through (it would write IREE's read-only
+    input). nvcc's cubins and fatbins carry no PTX, so those sources get one PTX compile."""
     ptx_by_source: dict[Path, tuple[bytes, str]] = {}
+    warnings: list[Diagnostic] = []
     for b in built:
         if b.obj.ptx is not None:
             ptx_by_source.setdefault(b.obj.source, (b.obj.ptx, b.obj.arch.name))
@@ -454,7 +472,10 @@ def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOp
             probe = compiler.compile(src, oldest, "ptx", compile_options_for(spec, src, options))
             ptx_by_source[src] = (probe.ptx, oldest.name)
         ptx, arch = ptx_by_source[src]
-        check_kernel_against_ptx(kernel, parse_entries(ptx.decode(errors="replace")), f"{src} ({arch})")
+        text = ptx.decode(errors="replace")
+        check_kernel_against_ptx(kernel, parse_entries(text), f"{src} ({arch})")
+        warnings += [Diagnostic("kitdispatch", str(src), text) for text in stores_to_inputs(kernel, text)]
+    return tuple(warnings)
 
 
 def _preflight(built: list[_Built], driver: Version | None) -> tuple[str, ...]:
@@ -614,7 +635,7 @@ def _check_declaration(sig: FunctionSignature, declarations: dict[str, str], whe
     if m is None:
         return  # a declaration IREE wrote in a form this kit does not know: nothing to compare
     have = (_declared_types(m.group("args")), _declared_types(m.group("results")))
-    want = (tuple(t.mlir for t in sig.args), tuple(t.mlir for t in sig.results))
+    want = (tuple(m for t in sig.args for m in t.mlir_types), tuple(m for t in sig.results for m in t.mlir_types))
     if have != want:
         raise ManifestError(
             f"function {sig.name!r} is declared as ({', '.join(want[0])}) -> ({', '.join(want[1])}) but the "

@@ -161,6 +161,7 @@ def object_key(
     key.add("archs", ",".join(a.name for a in archs))
     key.add("options", json.dumps(options.flags()))
     key.add("name_expressions", json.dumps(list(options.name_expressions)))
+    key.add("bridges", json.dumps(list(options.bridges)))
     for i, (_, data) in enumerate(source_closure(source, search)):
         # Paths stay out: the same text compiles to the same object wherever it lives.
         key.add(f"file{i}", data)
@@ -503,8 +504,8 @@ class CachedCompiler:
         meta, payload = hit
         try:
             data, ptx = payload[: meta["data_len"]], payload[meta["data_len"] :] or None
-            if meta["format"] == "ptx":
-                ptx = data
+            if meta["format"] == "ptx" and ptx is None:
+                ptx = data  # a bridged PTX object keeps the compiler's PTX after its own
             obj = ObjectCode(
                 data, meta["format"], tuple(Arch.parse(a) for a in meta["archs"]), source, self.name, ptx,
                 lowered=tuple((str(a), str(b)) for a, b in meta.get("lowered", [])),
@@ -531,7 +532,7 @@ class CachedCompiler:
                 "lowered": [list(p) for p in obj.lowered],
                 "diagnostics": list(obj.diagnostics),
             }
-            extra_ptx = obj.ptx if obj.ptx is not None and obj.format != "ptx" else b""
+            extra_ptx = obj.ptx if obj.ptx is not None and obj.ptx != obj.data else b""
             self.cache.put("object", key, meta, obj.data + extra_ptx)
         return obj
 

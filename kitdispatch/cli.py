@@ -249,6 +249,8 @@ def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
             out.info(f"note: {prefix}kernel {kernel!r}: function {names['function']!r}, entry {names['entry']!r}")
         for name in result.removed:
             out.detail(f"{prefix}removed {name} (written by the folder's previous build)")
+        for command in result.commands:
+            out.detail(f"{prefix}ran: {command}")
         made = result.vmfb or result.mlir
         lines.append(f"built {made}" if make_vmfb else f"generated {result.mlir} and {len(result.objects)} object file(s)")
         out.detail(f"{result.name}: compiler runs: {result.compiler_runs}, iree-compile runs: {result.iree_compile_runs}")

@@ -26,7 +26,7 @@ from ._proc import run_tool
 from .errors import KitError, ToolError
 from .models import read_model_record
 from .runtime import Module, find_runtime_tool, numpy_dtype, require_cuda
-from .verify import TOLERANCES
+from . import abi
 
 BENCH_TIMEOUT_S = 600.0
 WORST_SHOWN = 5
@@ -160,11 +160,12 @@ def random_inputs(sig: dict, seed: int = 0) -> list[np.ndarray]:
                 f"input {i} of {sig['name']} has dynamic sizes ({t['shape']})",
                 fix="pass --inputs FILE.npz with arrays of the sizes to run",
             )
-        dtype = numpy_dtype(t["dtype"]) if t["dtype"] in TOLERANCES or t["dtype"].startswith("i") else None
-        if dtype is None:
+        row = abi.BY_NAME.get(t["dtype"])
+        if row is None or not row.tensor:
             raise KitError(f"input {i} has element type {t['dtype']}, which kitdispatch cannot make", fix="pass --inputs FILE.npz")
+        dtype = numpy_dtype(t["dtype"])
         shape = tuple(t["shape"])
-        if t["dtype"] in TOLERANCES:
+        if row.kind == "float":
             out.append(rng.uniform(-2.0, 2.0, size=shape).astype(dtype))
         else:
             out.append(rng.integers(-100, 100, size=shape).astype(dtype))
@@ -212,11 +213,10 @@ def _call(vmfb: Path, function: str, args: Sequence[np.ndarray], device: str) ->
 
 def check_agreement(got: Sequence[np.ndarray], expected: Sequence[np.ndarray], sig: dict) -> tuple[bool, float, str, tuple[str, ...]]:
     """(agree, max abs error, the tolerance used, the worst elements where they disagree).
-    Floats get their type's tolerance (verify.TOLERANCES), the least precise input's when
+    Floats get their type's tolerance (abi.AbiType.tolerance), the least precise input's when
     inputs are less precise; integers must match exactly."""
-    dtypes = [t["dtype"] for t in sig["inputs"] + sig["outputs"] if t["dtype"] in TOLERANCES]
-    tol_dtype = max(dtypes, key=lambda d: TOLERANCES[d][0]) if dtypes else None
-    rtol, atol = TOLERANCES[tol_dtype] if tol_dtype else (0.0, 0.0)
+    tol_dtype = abi.tolerance_type([t["dtype"] for t in sig["inputs"] + sig["outputs"]])
+    rtol, atol = abi.lookup(tol_dtype).tolerance if tol_dtype else (0.0, 0.0)
     agree, max_err, worst = True, 0.0, []
     for n, (g, e) in enumerate(zip(got, expected)):
         g64, e64 = np.asarray(g, np.float64), np.asarray(e, np.float64)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ class CompileOptions:
     # C++ kernel names (`scale<float>`) NVRTC must instantiate and name in the object; nvcc
     # has no such switch, so there a template kernel needs an explicit instantiation.
     name_expressions: tuple[str, ...] = ()
+    # Entries to adapt to IREE's parameter passing, (kernel name, pointer positions) each;
+    # applied by bridge.BridgingCompiler, not by the compiler itself (no flag).
+    bridges: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def flags(self) -> list[str]:
         flags = [f"-I{d}" for d in self.include_dirs] + [f"-D{d}" for d in self.defines]
@@ -72,6 +76,9 @@ class ObjectCode:
     ptx: bytes | None = field(default=None, repr=False)
     lowered: tuple[tuple[str, str], ...] = ()
     diagnostics: tuple[str, ...] = ()
+    # What ran to make it, as commands to re-run (NVRTC's as the equivalent nvcc command);
+    # empty for an object from the cache.
+    commands: tuple[str, ...] = ()
 
     @classmethod
     def from_ptx(cls, data: bytes, arch: Arch, source: Path, compiler: str, **extra) -> "ObjectCode":
@@ -203,12 +210,16 @@ class NvrtcCompiler:
     def compile(self, source: Path, arch: Arch, fmt: ObjectFormat, options: CompileOptions) -> ObjectCode:
         check_archs(self, (arch,))
         target = arch.compute_name if fmt == "ptx" else arch.name
-        reply = self._run(source, [f"--gpu-architecture={target}", *self._flags(source, options)], options, cubin=fmt != "ptx")
-        lowered = tuple(reply["lowered"].items())
-        notes = _diagnostics(reply["log"])
+        opts = [f"--gpu-architecture={target}", *self._flags(source, options)]
+        reply = self._run(source, opts, options, cubin=fmt != "ptx")
+        extra = {
+            "lowered": tuple(reply["lowered"].items()),
+            "diagnostics": _diagnostics(reply["log"]),
+            "commands": (shlex.join(rerun_command(source, opts)),),
+        }
         if fmt == "ptx":
-            return ObjectCode.from_ptx(reply["ptx"], arch, source, self.name, lowered=lowered, diagnostics=notes)
-        return ObjectCode.from_cubin(reply["cubin"], arch, source, self.name, ptx=reply["ptx"], lowered=lowered, diagnostics=notes)
+            return ObjectCode.from_ptx(reply["ptx"], arch, source, self.name, **extra)
+        return ObjectCode.from_cubin(reply["cubin"], arch, source, self.name, ptx=reply["ptx"], **extra)
 
     def lowered_names(self, source: Path, names: tuple[str, ...], options: CompileOptions) -> dict[str, str]:
         """The mangled entry names of C++ kernels (`scale`, `scale<float>`) through NVRTC
@@ -268,7 +279,13 @@ class NvrtcCompiler:
         ptx = [by_arch[a] for a in ptx_fallback_archs(archs)]
         data = pack_fatbin(cubins, ptx)
         notes = tuple(dict.fromkeys(n for c in cubins for n in c.diagnostics))
-        return ObjectCode.from_fatbin(data, tuple(archs), source, self.name, ptx=cubins[-1].ptx, lowered=cubins[0].lowered, diagnostics=notes)
+        commands = tuple(c for cubin in cubins for c in cubin.commands) + (fatbin_note(cubins, ptx),)
+        return ObjectCode.from_fatbin(data, tuple(archs), source, self.name, ptx=cubins[-1].ptx, lowered=cubins[0].lowered, diagnostics=notes, commands=commands)
+
+
+def fatbin_note(cubins: list[ObjectCode], ptx: list[ObjectCode]) -> str:
+    """What packing a fatbin did, in place of a command (nvFatbin is a library)."""
+    return f"# nvFatbin: packed SASS for {', '.join(c.arch.name for c in cubins)} and PTX for {', '.join(p.arch.name for p in ptx)}"
 
 
 def rerun_command(source: Path, nvrtc_options: list[str]) -> list[str]:
@@ -351,7 +368,7 @@ class NvccCompiler:
             self._run(argv, source, arch.name)
             data = out.read_bytes()
         make = ObjectCode.from_ptx if fmt == "ptx" else ObjectCode.from_cubin
-        return make(data, arch, source, self.name)
+        return make(data, arch, source, self.name, commands=(_shown_command(argv, out),))
 
     def compile_fatbin(self, source: Path, archs: tuple[Arch, ...], options: CompileOptions) -> ObjectCode:
         check_archs(self, archs)
@@ -362,7 +379,7 @@ class NvccCompiler:
             out = Path(tmp) / "out.fatbin"
             argv = [self.path, "--fatbin", *gencode, *options.flags(), "-o", str(out), str(source)]
             self._run(argv, source, ", ".join(a.name for a in archs))
-            return ObjectCode.from_fatbin(out.read_bytes(), tuple(archs), source, self.name)
+            return ObjectCode.from_fatbin(out.read_bytes(), tuple(archs), source, self.name, commands=(_shown_command(argv, out),))
 
     def _run(self, argv: list[str], source: Path, what: str) -> None:
         with self._slots:
@@ -377,6 +394,11 @@ class NvccCompiler:
                 log=log,
                 fix="fix the error in the kernel source shown in the log",
             )
+
+
+def _shown_command(argv: list[str], out: Path) -> str:
+    """nvcc's command with its temporary output named by its file name alone."""
+    return shlex.join(out.name if a == str(out) else a for a in argv)
 
 
 # ------------------------------------------------------------------------------- shared

@@ -348,23 +348,19 @@ class _PoolType:
 
 
 def _kit_type_name(dtype: np.dtype) -> str:
-    from .spec import ELEMENT_TYPES
+    from . import abi
 
-    for name, numpy_name in ELEMENT_TYPES.items():
-        if numpy_name == dtype.name:
-            return name
-    raise KitError(f"kitdispatch has no element type for {dtype}", fix=f"use one of {', '.join(ELEMENT_TYPES.values())}")
+    row = abi.BY_NUMPY.get(dtype.name)
+    if row is None:
+        raise KitError(f"kitdispatch has no element type for {dtype}", fix=f"use one of {', '.join(abi.BY_NUMPY)}")
+    return row.name
 
 
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype of a kit element type ('f32', 'bf16', ...)."""
-    from .spec import ELEMENT_TYPES
+    from . import abi
 
-    if name == "bf16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(ELEMENT_TYPES[name])
+    return abi.lookup(name).dtype
 
 
 def element_type(dtype: np.dtype):

@@ -9,8 +9,8 @@ from typing import Any
 from ._files import NotRegularFile, read_regular_file
 from .errors import ManifestError
 from .signature import KernelSignature, find_kernel
+from . import abi
 from .spec import (
-    C_SCALAR_TYPES,
     Buffer,
     FunctionSignature,
     IndexExpr,
@@ -28,6 +28,7 @@ from .spec import (
     cpp_base_name,
     infer_params,
     parse_value_type,
+    with_split_halves,
 )
 
 if sys.version_info >= (3, 11):
@@ -58,10 +59,9 @@ _KERNEL_KEYS = {
 _REPLACE_WHEN_KEYS = {"multiple_of": False, "max": False, "dimension": False}
 _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
-_TEST_KEYS = {"reference": False, "sizes": False, "seed": False}
+_TEST_KEYS = {"reference": False, "sizes": False, "seed": False, "scalars": False}
 _ACCESS_KEYS = ("in", "out", "inout", "scalar")
 _INFERENCE_KEYS = ("shapes", "inout", "in", "scalars", "values")
-FLOAT_SCALARS = ("f32", "f64", "f16", "bf16")
 
 
 def find_manifest(path: str | Path) -> Path:
@@ -170,7 +170,8 @@ def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
             for i, p in enumerate(_list_of_tables(data["params"], f"{where}: params"))
         ]
         if sig is not None:
-            check_params(tuple(params), sig, where)
+            params = with_split_halves(tuple(params), sig)
+            check_params(params, sig, where)
     else:
         params = _infer_params(data, sig, where)
     return Kernel.create(
@@ -237,7 +238,7 @@ def _infer_params(data: dict, sig: KernelSignature | None, where: str) -> tuple[
     scalars = _table(data.get("scalars", {}), f"{where}: scalars")
     values = _table(data.get("values", {}), f"{where}: values")
     types = {k: _string(v, f"{where}: scalars.{k}") for k, v in scalars.items()}
-    c_types = {c.name: C_SCALAR_TYPES.get(c.type) for c in sig.params}
+    c_types = {c.name: row.name for c in sig.params if (row := abi.BY_C_NAME.get(c.base_type)) and not c.is_pointer}
     return infer_params(
         sig,
         shapes={k: TensorType.parse(v, f"{where}: shapes.{k}") for k, v in shapes.items()},
@@ -289,7 +290,7 @@ def _parse_param(data: dict, where: str) -> Param:
 def _parse_scalar_value(value: Any, dtype: str, where: str) -> IndexExpr | float | None:
     if value is None:
         return None
-    if dtype in FLOAT_SCALARS:
+    if abi.BY_NAME.get(dtype) is not None and abi.lookup(dtype).kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ManifestError(
                 f"value {value!r} of an {dtype} scalar is not a number", where=where, fix="e.g. value = 0.5"
@@ -333,11 +334,17 @@ def _parse_test(data: Any, root: Path, where: str) -> TestSpec:
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ManifestError("seed must be an integer", where=where, fix="e.g. seed = 0")
+    scalars = data.get("scalars", {})
+    if not isinstance(scalars, dict) or not all(isinstance(v, (int, float)) for v in scalars.values()):
+        raise ManifestError(
+            "scalars must map scalar argument names to numbers", where=where, fix="e.g. scalars = { alpha = 2.5, k = 3 }"
+        )
     reference = data.get("reference")
     return TestSpec(
         Path(_string(reference, f"{where}: reference")) if reference is not None else None,
         tuple(sorted((check_identifier(k, "dimension", where), v) for k, v in sizes.items())),
         seed,
+        tuple(sorted((check_identifier(k, "scalar", where), float(v)) for k, v in scalars.items())),
     )
 
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from .errors import AbiError
 from .spec import Buffer, Kernel
 
-_ENTRY_RE = re.compile(
+ENTRY_RE = re.compile(
     r"\.entry\s+(?P<name>[\w$.]+)\s*\((?P<params>[^)]*)\)(?P<directives>[^{]*)\{", re.S
 )
 _PARAM_RE = re.compile(
     r"\.param\s+(?:\.align\s+(?P<align>\d+)\s+)?(?:\.ptr\s+(?:\.\w+\s+)*)?\.(?P<type>[usfb]\d+)"
-    r"(?:\s+\.ptr(?:\s+\.\w+)*(?:\s+\.align\s+\d+)?)?\s+(?P<name>[\w$.]+)(?:\[(?P<count>\d+)\])?"
+    r"(?:\s+\.ptr(?:\s+\.(?!align\b)\w+)*(?:\s+\.align\s+\d+)?)?\s+(?P<name>[\w$.]+)(?:\[(?P<count>\d+)\])?"
 )
 _NTID_RE = re.compile(r"\.(?P<kind>reqntid|maxntid)\s+(?P<dims>\d+(?:\s*,\s*\d+)*)")
 
@@ -35,7 +35,7 @@ class PtxEntry:
 
 def parse_entries(ptx: str) -> dict[str, PtxEntry]:
     entries = {}
-    for m in _ENTRY_RE.finditer(ptx):
+    for m in ENTRY_RE.finditer(ptx):
         params = tuple(
             PtxParam(p.group("name"), int(p.group("type")[1:]) // 8 * int(p.group("count") or 1))
             for p in _PARAM_RE.finditer(m.group("params"))
@@ -48,10 +48,10 @@ def parse_entries(ptx: str) -> dict[str, PtxEntry]:
 def check_kernel_against_ptx(kernel: Kernel, entries: dict[str, PtxEntry], where: str) -> None:
     """The object must export the kernel with the parameters and block size the layout declares.
 
-    Each C parameter must have exactly the size IREE fills: a pointer 8 bytes; a push
-    constant lands in its own parameter slot as 32 bits, of which a 4-, 2- (f16, bf16) or
-    1-byte (bool) parameter reads the low bytes; an 8-byte parameter would read 32 bits of
-    garbage, so 64-bit scalars are two 4-byte parameters (spec.SCALAR_TYPES)."""
+    Each C parameter must have the size of what the layout puts there (abi.py): a pointer
+    8 bytes, a scalar its type's size (a 64-bit half 4 bytes). Entries whose parameters IREE
+    cannot fill as they are (8-byte scalars, pointers after scalars) are bridged after this
+    check (bridge.py)."""
     entry = entries.get(kernel.entry)
     if entry is None:
         have = ", ".join(sorted(entries)) or "none"
@@ -67,20 +67,18 @@ def check_kernel_against_ptx(kernel: Kernel, entries: dict[str, PtxEntry], where
             f"kernel {kernel.name!r} takes {len(entry.params)} parameters in the compiled object "
             f"but the manifest declares {len(slots)} ({', '.join(s.name for s in slots)})",
             where=where,
-            fix="declare every C parameter of the kernel, in the order of its signature; a 64-bit "
-            "scalar NAME is two 32-bit parameters NAME_lo, NAME_hi",
+            fix="declare every C parameter of the kernel, in the order of its signature",
         )
     for i, (slot, compiled) in enumerate(zip(slots, entry.params)):
         if compiled.size != slot.size:
             p = slot.param
             what = (
                 "a pointer" if isinstance(p, Buffer)
-                else f"a 32-bit half of {p.dtype} {p.name!r}" if p.is_wide
+                else f"a 32-bit half of {p.dtype} {p.name!r}" if p.split
                 else p.dtype
             )
             hint = (
-                "; IREE passes 32 bits per parameter, so take a 64-bit value as two 32-bit halves "
-                "and declare it i64/u64/f64"
+                "; a 64-bit scalar is declared i64, u64 or f64"
                 if compiled.size == 8 and not isinstance(p, Buffer) else ""
             )
             raise AbiError(
@@ -90,6 +88,22 @@ def check_kernel_against_ptx(kernel: Kernel, entries: dict[str, PtxEntry], where
                 fix="make the manifest's params match the C signature, in order",
             )
     _check_block_size(kernel, entry, where)
+
+
+def stores_to_inputs(kernel: Kernel, ptx: str) -> list[str]:
+    """A warning for each `in` buffer the kernel's PTX stores through: IREE binds it
+    read-only and may share it with other values, so the write is lost or corrupts them."""
+    slots = kernel.c_slots
+    warnings = []
+    for i in written_params(ptx, kernel.entry):
+        p = slots[i].param if i < len(slots) else None
+        if isinstance(p, Buffer) and p.access == "in":
+            warnings.append(
+                f"kernel {kernel.name!r} stores through {p.name!r}, which the manifest declares `in` "
+                "(read-only): IREE may share that buffer with other values, so the result is undefined; "
+                f"declare it inout = [\"{p.name}\"] (or out), or make the pointer const if it is only read"
+            )
+    return warnings
 
 
 def _check_block_size(kernel: Kernel, entry: PtxEntry, where: str) -> None:
@@ -110,3 +124,81 @@ def _check_block_size(kernel: Kernel, entry: PtxEntry, where: str) -> None:
             where=where,
             fix="lower workgroup_size or raise the kernel's __launch_bounds__",
         )
+
+
+# ------------------------------------------------------------------ stores through params
+
+_INSTR_RE = re.compile(r"^\s*(?:@!?%\w+\s+)?(?P<op>[a-z][\w.]*)\s+(?P<args>[^;]*);")
+_REG_RE = re.compile(r"%[\w$.]+")
+_MEMORY_WRITES = re.compile(r"^(?:st|atom|red)(?:\.global)?(?:\.|$)")
+_NOT_GLOBAL = re.compile(r"\.(?:shared|local|param|const)\b")
+
+
+def written_params(ptx: str, entry: str) -> tuple[int, ...]:
+    """Positions of the entry's pointer parameters that the kernel stores through (st, atom or
+    red to global or generic memory at an address computed from the parameter).
+
+    A taint analysis over the entry's body: a register loaded from a parameter carries it,
+    and so does an address computed from it (mov, cvta, add, the pointer of a sub, the
+    addend of a mad, either side of a selp); an integer derived otherwise (an alignment test
+    `and`, a pointer difference) and a value loaded from memory do not. It runs to a fixed
+    point, so loops are followed."""
+    m = next((m for m in ENTRY_RE.finditer(ptx) if m.group("name") == entry), None)
+    if m is None:
+        return ()
+    names = {p.group("name"): i for i, p in enumerate(_PARAM_RE.finditer(m.group("params")))}
+    body = ptx[m.end() : body_end_of(ptx, m.end() - 1)]
+    instructions = [(i.group("op"), i.group("args")) for i in map(_INSTR_RE.match, body.split("\n")) if i]
+    taint: dict[str, frozenset[int]] = {}
+    written: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for op, args in instructions:
+            if _MEMORY_WRITES.match(op) and not _NOT_GLOBAL.search(op):
+                address = re.search(r"\[\s*(%[\w$.]+)", args)
+                if address:
+                    written |= taint.get(address.group(1), frozenset())
+                if not op.startswith("atom"):
+                    continue
+            dst, _, sources = args.partition(",")
+            dst = dst.strip()
+            if not dst.startswith("%"):
+                continue
+            if op.startswith("ld.param"):
+                param = re.search(r"\[\s*([\w$.]+)", sources)
+                new = frozenset({names[param.group(1)]}) if param and param.group(1) in names else frozenset()
+            elif op.startswith(("ld.", "atom")):
+                new = frozenset()  # a value from memory is not the pointer
+            else:
+                new = frozenset().union(*(taint.get(r, frozenset()) for r in _address_sources(op, sources)))
+            if not new <= taint.get(dst, frozenset()):
+                taint[dst] = taint.get(dst, frozenset()) | new
+                changed = True
+    return tuple(sorted(written))
+
+
+def _address_sources(op: str, sources: str) -> list[str]:
+    """The operands of `op` through which an address passes to its result."""
+    operands = [o.strip() for o in sources.split(",")]
+    base = op.split(".", 1)[0]
+    if base in ("mov", "cvta", "add", "selp"):
+        chosen = operands[:2] if base == "selp" else operands
+    elif base == "sub":
+        chosen = operands[:1]
+    elif base == "mad":
+        chosen = operands[2:3]
+    else:
+        return []
+    return [r for o in chosen for r in _REG_RE.findall(o)]
+
+
+def body_end_of(text: str, start: int) -> int:
+    """Index of the `}` that closes the `{` at text[start] (an entry's body, which holds
+    nested blocks)."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    raise AbiError("a PTX entry's body is not closed", fix="report this kernel to kitdispatch")

@@ -19,7 +19,8 @@ from . import __version__
 from ._resources import data_dir
 from .archs import Arch
 from .errors import ManifestError
-from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType, float_bits
+from . import abi
+from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType
 
 
 @dataclass(frozen=True)
@@ -210,8 +211,8 @@ def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
         "doc": f"{kernel.name}: {_describe_params(kernel)}",
         "name": kernel.entry,
         "ordinal": ordinal,
-        # One per push constant: 64-bit scalars take two (spec.SCALAR_TYPES).
-        "constants": sum(len(s.c_names) for s in kernel.scalars),
+        # One per push constant: 64-bit scalars take two (abi.AbiType.words).
+        "constants": sum(s.words for s in kernel.scalars),
         # IREE binds tensor operands in operand order, then untied results; the function
         # keeps every buffer's C slot (see `_needs_empty`), so bindings follow the C order.
         "bindings": ["" if not b.read_only else ", ReadOnly" for b in kernel.buffers],
@@ -258,6 +259,8 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
     args = kernel.function_arguments
     arg_ssa = {p.name: ssa.take(p.name) for p in args}
     arg_types = {p.name: p.type.mlir if isinstance(p, Buffer) else ScalarType(p.dtype).mlir for p in args}
+    # A struct is one argument per 32-bit word (abi.AbiType.arguments).
+    words = {p.name: [ssa.take(f"{p.name}_w{i}") for i in range(p.words)] for p in args if isinstance(p, Scalar) and p.abi.kind == "struct"}
 
     # Symbol values (index): dimensions of tensor arguments, then integer scalar arguments.
     symbol_ssa: dict[str, str] = {}
@@ -282,7 +285,7 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
     for s in kernel.scalars:
         if kernel.is_function_argument(s) and s.name in kernel.known_symbols and s.name not in symbol_ssa:
             symbol_ssa[s.name] = ssa.take(f"dim_{s.name}")
-            op = "arith.index_castui" if s.dtype in ("u32", "u64") else "arith.index_cast"
+            op = "arith.index_castui" if s.abi.kind == "uint" else "arith.index_cast"
             symbol_casts.append(_op(symbol_ssa[s.name], op, f"%{arg_ssa[s.name]}", f"{arg_types[s.name]} to index"))
 
     # Push constant values, in C order: one i32 per constant (two for 64-bit scalars).
@@ -303,6 +306,8 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
             constants.from_index(s, idx)
         elif isinstance(value, float):
             constants.from_literal(s, value)
+        elif s.name in words:
+            constants.values += words[s.name]
         else:
             constants.from_argument(s, arg_ssa[s.name])
 
@@ -334,7 +339,10 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
         "doc": f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})",
         "op": "func.func",
         "name": kernel.function,
-        "args": ", ".join(f"%{arg_ssa[p.name]}: {arg_types[p.name]}" for p in args),
+        "args": ", ".join(
+            ", ".join(f"%{w}: i32" for w in words[p.name]) if p.name in words else f"%{arg_ssa[p.name]}: {arg_types[p.name]}"
+            for p in args
+        ),
         "attributes": "",
         "return_op": "return",
         "outputs": [
@@ -385,9 +393,8 @@ def _op(ssa: str, op: str, operands: str, types: str) -> dict:
 
 
 class _Constants:
-    """Turns each scalar into its i32 push constants, in order (see spec.SCALAR_TYPES):
-    one for 32-bit, narrower (f16, bf16: low 16 bits; bool: 0 or 1) types, two (low half
-    first) for i64, u64 and f64."""
+    """Turns each scalar into its i32 push constants, in order (abi.py): one for types of
+    32 bits or fewer (the kernel reads the low bytes), two (low word first) for 64-bit ones."""
 
     def __init__(self, ssa: "_SsaNames") -> None:
         self.ssa = ssa
@@ -396,25 +403,27 @@ class _Constants:
         self._c32: str | None = None
 
     def from_argument(self, s: Scalar, arg: str) -> None:
-        """From the generated function's argument, of type ScalarType(s.dtype).mlir."""
-        if s.dtype in ("i32", "u32", "f16", "bf16"):  # f16, bf16: their bits, zero-extended
+        """From the generated function's argument, of type abi.AbiType.argument."""
+        kind = s.abi.argument
+        if kind == "i32":  # 32-bit and narrower integers, and the bits of f16, bf16, fp8
             self.values.append(arg)
-        elif s.dtype == "f32":
+        elif kind == "f32":
             self.values.append(self._emit(f"{s.name}_bits", "arith.bitcast", f"%{arg}", "f32 to i32"))
-        elif s.dtype == "bool":
+        elif kind == "i1":
             self.values.append(self._emit(f"{s.name}_i32", "arith.extui", f"%{arg}", "i1 to i32"))
         else:  # i64, u64, and f64 as its bits
             self._split(s.name, arg)
 
     def from_index(self, s: Scalar, idx: str) -> None:
-        if s.is_wide:
+        if s.words == 2:
             self._split(s.name, self._emit(f"{s.name}_i64", "arith.index_cast", f"%{idx}", "index to i64"))
         else:
             self.values.append(self._emit(f"{s.name}_i32", "arith.index_cast", f"%{idx}", "index to i32"))
 
     def from_literal(self, s: Scalar, value: float) -> None:
         """Float literals become their bits here: IREE would demote an f64 constant to f32."""
-        for half, word in zip(("_lo", "_hi") if s.is_wide else ("",), _float_words(s.dtype, value)):
+        words = abi.words(s.abi, abi.bits(s.abi, value))
+        for half, word in zip(("_lo", "_hi") if len(words) == 2 else ("",), words):
             self.values.append(self._emit(f"{s.name}{half}_bits", "arith.constant", str(word), "i32"))
 
     def _split(self, name: str, value: str) -> None:
@@ -429,13 +438,6 @@ class _Constants:
         name = self.ssa.take(stem)
         self.ops.append(_op(name, op, operands, types))
         return name
-
-
-def _float_words(dtype: str, value: float) -> tuple[int, ...]:
-    """A float literal as the signed i32 words of its push constants, low word first."""
-    bits = float_bits(dtype, value)
-    words = (bits & 0xFFFFFFFF, bits >> 32) if dtype == "f64" else (bits,)
-    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)
 
 
 class _SsaNames:

@@ -19,8 +19,9 @@ from ._proc import ToolResult, run_checked
 from .device import DeviceArray, element_type, get_device, numpy_dtype
 from .errors import KitError, RuntimeUnavailable
 from .record import RECORD_SUFFIX, BuildRecord, read_record, record_beside  # noqa: F401 (RECORD_SUFFIX: API)
+from . import abi
 from .render import ASYNC_SUFFIX
-from .spec import FLOAT_BITS_ARGUMENTS, FunctionSignature, ScalarType, TensorType, float_bits
+from .spec import FunctionSignature, ScalarType, TensorType
 
 RUN_TIMEOUT_S = 600.0
 
@@ -177,7 +178,7 @@ class Function:
             self._storage = _stored_results(self._vm_async) if self._vm_async is not None else ()
             self._stored_checks = [self._results[k] for k in self._storage]
             self._all_stored = len(self._storage) == len(signature.results)
-            self._list_size = len(signature.args) + len(self._storage) + 2
+            self._list_size = sum(len(a.mlir_types) for a in signature.args) + len(self._storage) + 2
             self._returned = None  # made on first use: needs iree.runtime
 
     def __repr__(self) -> str:
@@ -242,7 +243,10 @@ class Function:
                 refs.append(value._ref)
             elif check.__class__ is str:  # a scalar's dtype
                 number = scalar_argument(check, value, self._where(i))
-                refs.append(("push_float" if check == "f32" else "push_int", number))
+                if isinstance(number, tuple):  # a struct: one i32 per word
+                    refs += [("push_int", word) for word in number]
+                else:
+                    refs.append(("push_float" if check == "f32" else "push_int", number))
             else:
                 array, from_host = self._device_argument(i, value, bound)
                 host_only = host_only and from_host
@@ -368,8 +372,9 @@ class Function:
             _check_count(sig, args)
             bound: dict[str, int] = {}
             args = [
-                scalar_argument(t.dtype, a, self._where(i)) if isinstance(t, ScalarType) else self._device_argument(i, a, bound)[0]
+                v
                 for i, (t, a) in enumerate(zip(sig.args, args))
+                for v in _flat(scalar_argument(t.dtype, a, self._where(i)) if isinstance(t, ScalarType) else self._device_argument(i, a, bound)[0])
             ]
         # IREE's invoker packs only its own DeviceArray class without a host round trip.
         args = [a._buffer_view if isinstance(a, DeviceArray) else a for a in args]
@@ -479,7 +484,8 @@ def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
     for i, (want, got) in enumerate(zip(sig.args, args)):
         where = f"{sig.name} argument {i} ({want})"
         if isinstance(want, ScalarType):
-            out.append(scalar_argument(want.dtype, got, where))
+            value = scalar_argument(want.dtype, got, where)
+            out += value if isinstance(value, tuple) else [value]  # a struct: its words
             continue
         arr = np.asarray(got)
         check_tensor(where, want, arr.shape, arr.dtype, bound)
@@ -504,50 +510,18 @@ def check_tensor(where: str, want: TensorType, shape: tuple, dtype, bound: dict[
             )
 
 
-# How a Python scalar reaches the generated function (spec.SCALAR_ARGUMENT_TYPES): as the
-# numpy type that checks its range, then viewed as what IREE's VM takes.
-_SCALAR_ARGUMENTS = {
-    "i32": (np.int32, None),
-    "u32": (np.uint32, np.int32),
-    "i64": (np.int64, None),
-    "u64": (np.uint64, np.int64),
-    "f32": (np.float32, None),
-}
-
-
-def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float:
-    """A Python or numpy scalar as the generated function takes it, range-checked."""
-    if dtype == "bool":
-        return int(bool(value))  # the VM's i1 takes 0 or 1
-    if dtype in FLOAT_BITS_ARGUMENTS:  # the VM has no f16/bf16, and IREE demotes f64
-        try:
-            bits = float_bits(dtype, value)
-        except (TypeError, ValueError, KitError) as exc:
-            raise KitError(f"{where}: {getattr(exc, 'what', exc)}", fix=f"pass a number that fits {dtype}") from None
-        return bits - (1 << 64) if bits >= 1 << 63 else bits
-    kind, view = _SCALAR_ARGUMENTS[dtype]
-    if isinstance(value, (np.ndarray, list, tuple)) and np.ndim(value) != 0:
-        raise KitError(f"{where}: got an array of shape {np.shape(value)}", fix=f"pass one {dtype} number")
+def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float | tuple[int, ...]:
+    """A Python or numpy scalar as the generated function takes it (abi.argument),
+    range-checked; a struct (`structN`) as the tuple of its 32-bit words."""
     try:
-        if np.issubdtype(kind, np.integer):
-            number = _integer(value)
-            info = np.iinfo(kind)
-            if not info.min <= number <= info.max:
-                raise OverflowError(f"{value!r} is out of range [{info.min}, {info.max}]")
-            arr = np.array(number, dtype=kind)
-        else:
-            arr = np.array(float(value), dtype=np.float64).astype(kind)
+        return abi.argument(abi.lookup(dtype), value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise KitError(f"{where}: {exc}", fix=f"pass a number that fits {dtype}") from None
-    return (arr.view(view) if view is not None else arr).item()
 
 
-def _integer(value) -> int:
-    if isinstance(value, (bool, np.bool_, int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return int(value)
-    raise ValueError(f"{value!r} is not an integer")
+def _flat(value) -> tuple:
+    """An argument as the VM arguments it becomes: a struct's words, or itself."""
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _to_numpy(value):

@@ -8,70 +8,22 @@ front ends give the same errors.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import math
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Literal, Union
 
+from . import abi
 from .errors import ManifestError
 from .signature import CParam, KernelSignature
 
-# Tensor element types the generated functions accept, with their numpy names.
-ELEMENT_TYPES = {
-    "f16": "float16",
-    "bf16": "bfloat16",
-    "f32": "float32",
-    "f64": "float64",
-    "i8": "int8",
-    "i16": "int16",
-    "i32": "int32",
-    "i64": "int64",
-}
-# By-value scalar types. IREE's CUDA HAL gives every kernel parameter its own slot and
-# writes one 32-bit push constant into it (runtime/src/iree/hal/drivers/cuda/
-# stream_command_buffer.c and graph_command_buffer.c, `*((uint32_t*)params_ptr[...])`): a
-# parameter reads the low bytes of its slot, so 1-, 2- and 4-byte C parameters work, and a
-# 64-bit value travels as two constants the kernel takes as two 32-bit C parameters.
-SCALAR_TYPES = ("i32", "u32", "f32", "i64", "u64", "f64", "f16", "bf16", "bool")
-INTEGER_SCALARS = ("i32", "u32", "i64", "u64")
-WIDE_SCALARS = ("i64", "u64", "f64")  # two constants: C parameters NAME_lo, NAME_hi
-# Bytes of the C parameter that receives each constant of a scalar type.
-SCALAR_C_BYTES = {"i32": 4, "u32": 4, "f32": 4, "f16": 2, "bf16": 2, "bool": 1}
-# The type a generated function takes for each scalar. IREE's VM has no f16/bf16 values
-# (nor can its host code narrow f32 to them) and its input pipeline demotes f64 to f32, so
-# those arrive as their bits: f16/bf16 in an i32, f64 in an i64 (runtime.check_arguments
-# converts Python floats with `float_bits`).
-SCALAR_ARGUMENT_TYPES = {
-    "i32": "i32", "u32": "i32", "f32": "f32", "i64": "i64", "u64": "i64", "f64": "i64",
-    "f16": "i32", "bf16": "i32", "bool": "i1",
-}
-FLOAT_BITS_ARGUMENTS = ("f16", "bf16", "f64")
+# The C parameters of a scalar the kernel takes as two 32-bit halves (the form that needs
+# no entry bridge): NAME_lo, NAME_hi, low half first.
 WIDE_HALVES = ("_lo", "_hi")
-
-# C spellings (as signature.py normalizes them) and the types they carry.
-C_SCALAR_TYPES = {
-    "int": "i32", "int32_t": "i32", "unsigned int": "u32", "uint32_t": "u32", "float": "f32",
-    "__half": "f16", "half": "f16", "__nv_bfloat16": "bf16", "nv_bfloat16": "bf16", "bool": "bool",
-}
-C_HALF_TYPES = ("int", "int32_t", "unsigned int", "uint32_t")  # a 64-bit scalar's halves
-# Known C types that no push constant can carry as one parameter.
-C_UNSUPPORTED_SCALARS = (
-    "long", "unsigned long", "long long", "unsigned long long", "int64_t", "uint64_t", "size_t",
-    "ptrdiff_t", "intptr_t", "uintptr_t", "double", "long double", "char", "signed char",
-    "unsigned char", "short", "unsigned short", "int8_t", "uint8_t", "int16_t", "uint16_t",
-)
-C_ELEMENT_TYPES = {
-    "float": "f32", "double": "f64", "__half": "f16", "half": "f16", "__nv_bfloat16": "bf16",
-    "nv_bfloat16": "bf16", "int": "i32", "int32_t": "i32", "unsigned int": "i32", "uint32_t": "i32",
-    "short": "i16", "unsigned short": "i16", "int16_t": "i16", "uint16_t": "i16", "char": "i8",
-    "signed char": "i8", "unsigned char": "i8", "int8_t": "i8", "uint8_t": "i8", "long long": "i64",
-    "unsigned long long": "i64", "long": "i64", "unsigned long": "i64", "int64_t": "i64",
-    "uint64_t": "i64",
-}
 
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # A C++ name expression as NVRTC takes it: `scale`, `ns::scale`, `scale<float, 4>`.
@@ -133,18 +85,8 @@ def _shown(name: object) -> str:
 
 
 def float_bits(dtype: str, value: float) -> int:
-    """The bits of `value` as an f32, f64, f16 or bf16 (rounded to nearest even), unsigned."""
-    value = float(value)
-    if not math.isfinite(value) or (dtype == "f16" and abs(value) > 65504):
-        raise ManifestError(f"{value} is not a finite {dtype}", fix=f"use a number an {dtype} can hold")
-    if dtype == "f64":
-        return struct.unpack("<Q", struct.pack("<d", value))[0]
-    if dtype == "f16":
-        return struct.unpack("<H", struct.pack("<e", value))[0]
-    bits = struct.unpack("<I", struct.pack("<f", value))[0]
-    if dtype == "bf16":
-        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
-    return bits
+    """The bits of `value` as a float of type `dtype` (rounded to nearest even), unsigned."""
+    return abi.bits(abi.lookup(dtype), value)
 
 
 # ----------------------------------------------------------------------------- types
@@ -185,9 +127,14 @@ class TensorType:
         return tuple(d for d in self.shape if isinstance(d, str))
 
     @property
+    def mlir_types(self) -> tuple[str, ...]:
+        """The function arguments it takes: one tensor."""
+        return (self.mlir,)
+
+    @property
     def mlir(self) -> str:
         dims = "".join(f"{'?' if isinstance(d, str) else d}x" for d in self.shape)
-        return f"tensor<{dims}{self.dtype}>"
+        return f"tensor<{dims}{abi.lookup(self.dtype).mlir}>"
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
@@ -199,32 +146,27 @@ class ScalarType:
 
     @property
     def mlir(self) -> str:
-        """The type a generated function takes for this scalar (see SCALAR_ARGUMENT_TYPES)."""
-        return SCALAR_ARGUMENT_TYPES[self.dtype]
+        """The type a generated function takes for this scalar (abi.AbiType.argument)."""
+        return abi.lookup(self.dtype).argument
+
+    @property
+    def mlir_types(self) -> tuple[str, ...]:
+        """The function arguments it takes: one, or one i32 per word of a struct."""
+        return abi.lookup(self.dtype).arguments
 
     def __str__(self) -> str:
         return self.dtype
 
 
 def check_element_type(dtype: str, where: str) -> None:
-    if dtype not in ELEMENT_TYPES:
-        raise ManifestError(
-            f"unknown element type {dtype!r}",
-            where=where,
-            fix=f"use one of {', '.join(ELEMENT_TYPES)}",
-        )
+    abi.element_type(dtype, where)
 
 
 def parse_value_type(text: object, where: str) -> TensorType | ScalarType:
     """'f32[n]' is a tensor; a bare 'f32' or 'i32' is a scalar."""
     if isinstance(text, str) and "[" not in text:
         dtype = text.strip()
-        if dtype not in SCALAR_TYPES:
-            raise ManifestError(
-                f"unknown scalar type {dtype!r}",
-                where=where,
-                fix=f"use one of {', '.join(SCALAR_TYPES)}, or DTYPE[DIMS] for a tensor",
-            )
+        abi.scalar_type(dtype, where, ", or DTYPE[DIMS] for a tensor")
         return ScalarType(dtype)
     return TensorType.parse(text, where)
 
@@ -398,8 +340,9 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Scalar:
-    """A by-value parameter: one 32-bit push constant, or two for i64/u64/f64, which the
-    kernel takes as two 32-bit C parameters NAME_lo, NAME_hi (low half first).
+    """A by-value parameter: one 32-bit push constant, or two for i64/u64/f64 (abi.py).
+    A 64-bit scalar is one C parameter (bridged, bridge.py), or with `split` two 32-bit C
+    parameters NAME_lo, NAME_hi (low half first), the form that needs no bridge.
 
     `value` says where it comes from: an index expression over dimension symbols
     (e.g. 'n' or 'm * k'), a literal number, or None, which makes it an argument of
@@ -409,15 +352,21 @@ class Scalar:
     name: str
     dtype: str
     value: IndexExpr | float | None = None
+    split: bool = False
 
     @property
-    def is_wide(self) -> bool:
-        return self.dtype in WIDE_SCALARS
+    def abi(self) -> abi.AbiType:
+        return abi.lookup(self.dtype)
+
+    @property
+    def words(self) -> int:
+        """Push constants it takes."""
+        return self.abi.words
 
     @property
     def c_names(self) -> tuple[str, ...]:
-        """The C parameters this scalar fills, one per push constant."""
-        return tuple(self.name + h for h in WIDE_HALVES) if self.is_wide else (self.name,)
+        """The C parameters this scalar fills."""
+        return tuple(self.name + h for h in WIDE_HALVES) if self.split else (self.name,)
 
 
 Param = Union[Buffer, Scalar]
@@ -497,7 +446,7 @@ def c_slots(params: tuple[Param, ...]) -> tuple[CSlot, ...]:
         if isinstance(p, Buffer):
             slots.append(CSlot(p.name, p, 8))
         else:
-            size = 4 if p.is_wide else SCALAR_C_BYTES[p.dtype]
+            size = 4 if p.split else p.abi.size
             slots += [CSlot(n, p, size) for n in p.c_names]
     return tuple(slots)
 
@@ -617,6 +566,16 @@ class Kernel:
                     seen.setdefault(s, None)
         return tuple(seen)
 
+    @property
+    def needs_bridge(self) -> bool:
+        """Whether the compiled entry must be adapted to what IREE passes (bridge.py): a C
+        parameter wider than the 32 bits of a push constant, or a pointer after a scalar
+        (IREE passes every binding before every constant)."""
+        slots = self.c_slots
+        wide = any(isinstance(s.param, Scalar) and s.size > 4 for s in slots)
+        kinds = [isinstance(s.param, Buffer) for s in slots]
+        return wide or kinds != sorted(kinds, reverse=True)
+
     def is_function_argument(self, scalar: Scalar) -> bool:
         return scalar.value is None and scalar.name not in self.dimension_symbols
 
@@ -635,7 +594,7 @@ class Kernel:
         ints = tuple(
             s.name
             for s in self.scalars
-            if self.is_function_argument(s) and s.dtype in INTEGER_SCALARS
+            if self.is_function_argument(s) and s.abi.is_integer
         )
         return self.dimension_symbols + ints
 
@@ -653,13 +612,12 @@ class Kernel:
             p.type if isinstance(p, Buffer) else ScalarType(p.dtype) for p in self.function_arguments
         )
         results = tuple(b.type for b in self.buffers if b.is_result)
-        return FunctionSignature(self.function, args, results)
+        return FunctionSignature(self.function, args, results, tuple(p.name for p in self.function_arguments))
 
     # -- validation ----------------------------------------------------------------
 
     def _validate(self, where: str) -> None:
         names: set[str] = set()
-        seen_scalar = False
         for i, p in enumerate(self.params):
             pwhere = f"{where}: params[{i}]"
             check_identifier(p.name, "parameter name", pwhere)
@@ -669,26 +627,23 @@ class Kernel:
                 )
             names.add(p.name)
             if isinstance(p, Scalar):
-                seen_scalar = True
-                if p.dtype not in SCALAR_TYPES:
+                row = abi.scalar_type(p.dtype, pwhere)
+                if p.split and row.words != 2:
                     raise ManifestError(
-                        f"scalar {p.name!r} has type {p.dtype!r}",
+                        f"scalar {p.name!r} of type {p.dtype} cannot be split into 32-bit halves",
                         where=pwhere,
-                        fix=f"use one of {', '.join(SCALAR_TYPES)}",
+                        fix="only 64-bit scalars (i64, u64, f64) come as NAME_lo, NAME_hi",
                     )
-                if isinstance(p.value, float) and p.dtype in INTEGER_SCALARS + ("bool",):
+                if row.kind == "struct" and p.value is not None:
+                    raise ManifestError(
+                        f"struct scalar {p.name!r} takes no value", where=pwhere, fix="pass it as an argument"
+                    )
+                if isinstance(p.value, float) and row.kind != "float":
                     raise ManifestError(
                         f"scalar {p.name!r} of type {p.dtype} has the float value {p.value!r}",
                         where=pwhere,
                         fix="give an integer or an index expression",
                     )
-            elif seen_scalar:
-                raise ManifestError(
-                    f"buffer {p.name!r} follows a scalar; IREE passes every buffer before every "
-                    "push constant",
-                    where=pwhere,
-                    fix="reorder the kernel's C parameters: all pointers first, then the scalars",
-                )
         if not self.buffers:
             raise ManifestError(
                 "the kernel has no buffer parameter", where=where, fix="declare its pointers as in/out/inout"
@@ -711,7 +666,7 @@ class Kernel:
         )
         for s in self.scalars:
             if isinstance(s.value, IndexExpr):
-                if s.dtype not in INTEGER_SCALARS + ("bool",):
+                if s.abi.kind == "float":
                     raise ManifestError(
                         f"scalar {s.name!r} of type {s.dtype} takes an index expression",
                         where=where,
@@ -760,17 +715,17 @@ def infer_params(
     or from `scalars` for what C cannot say (a 64-bit value's two halves, a typedef)."""
     scalars, values = dict(scalars or {}), dict(values or {})
     for name, dtype in scalars.items():
-        if dtype not in SCALAR_TYPES:
-            raise ManifestError(
-                f"unknown scalar type {dtype!r} for {name!r}", where=f"{where}: scalars.{name}",
-                fix=f"use one of {', '.join(SCALAR_TYPES)} (C's int is i32, float is f32)",
-            )
+        abi.scalar_type(dtype, f"{where}: scalars.{name}", " (C's int is i32, float is f32)")
     _check_listed(shapes, [c.name for c in sig.params if c.is_pointer], sig, "shapes", "pointer", where)
     _check_listed(dict.fromkeys(inout + inputs), [c.name for c in sig.params if c.is_pointer], sig,
                   "inout/in", "pointer", where)
-    wide_halves = {n + WIDE_HALVES[0]: n for n, t in scalars.items() if t in WIDE_SCALARS}
+    c_names = [c.name for c in sig.params]
+    wide_halves = {
+        n + WIDE_HALVES[0]: n for n, t in scalars.items()
+        if abi.lookup(t).words == 2 and n not in c_names and n + WIDE_HALVES[0] in c_names
+    }
     scalar_names = [c.name for c in sig.params if not c.is_pointer]
-    known = scalar_names + [n for n, t in scalars.items() if t in WIDE_SCALARS]
+    known = scalar_names + list(wide_halves.values())
     _check_listed(scalars, known, sig, "scalars", "scalar", where)
     _check_listed(values, known, sig, "values", "scalar", where)
     params: list[Param] = []
@@ -797,7 +752,7 @@ def infer_params(
             continue
         if c.name in wide_halves:
             name = wide_halves[c.name]
-            params.append(Scalar(name, scalars[name], values.get(name)))
+            params.append(Scalar(name, scalars[name], values.get(name), split=True))
             i += 2  # the pair is checked against the signature below
             continue
         dtype = scalars.get(c.name) or _c_scalar_type(sig, c, pwhere)
@@ -818,23 +773,40 @@ def _check_listed(table: dict, names: list[str], sig: KernelSignature, key: str,
             )
 
 
+def _value_type(c: CParam) -> str:
+    """A by-value parameter's C type without qualifiers (`const long long` -> `long long`)."""
+    return c.base_type if "*" not in c.type and "&" not in c.type else c.type
+
+
 def _c_scalar_type(sig: KernelSignature, c: CParam, where: str) -> str:
-    if c.type in C_SCALAR_TYPES:
-        return C_SCALAR_TYPES[c.type]
-    if c.type in C_UNSUPPORTED_SCALARS:
+    row = abi.BY_C_NAME.get(_value_type(c))
+    if row is not None and row.scalar:
+        return row.name
+    if _value_type(c) in abi.C_UNSUPPORTED:
         raise ManifestError(
             f"parameter {c.name!r} of kernel {sig.name!r} has C type '{c.type}', which no push "
-            "constant carries: IREE's CUDA HAL writes 32 bits into each kernel parameter",
+            "constant carries",
             where=where,
-            fix=f"take a 64-bit value as two 32-bit halves, `unsigned {c.name}_lo, unsigned "
-            f"{c.name}_hi`, declared scalars = {{ {c.name} = \"i64\" }} (or u64, f64); use int for "
-            "narrower integers",
+            fix=f"take it as one of the scalar types ({', '.join(abi.SCALAR_TYPES)})",
         )
     raise ManifestError(
         f"parameter {c.name!r} of kernel {sig.name!r} has C type '{c.type}', which kitdispatch "
         "cannot map to a scalar type",
         where=where,
-        fix=f"declare its type: scalars = {{ {c.name} = \"f32\" }} (one of {', '.join(SCALAR_TYPES)})",
+        fix=f"declare its type: scalars = {{ {c.name} = \"f32\" }} (one of {', '.join(abi.SCALAR_TYPES)}), "
+        f"or {{ {c.name} = \"struct16\" }} for a struct of 16 bytes passed by value",
+    )
+
+
+def with_split_halves(params: tuple[Param, ...], sig: KernelSignature) -> tuple[Param, ...]:
+    """Explicit params: a 64-bit scalar NAME whose kernel takes NAME_lo, NAME_hi (and no
+    NAME) is split into those halves."""
+    names = {c.name for c in sig.params}
+    return tuple(
+        dataclasses.replace(p, split=True)
+        if isinstance(p, Scalar) and p.words == 2 and p.name not in names and p.name + WIDE_HALVES[0] in names
+        else p
+        for p in params
     )
 
 
@@ -849,13 +821,13 @@ def check_params(params: tuple[Param, ...], sig: KernelSignature, where: str) ->
             f"({', '.join(c.name or '?' for c in sig.params)}) but the manifest fills {len(slots)} "
             f"({', '.join(s.name for s in slots)})",
             where=where,
-            fix="declare every C parameter, in order; a 64-bit scalar NAME fills NAME_lo and NAME_hi",
+            fix="declare every C parameter, in order; a 64-bit scalar NAME may fill NAME_lo and NAME_hi",
         )
     for slot, c in zip(slots, sig.params):
         p = slot.param
         declared = (
             f"{p.access} {p.type}" if isinstance(p, Buffer) else
-            f"{p.dtype} half {slot.name!r}" if p.is_wide else f"scalar {p.dtype}"
+            f"{p.dtype} half {slot.name!r}" if p.split else f"scalar {p.dtype}"
         )
         # A name the signature does not use renames the parameter (the generated function's
         # argument); one that names another C parameter means the order is wrong.
@@ -868,28 +840,26 @@ def check_params(params: tuple[Param, ...], sig: KernelSignature, where: str) ->
         if isinstance(p, Buffer):
             if c.is_const_pointee and p.is_result:
                 raise _mismatch(sig, p.name, declared, f"'{c.type}' (const: the kernel cannot write it)", where)
-            element = C_ELEMENT_TYPES.get(c.base_type)
-            if element is not None and element != p.type.dtype:
-                raise _mismatch(sig, p.name, declared, f"'{c.type}' (elements of type {element})", where)
+            element = abi.BY_C_NAME.get(c.base_type)
+            if element is not None and not abi.same_bits(element, abi.lookup(p.type.dtype)):
+                raise _mismatch(sig, p.name, declared, f"'{c.type}' (elements of type {element.name})", where)
             if c.type.count("*") > 1:
                 raise _mismatch(sig, p.name, declared, f"'{c.type}' (a pointer to pointers)", where)
             continue
-        if p.is_wide:
-            ok = c.type in C_HALF_TYPES or _unknown_c_type(c.type)
+        row = abi.BY_C_NAME.get(_value_type(c))
+        if p.split:
+            ok = _unknown_c_type(c) or (row is not None and row.is_integer and row.size == 4)
         else:
-            ok = C_SCALAR_TYPES.get(c.type) == p.dtype or _unknown_c_type(c.type)
+            ok = row == p.abi or _unknown_c_type(c)
         if not ok:
-            want = "a 32-bit integer half" if p.is_wide else _c_spellings(p.dtype)
+            want = "a 32-bit integer half" if p.split else abi.c_spellings(p.dtype)
             raise _mismatch(sig, slot.name, f"{declared} ({want})", f"'{c.type}'", where)
 
 
-def _unknown_c_type(c_type: str) -> bool:
+def _unknown_c_type(c: CParam) -> bool:
     """A typedef or template parameter the kit cannot see through: not checked."""
-    return c_type not in C_SCALAR_TYPES and c_type not in C_UNSUPPORTED_SCALARS and "*" not in c_type
-
-
-def _c_spellings(dtype: str) -> str:
-    return " or ".join(f"'{c}'" for c, t in C_SCALAR_TYPES.items() if t == dtype)
+    c_type = _value_type(c)
+    return c_type not in abi.BY_C_NAME and c_type not in abi.C_UNSUPPORTED and "*" not in c_type
 
 
 def _mismatch(sig: KernelSignature, param: str, declared: str, source: str, where: str) -> ManifestError:
@@ -911,20 +881,26 @@ class FunctionSignature:
     name: str
     args: tuple[TensorType | ScalarType, ...]
     results: tuple[TensorType | ScalarType, ...]
+    arg_names: tuple[str, ...] = ()  # a generated function's parameter names; () if unknown
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "name": self.name,
             "args": [str(a) for a in self.args],
             "results": [str(r) for r in self.results],
         }
+        return data | ({"arg_names": list(self.arg_names)} if self.arg_names else {})
 
     @classmethod
     def from_json(cls, data: dict, where: str) -> "FunctionSignature":
+        names = tuple(data.get("arg_names", ()))
+        if names and (len(names) != len(data["args"]) or not all(isinstance(n, str) for n in names)):
+            raise ManifestError(f"function {data['name']!r} has arg_names that do not fit its args", where=where, fix="rebuild")
         return cls(
             data["name"],
             tuple(parse_value_type(a, where) for a in data["args"]),
             tuple(parse_value_type(r, where) for r in data["results"]),
+            names,
         )
 
 
@@ -938,11 +914,14 @@ class Program:
 
 @dataclass(frozen=True)
 class TestSpec:
-    """How `kitdispatch test` exercises the module: numpy references and sizes."""
+    """How `kitdispatch test` exercises the module: numpy references, sizes, scalar values."""
 
     reference: Path | None = None
     sizes: tuple[tuple[str, int], ...] = ()
     seed: int = 0
+    # Values of scalar arguments, by name, for every function that takes one of that name
+    # (others get small random values).
+    scalars: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -972,6 +951,7 @@ class ModuleSpec:
             raise ManifestError("no kernels described", where=where, fix="add at least one [[kernels]] entry")
         spec = cls(name, Path(root), tuple(kernels), tuple(programs), test or TestSpec())
         spec._check_unique_functions(where)
+        spec._check_test_scalars(where)
         return spec
 
     def source_path(self, path: Path) -> Path:
@@ -992,6 +972,18 @@ class ModuleSpec:
         return tuple(k.signature() for k in self.kernels) + tuple(
             f for p in self.programs for f in p.functions
         )
+
+    def _check_test_scalars(self, where: str) -> None:
+        arguments = {
+            p.name for k in self.kernels for p in k.function_arguments if isinstance(p, Scalar)
+        }
+        for name, _ in self.test.scalars:
+            if name not in arguments:
+                raise ManifestError(
+                    f"[test] scalars names {name!r}, which is no scalar argument of a kernel's function",
+                    where=where,
+                    fix=f"scalar arguments: {', '.join(sorted(arguments)) or 'none'}",
+                )
 
     def _check_unique_functions(self, where: str) -> None:
         seen: set[str] = set()

@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 
+from . import abi
 from .errors import KitError
 from .spec import ScalarType, TensorType
 
@@ -25,7 +26,7 @@ def parse_input(text: str, want: TensorType | ScalarType, where: str):
 
     if isinstance(want, ScalarType):
         try:
-            return float(text) if want.dtype.startswith(("f", "bf")) else int(text, 0)
+            return float(text) if _is_float(want.dtype) else int(text, 0)
         except ValueError:
             raise KitError(f"{where}: {text!r} is not a {want.dtype} number", fix="pass a bare number, e.g. --input 2.5") from None
     if text.startswith("@"):
@@ -41,7 +42,7 @@ def parse_input(text: str, want: TensorType | ScalarType, where: str):
         raise KitError(f"{where}: the input is {m.group(2)}, the argument {want}", fix=f"write the input as {want.dtype}")
     words = m.group(3).replace("[", " ").replace("]", " ").replace(",", " ").split()
     try:
-        values = np.array([float(w) if want.dtype.startswith(("f", "bf")) else int(w, 0) for w in words], dtype=numpy_dtype(want.dtype))
+        values = np.array([float(w) if _is_float(want.dtype) else int(w, 0) for w in words], dtype=numpy_dtype(want.dtype))
     except (ValueError, OverflowError) as exc:
         raise KitError(f"{where}: {exc}", fix=f"write {want.dtype} numbers") from None
     count = math.prod(shape)
@@ -50,6 +51,10 @@ def parse_input(text: str, want: TensorType | ScalarType, where: str):
     if values.size != count:
         raise KitError(f"{where}: {values.size} values for shape {shape} ({count} elements)", fix="give one value, or one per element")
     return values.reshape(shape)
+
+
+def _is_float(dtype: str) -> bool:
+    return abi.lookup(dtype).kind == "float"
 
 
 def format_result(index: int, value) -> str:
@@ -74,7 +79,5 @@ def _number(v) -> str:
 
 
 def _dtype_name(dtype: np.dtype) -> str:
-    from .spec import ELEMENT_TYPES
-
-    names = {np_name: name for name, np_name in ELEMENT_TYPES.items()}
-    return names.get(dtype.name, dtype.name)
+    row = abi.BY_NUMPY.get(dtype.name)
+    return row.name if row is not None else dtype.name

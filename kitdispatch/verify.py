@@ -15,16 +15,10 @@ from .errors import KitError
 from .manifest import MANIFEST_NAME
 from .record import RECORD_SUFFIX, read_record
 from .runtime import Module, cuda_status, numpy_dtype
+from . import abi
 from .spec import FunctionSignature, ScalarType, TensorType
 
 DEFAULT_SIZE = 257  # not a multiple of common block sizes, so bounds checks get exercised
-# (rtol, atol) by element type; integer results must match exactly.
-TOLERANCES = {
-    "f64": (1e-10, 1e-12),
-    "f32": (1e-5, 1e-6),
-    "f16": (1e-2, 1e-3),
-    "bf16": (2e-2, 1e-2),
-}
 
 
 @dataclass(frozen=True)
@@ -137,14 +131,15 @@ def _verify_record(record_path: Path, available: bool, reason: str, device: str,
             results.append(CaseResult(name, sig.name, "skip", why))
             continue
         log(f"running {name}.{sig.name}")
-        results.append(_verify_function(name, module, sig, ref, sizes, rng))
+        results.append(_verify_function(name, module, sig, ref, sizes, rng, test.scalars))
     return results
 
 
-def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, rng) -> CaseResult:
+def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, rng, scalars=None) -> CaseResult:
     symbols = {s: sizes.get(s, DEFAULT_SIZE) for t in sig.args + sig.results if isinstance(t, TensorType) for s in t.symbols}
+    fixed = [(scalars or {}).get(n) for n in sig.arg_names] if sig.arg_names else [None] * len(sig.args)
     try:
-        args = [_make_input(t, symbols, rng) for t in sig.args]
+        args = [_make_input(t, symbols, rng) if v is None else _fixed_scalar(t, v) for t, v in zip(sig.args, fixed)]
     except (ValueError, MemoryError) as exc:
         return CaseResult(name, sig.name, "fail", f"cannot make inputs of sizes {symbols}: {exc}")
     try:
@@ -175,19 +170,26 @@ def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, r
 def _tolerance_dtype(sig: FunctionSignature, result) -> str:
     """A result is as precise as the least precise float it was computed from: f16 inputs
     accumulated in f32 (tensor cores) are checked with the f16 tolerance."""
-    if result.dtype not in TOLERANCES:
+    if abi.lookup(result.dtype).tolerance is None:
         return result.dtype  # integer results match exactly
-    floats = [t.dtype for t in (*sig.args, result) if t.dtype in TOLERANCES]
-    return max(floats, key=lambda d: TOLERANCES[d][0])
+    return abi.tolerance_type([t.dtype for t in (*sig.args, result)])
 
 
 def _make_input(t, symbols: dict[str, int], rng) -> np.ndarray | float | int:
+    row = abi.lookup(t.dtype)
     if isinstance(t, ScalarType):
-        return float(rng.uniform(0.5, 2.0)) if t.dtype == "f32" else int(rng.integers(1, 8))
+        if row.kind == "struct":  # small integers in every 32-bit word, as bytes
+            return rng.integers(1, 8, size=row.words).astype("<i4").tobytes()[: row.size]
+        return float(rng.uniform(0.5, 2.0)) if row.kind == "float" else int(rng.integers(1, 8))
     shape = tuple(symbols[d] if isinstance(d, str) else d for d in t.shape)
-    if t.dtype.startswith(("f", "bf")):
+    if row.kind == "float":
         return rng.uniform(-2.0, 2.0, size=shape).astype(numpy_dtype(t.dtype))
-    return rng.integers(-100, 100, size=shape).astype(numpy_dtype(t.dtype))
+    return rng.integers(0 if row.kind == "uint" else -100, 100, size=shape).astype(numpy_dtype(t.dtype))
+
+
+def _fixed_scalar(t, value: float) -> float | int:
+    """A value from [test] scalars, as the type of the argument takes it."""
+    return value if abi.lookup(t.dtype).kind == "float" else int(value)
 
 
 def _compare(got: np.ndarray, expected: np.ndarray, dtype: str) -> tuple[bool, float]:
@@ -196,9 +198,10 @@ def _compare(got: np.ndarray, expected: np.ndarray, dtype: str) -> tuple[bool, f
     if np.isnan(g).any() and not np.isnan(e).any():
         return False, float("nan")
     err = float(np.max(np.abs(g - e))) if g.size else 0.0
-    if dtype not in TOLERANCES:
-        return bool(np.array_equal(g, e)), err
-    rtol, atol = TOLERANCES[dtype]
+    tolerance = abi.lookup(dtype).tolerance
+    if tolerance is None:  # integers: compared as they are (float64 would round above 2^53)
+        return bool(np.array_equal(got, expected)), err
+    rtol, atol = tolerance
     return bool(np.allclose(g, e, rtol=rtol, atol=atol)), err
 
 

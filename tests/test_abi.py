@@ -110,12 +110,21 @@ def test_layout_mismatches_name_kernel_parameter_and_both_sides(tmp_path, body, 
     assert "kitdispatch.toml" in str(err.value) and "fix:" in str(err.value)
 
 
-def test_a_64_bit_c_parameter_is_refused_with_the_halves_advice(tmp_path):
-    cu = 'extern "C" __global__ void k(float* out, long long seed) {}'
+def test_a_64_bit_c_parameter_is_one_scalar_the_bridge_adapts(tmp_path):
+    cu = 'extern "C" __global__ void k(float* out, const long long seed, double d, size_t n) {}'
     toml = '[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [1]\nworkgroup_count = [1]\nshapes = { out = "f32[4]" }\n'
-    with pytest.raises(ManifestError) as err:
-        manifest(tmp_path, cu, toml)
-    assert "C type 'long long'" in str(err.value) and "unsigned seed_lo, unsigned seed_hi" in str(err.value)
+    k = manifest(tmp_path, cu, toml).kernels[0]
+    assert [(s.name, s.dtype, s.split) for s in k.scalars] == [("seed", "i64", False), ("d", "f64", False), ("n", "u64", False)]
+    assert [s.size for s in k.c_slots] == [8, 8, 8, 8] and k.needs_bridge
+    assert [str(a) for a in k.signature().args] == ["i64", "f64", "u64"]
+
+
+def test_scalars_before_pointers_are_accepted_and_bridged(tmp_path):
+    cu = 'extern "C" __global__ void k(int n, const float* x, float* y) {}'
+    toml = '[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [1]\nworkgroup_count = [1]\nshapes = { x = "f32[n]", y = "f32[n]" }\n'
+    k = manifest(tmp_path, cu, toml).kernels[0]
+    assert [p.name for p in k.params] == ["n", "x", "y"] and k.needs_bridge
+    assert not manifest(tmp_path / "b", SAXPY_CU, SAXPY_HEAD + 'shapes = { x = "f32[n]", y = "f32[n]" }\n').kernels[0].needs_bridge
 
 
 def test_explicit_params_of_a_missing_source_are_left_to_the_build(tmp_path):
@@ -151,7 +160,7 @@ def test_ptx_check_accepts_exactly_the_sizes_iree_fills():
         check_kernel_against_ptx(dataclasses.replace(k, symbol=lowered[k.name]) if k.cpp_name else k, entries, "test")
     # A kernel taking a real 64-bit parameter where a half is declared: refused, with the reason.
     bad = ptx.decode().replace(".param .u32 add_i64_param_3", ".param .u64 add_i64_param_3")
-    with pytest.raises(KitError, match=r"parameter 3 \('offset_hi'\) .* takes 8 bytes there; IREE passes 32 bits"):
+    with pytest.raises(KitError, match=r"parameter 3 \('offset_hi'\) .* takes 8 bytes there; a 64-bit scalar is declared i64, u64 or f64"):
         check_kernel_against_ptx(spec.kernels[0], parse_entries(bad), "test")
 
 
@@ -248,3 +257,90 @@ def test_cuda_headers_work_under_nvrtc_from_pip(tmp_path, header):
     src.write_text(f'#include <{header}>\nextern "C" __global__ void k(float* o) {{ o[0] = 1.0f; }}\n')
     obj = NvrtcCompiler().compile(src, Arch.parse("sm_80"), "ptx", CompileOptions())
     assert "k" in parse_entries(obj.ptx.decode())
+
+
+# ------------------------------------------------------------------- stores through `in`
+
+STORES_TO_INPUT_CU = r"""
+extern "C" __global__ void k(float* x, float* y, int n) {
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+    x[j] = 2 * x[j];
+    y[j] = x[j];
+  }
+}
+"""
+
+
+def test_a_store_to_an_in_buffer_is_a_build_warning(tmp_path):
+    toml = ('[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [64]\nworkgroup_count = ["ceildiv(n, 64)"]\n'
+            'shapes = { x = "f32[n]", y = "f32[n]" }\n')
+    root = write_kernel_project(tmp_path / "src", STORES_TO_INPUT_CU, toml + 'in = ["x"]\n')
+    result = generate(root, BuildOptions.create("sm_80"), tmp_path / "out")
+    [warning] = [d for d in result.diagnostics if d.tool == "kitdispatch"]
+    assert "kernel 'k' stores through 'x', which the manifest declares `in`" in warning.text
+    assert read_record(result.record).diagnostics == result.diagnostics
+    root = write_kernel_project(tmp_path / "ok", STORES_TO_INPUT_CU, toml + 'inout = ["x"]\n')
+    assert not generate(root, BuildOptions.create("sm_80"), tmp_path / "out_ok").diagnostics
+
+
+@pytest.mark.parametrize("project", sorted(p.parent.name for p in (Path(__file__).parent.parent / "kernels").glob("*/kitdispatch.toml")))
+def test_the_store_analysis_finds_exactly_the_results_of_the_library(project):
+    from kitdispatch.ptx import written_params
+
+    spec = load_manifest(Path(__file__).parent.parent / "kernels" / project)
+    names = tuple(k.name for k in spec.kernels if k.cpp_name)
+    for source in {spec.source_path(k.source) for k in spec.kernels}:
+        obj = NvrtcCompiler().compile(source, Arch.parse("sm_90"), "ptx", CompileOptions(name_expressions=names))
+        lowered = dict(obj.lowered)
+        for k in (k for k in spec.kernels if spec.source_path(k.source) == source):
+            slots = k.c_slots
+            results = tuple(i for i, s in enumerate(slots) if isinstance(s.param, Buffer) and s.param.is_result)
+            assert written_params(obj.ptx.decode(), lowered.get(k.name, k.name)) == results, k.name
+
+
+# --------------------------------------------------------------- what the tools say
+
+@pytest.mark.parametrize(
+    "arch, why",
+    [
+        ("sm_50", "nvrtc cannot target sm_50: nvrtc no longer supports GPUs older than sm_75"),
+        ("sm_10", "nvrtc cannot target sm_10: no NVIDIA GPU has that compute capability"),
+    ],
+)
+def test_an_architecture_the_compiler_cannot_target_says_why(tmp_path, arch, why):
+    import io
+
+    from kitdispatch.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["build", str(ABI_SCALARS), "--arch", arch, "--no-cache", "-o", str(tmp_path / "o")], out, err) == 2
+    assert why in err.getvalue() and "choose from what nvrtc supports: sm_75, sm_80" in err.getvalue()
+    assert not (tmp_path / "o").exists()
+
+
+@needs_iree_compile
+def test_verbose_shows_the_commands_that_ran(tmp_path):
+    import io
+
+    from kitdispatch.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["build", str(ABI_SCALARS), "--arch", "sm_80", "-o", str(tmp_path / "o"), "-v"], out, err) == 0
+    text = out.getvalue() + err.getvalue()
+    assert "ran: nvcc --cubin -arch=sm_80 -std=c++17" in text and "abi_scalars.cu" in text
+    assert f"--iree-hal-executable-object-search-path={tmp_path / 'o'} -o {tmp_path / 'o' / 'abi_scalars.vmfb'}" in text
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["build", str(ABI_SCALARS), "--arch", "sm_80", "-o", str(tmp_path / "o"), "-v"], out, err) == 0
+    assert "ran:" not in out.getvalue() + err.getvalue()  # everything came from the cache
+
+
+def test_test_scalars_are_checked_and_recorded(tmp_path):
+    body = SAXPY_HEAD + 'shapes = { x = "f32[n]", y = "f32[n]" }\ninout = ["y"]\n[test]\nscalars = { alpha = 2.5 }\n'
+    root = write_kernel_project(tmp_path / "src", SAXPY_CU, body)
+    assert load_manifest(root).test.scalars == (("alpha", 2.5),)
+    result = generate(root, BuildOptions.create("sm_80", format="ptx"), tmp_path / "out")
+    record = read_record(result.record)
+    assert record.test.scalars == {"alpha": 2.5}
+    assert record.functions[0].arg_names == ("x", "y", "alpha")
+    with pytest.raises(ManifestError, match="names 'beta', which is no scalar argument"):
+        manifest(tmp_path / "bad", SAXPY_CU, body.replace("alpha = 2.5", "beta = 1"))

@@ -17,8 +17,8 @@ def val(name, type_, base=None):
     return CParam(name, type_, False, False, base or type_)
 
 
-def kernel(name, params, *, line, extern_c=False, template=False, bounds=None):
-    return KernelSignature(name, tuple(params), extern_c, template, bounds, line)
+def kernel(name, params, *, line, extern_c=False):
+    return KernelSignature(name, tuple(params), extern_c, line)
 
 
 SIMPLE_MUL = [
@@ -52,14 +52,13 @@ CASES = [
             "axpy",
             [ptr("x", "const T *", "T", const=True), ptr("y", "T *", "T"), val("a", "T")],
             line=2,
-            template=True,
         ),
         id="template",
     ),
     pytest.param(
         "template <typename T> __global__ void fill(T* x);\n"
         "template <> __global__ void fill<float>(float* x) {}\n",
-        kernel("fill", [ptr("x", "float *", "float")], line=2, template=True),
+        kernel("fill", [ptr("x", "float *", "float")], line=2),
         id="template-prototype-and-defined-specialization",
     ),
     pytest.param(
@@ -120,7 +119,7 @@ CASES = [
     pytest.param(
         '#define KERNEL extern "C" __global__ \\\n    __launch_bounds__(128)\n'
         "KERNEL void viamacro(int* x) {}",
-        kernel("viamacro", [ptr("x", "int *", "int")], line=3, extern_c=True, bounds=(128,)),
+        kernel("viamacro", [ptr("x", "int *", "int")], line=3, extern_c=True),
         id="kernel-macro-with-continuation",
     ),
     pytest.param(
@@ -236,24 +235,6 @@ def test_reads_signature(source, expected):
     found = parse_kernels(source, path="k.cu")
     assert found[expected.name] == expected
     assert find_kernel(source, expected.name, path="k.cu") == expected
-
-
-@pytest.mark.parametrize(
-    "args, expected",
-    [
-        ("(256)", (256,)),
-        ("(256, 2)", (256, 2)),
-        ("(128, 4, 2)", (128, 4, 2)),
-        ("((0x100), 1'0)", (256, 10)),
-        ("(0b100, 017, 64u)", (4, 15, 64)),
-        ("(BLOCK)", None),  # macros other than kernel-defining ones are not expanded
-        ("(256, n)", None),
-        ("()", None),
-    ],
-)
-def test_launch_bounds(args, expected):
-    source = f"#define BLOCK 256\n__global__ void __launch_bounds__{args} k(float* x) {{}}"
-    assert find_kernel(source, "k").launch_bounds == expected
 
 
 def test_only_global_functions_one_entry_per_kernel():
@@ -461,9 +442,7 @@ def generated_source(draw):
         if tok == name and after == "(":  # the last one: the definition's, when there is one
             name_line = source.count("\n") + 1
         source += tok
-    sig = KernelSignature(
-        name, tuple(p for _, p in params), linkage != "none", template, bounds, name_line
-    )
+    sig = KernelSignature(name, tuple(p for _, p in params), linkage != "none", name_line)
     return source, sig
 
 

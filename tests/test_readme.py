@@ -1,0 +1,21 @@
+"""What the README tells people to type must be what the kit does."""
+
+import re
+from pathlib import Path
+
+from kitdispatch.archs import Arch
+from kitdispatch.iree_compile import iree_flags
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_the_hand_written_iree_compile_command_has_every_flag_the_kit_passes():
+    block = re.search(r"To compile a generated `NAME.mlir` yourself.*?```sh\n(.*?)```", README, re.S).group(1)
+    for flag in iree_flags(Arch.parse("sm_80")):
+        assert flag in block, flag
+    assert "--iree-hal-executable-object-search-path=out" in block
+
+
+def test_the_quick_start_and_the_api_come_before_the_manifest_reference():
+    order = [README.index(h) for h in ("## Quick start", "## The Python API", "## Describing kernels")]
+    assert order == sorted(order)
