@@ -258,6 +258,9 @@ class GenericStructure:
         return any(f"output {i}" in op.operands for op in self.body for i in range(self.outputs))
 
 
+_WITH_REGIONS = " (with regions)"
+
+
 def generic_structure(op) -> GenericStructure:
     from iree.compiler import ir
 
@@ -273,7 +276,7 @@ def generic_structure(op) -> GenericStructure:
             names[r] = f"op {len(body)}" + (f"#{n}" if n else "")
         body.append(
             BodyOp(
-                inner.name + (" (with regions)" if len(inner.regions) else ""),
+                inner.name + (_WITH_REGIONS if len(inner.regions) else ""),
                 tuple(_operand_name(v, names) for v in inner.operands),
                 tuple(sorted((k, str(inner.attributes[k])) for k in inner.attributes)),
                 tuple(str(r.type) for r in inner.results),
@@ -378,6 +381,9 @@ def _parse_pattern(path: Path, text: str) -> Pattern:
             f"the pattern's body uses {outside[0]}, which no kernel argument carries", where=where,
             fix="use only the body's arguments and constants",
         )
+    nested = [b.name for b in structure.body if b.name.endswith(_WITH_REGIONS)]
+    if nested:  # their insides are not compared, so they could not tell two ops apart
+        raise ManifestError(f"the pattern's body holds {nested[0]}, which kitdispatch cannot compare", where=where, fix=fix)
     try:
         operands = tuple(_tensor(v.type) for v in op.operands)
     except ValueError:

@@ -343,11 +343,15 @@ def test_generic_that_reads_its_output_takes_an_inout_kernel(tmp_path):
         (None, {}, "cannot read the pattern"),
         (ACCUMULATE_PATTERN.replace("%acc: tensor<?xf32>)", "%acc: tensor<?xf32>, %scale: f32)").replace("%out, %in", "%out, %scale"),
          {}, "the pattern's body uses a value from outside the op (a function argument)"),
+        (ACCUMULATE_PATTERN.replace("%s = arith.addf %out, %in : f32", "%c = arith.constant true\n    %s = scf.if %c -> f32 {\n"
+                                    "      scf.yield %in : f32\n    } else {\n      scf.yield %out : f32\n    }"),
+         {}, "the pattern's body holds scf.if (with regions), which kitdispatch cannot compare"),
         (ACCUMULATE_PATTERN, {"access": "out"}, "its result inout: the pattern reads its output"),
         (ACCUMULATE_PATTERN, {"inputs": 2}, "its buffers must be the 1 input(s) of the pattern (p.mlir) in order"),
         (ACCUMULATE_PATTERN, {"dtype": "f16"}, "operand 0 of the pattern is ?xf32, the kernel's x0 is f16[n]"),
     ],
-    ids=["two-generics", "no-generic", "not-mlir", "missing", "captured-value", "out-for-inout", "input-count", "dtype"],
+    ids=["two-generics", "no-generic", "not-mlir", "missing", "captured-value", "nested-region", "out-for-inout", "input-count",
+         "dtype"],
 )
 def test_patterns_and_kernels_that_cannot_go_together(tmp_path, pattern, kernel, message):
     path = tmp_path / "p.mlir"
