@@ -68,7 +68,7 @@ def main() -> None:
         c = compare_model(folder)
         print(f"== {folder.name}\n{format_comparison(c)}\n")
         kit, iree = c.replaced_dispatches()
-        per_call = lambda ts: sum(t.total_us for t in ts) / max((t.count for t in ts), default=1)  # noqa: E731
+        per_call = lambda ts: sum(t.per_call_us for t in ts)  # noqa: E731
         base, mine = c.call_us["baseline"], c.call_us["replaced"]
         rows.append(
             f"| {folder.name} | {'yes' if c.agree else 'NO'} ({c.max_abs_error:.1e}) | {base:.0f} us | {mine:.0f} us | "

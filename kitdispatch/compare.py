@@ -15,6 +15,7 @@ import csv
 import json
 import re
 import shutil
+import statistics
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,15 +35,21 @@ WORST_SHOWN = 5
 
 @dataclass(frozen=True)
 class DispatchTime:
-    """Device time of one executable function, over every dispatch of it in the profile."""
+    """Device time of one executable function, over every dispatch of it in the profile.
+    The median is the figure to read: the program's first kernel runs while the GPU's clock
+    is still rising from idle (an H100 at 345 MHz: the first of ten matmuls took 3051 us, the
+    other nine 142 us, measured), which a mean over a few calls carries."""
 
     name: str
     count: int
     average_us: float
     total_us: float
+    median_us: float
+    per_call_us: float  # the median times the dispatches per call
 
     def to_json(self) -> dict:
-        return {"name": self.name, "count": self.count, "average_us": self.average_us, "total_us": self.total_us}
+        return {"name": self.name, "count": self.count, "average_us": self.average_us, "total_us": self.total_us,
+                "median_us": self.median_us, "per_call_us": self.per_call_us}
 
 
 @dataclass(frozen=True)
@@ -274,8 +281,11 @@ def profile_dispatches(
     if not times:
         raise ToolError("Nsight Compute measured no kernel", argv=[ncu, str(vmfb)], log=log.read_text()[-2000:],
                         fix="check that ncu may read GPU counters here (it needs profiling permission)")
-    rows = [DispatchTime(k, len(v), sum(v) / len(v), sum(v)) for k, v in times.items()]
-    return tuple(sorted(rows, key=lambda t: t.total_us, reverse=True))
+    rows = [
+        DispatchTime(k, len(v), sum(v) / len(v), sum(v), statistics.median(v), statistics.median(v) * len(v) / calls)
+        for k, v in times.items()
+    ]
+    return tuple(sorted(rows, key=lambda t: t.per_call_us, reverse=True))
 
 
 _NCU_UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
@@ -327,7 +337,7 @@ def format_comparison(c: Comparison) -> str:
         lines.append(f"replaced: {op}")
     kit, iree = c.replaced_dispatches()
     if kit or iree:
-        total = lambda ts: sum(t.total_us for t in ts) / max(1, max((t.count for t in ts), default=1))  # noqa: E731
+        total = lambda ts: sum(t.per_call_us for t in ts)  # noqa: E731
         lines.append(
             f"dispatches that changed, device time per call (Nsight Compute): IREE's that went {total(iree):.1f} us "
             f"({', '.join(t.name for t in iree) or 'none: IREE had fused the op into a dispatch that stays'}), "
@@ -342,4 +352,4 @@ def format_comparison(c: Comparison) -> str:
 
 
 def format_dispatch(t: DispatchTime) -> str:
-    return f"{t.average_us:9.1f} us avg  x{t.count:<4} {t.total_us:10.1f} us total  {t.name}"
+    return f"{t.median_us:9.1f} us median  {t.average_us:9.1f} us mean  x{t.count:<4} {t.per_call_us:9.1f} us per call  {t.name}"
