@@ -292,6 +292,19 @@ def test_generic_near_misses(model, reason):
     assert d.reasons[0].startswith("bias_gelu: not the pattern bias_gelu.pattern.mlir: ")
 
 
+def test_report_lists_every_generic_kept_with_its_reason():
+    from kitdispatch.models import format_report
+
+    hit, miss = bias_gelu_model(), bias_gelu_model(beta="7.977240e-01").replace("@forward", "@other")
+    decisions = decide(generics_of(hit + miss), [bias_gelu_kernel()])
+    text = format_report("m.mlir", decisions)
+    assert "1 of 2 candidate op(s) replaced" in text
+    assert "kept      linalg.generic {addf, fpowi, mulf, addf, mulf, tanh, addf, mulf, mulf} (512x1024xf32, 1024xf32)" in text
+    assert "in @other" in text and "constant 7.977240e-01 : f32" in text
+    kept = [d.to_json() for d in decisions if d.kernel is None]
+    assert kept[0]["body"] == "addf, fpowi, mulf, addf, mulf, tanh, addf, mulf, mulf" and "not the pattern" in kept[0]["reasons"][0]
+
+
 def test_generic_limits_and_sizes_still_apply():
     from kitdispatch import Replaces
 
