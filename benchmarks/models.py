@@ -5,7 +5,11 @@ dispatch's device time against IREE's own, in one run per model.
 
 BUILT_DIR: folders written on a build machine by
 `kitdispatch build PROJECT --model MODEL --with-baseline --arch sm_90 -o BUILT_DIR`
-(samples/onnx_softmax, samples/torch_mlp). Needs only iree-base-runtime on the GPU machine.
+(samples/onnx_softmax, samples/torch_mlp; kernels/matmul with samples/onnx_matmul's model,
+kernels/elementwise with samples/onnx_bias_gelu's). Needs only iree-base-runtime on the GPU machine.
+The last two columns are the device time per call of the dispatches that changed: IREE's that
+the replaced module lacks, and the replaced module's new ones (the kit's kernels, and any op IREE
+had fused into the replaced one and now runs alone).
 Whole call: iree-benchmark-module (median of 5 repetitions of 50 calls); dispatch device time:
 Nsight Compute (`gpu__time_duration`, clocks left alone; IREE 3.13 has no HAL-native profiling on CUDA).
 """
@@ -64,14 +68,14 @@ def main() -> None:
         c = compare_model(folder)
         print(f"== {folder.name}\n{format_comparison(c)}\n")
         kit, iree = c.replaced_dispatches()
-        per_call = lambda ts: sum(t.total_us for t in ts) / max((t.count for t in ts), default=1)  # noqa: E731
+        per_call = lambda ts: sum(t.per_call_us for t in ts)  # noqa: E731
         base, mine = c.call_us["baseline"], c.call_us["replaced"]
         rows.append(
             f"| {folder.name} | {'yes' if c.agree else 'NO'} ({c.max_abs_error:.1e}) | {base:.0f} us | {mine:.0f} us | "
             f"{base / mine:.2f}x | {per_call(iree):.1f} us | {per_call(kit):.1f} us |"
         )
         results[folder.name] = c.to_json()
-    print("| model | outputs agree (max abs err) | whole call, IREE | whole call, kit kernel | speed-up | IREE's dispatch | kit dispatch |")
+    print("| model | outputs agree (max abs err) | whole call, IREE | whole call, kit kernel | speed-up | IREE's dispatches that went | new dispatches |")
     print("|---|---|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
     if args.json:

@@ -15,6 +15,7 @@ import csv
 import json
 import re
 import shutil
+import statistics
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,15 +35,21 @@ WORST_SHOWN = 5
 
 @dataclass(frozen=True)
 class DispatchTime:
-    """Device time of one executable function, over every dispatch of it in the profile."""
+    """Device time of one executable function, over every dispatch of it in the profile.
+    The median is the figure to read: the program's first kernel runs while the GPU's clock
+    is still rising from idle (an H100 at 345 MHz: the first of ten matmuls took 3051 us, the
+    other nine 142 us, measured), which a mean over a few calls carries."""
 
     name: str
     count: int
     average_us: float
     total_us: float
+    median_us: float
+    per_call_us: float  # the median times the dispatches per call
 
     def to_json(self) -> dict:
-        return {"name": self.name, "count": self.count, "average_us": self.average_us, "total_us": self.total_us}
+        return {"name": self.name, "count": self.count, "average_us": self.average_us, "total_us": self.total_us,
+                "median_us": self.median_us, "per_call_us": self.per_call_us}
 
 
 @dataclass(frozen=True)
@@ -56,19 +63,19 @@ class Comparison:
     dispatches: dict[str, tuple[DispatchTime, ...]] = field(default_factory=dict)
     kernel_names: tuple[str, ...] = ()  # exports of the kit's kernels in the replaced module
     replaced_ops: tuple[str, ...] = ()
-    replaced_kinds: tuple[str, ...] = ()  # op kinds replaced ("softmax"): IREE names its dispatches after them
     notes: tuple[str, ...] = ()
 
     def replaced_dispatches(self) -> tuple[tuple[DispatchTime, ...], tuple[DispatchTime, ...]]:
-        """(the kit kernels' dispatches, IREE's dispatches they replaced): IREE's are the
-        baseline dispatches named after a replaced op kind that the replaced module lacks."""
-        mine = self.dispatches.get("replaced", ())
-        kit = tuple(t for t in mine if t.name in self.kernel_names)
-        left = {t.name for t in mine}
-        iree = tuple(
-            t for t in self.dispatches.get("baseline", ())
-            if t.name not in left and any(re.search(rf"_dispatch_\d+_{kind}", t.name) for kind in self.replaced_kinds)
-        )
+        """(the replaced module's dispatches the baseline lacks: the kit's kernels, and any op
+        that IREE had fused into the replaced one and now compiles alone, such as an f16
+        matmul's truncation; the baseline's dispatches the replaced module lacks). Names are
+        compared without their numbers, which shift when a dispatch goes. Where IREE had fused
+        the replaced op into a dispatch that stays (a bias and activation into their matmul),
+        nothing went: only the whole call compares."""
+        mine, base = self.dispatches.get("replaced", ()), self.dispatches.get("baseline", ())
+        mine_names, base_names = {_unnumbered(t.name) for t in mine}, {_unnumbered(t.name) for t in base}
+        kit = tuple(t for t in mine if t.name in self.kernel_names or _unnumbered(t.name) not in base_names)
+        iree = tuple(t for t in base if _unnumbered(t.name) not in mine_names)
         return kit, iree
 
     def to_json(self) -> dict:
@@ -132,9 +139,12 @@ def compare_model(
         dispatches=dispatches,
         kernel_names=tuple(dict.fromkeys(r["kernel_entry"] for r in record.get("replaced", []))),
         replaced_ops=tuple(f"{r['op']} at {r['location']}" for r in record.get("replaced", [])),
-        replaced_kinds=tuple(dict.fromkeys(r["op"].split(".")[-1] for r in record.get("replaced", []))),
         notes=tuple(notes),
     )
+
+
+def _unnumbered(dispatch: str) -> str:
+    return re.sub(r"_dispatch_\d+_", "_dispatch_", dispatch)
 
 
 def _function(record: dict, name: str | None) -> dict:
@@ -271,8 +281,11 @@ def profile_dispatches(
     if not times:
         raise ToolError("Nsight Compute measured no kernel", argv=[ncu, str(vmfb)], log=log.read_text()[-2000:],
                         fix="check that ncu may read GPU counters here (it needs profiling permission)")
-    rows = [DispatchTime(k, len(v), sum(v) / len(v), sum(v)) for k, v in times.items()]
-    return tuple(sorted(rows, key=lambda t: t.total_us, reverse=True))
+    rows = [
+        DispatchTime(k, len(v), sum(v) / len(v), sum(v), statistics.median(v), statistics.median(v) * len(v) / calls)
+        for k, v in times.items()
+    ]
+    return tuple(sorted(rows, key=lambda t: t.per_call_us, reverse=True))
 
 
 _NCU_UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
@@ -324,10 +337,11 @@ def format_comparison(c: Comparison) -> str:
         lines.append(f"replaced: {op}")
     kit, iree = c.replaced_dispatches()
     if kit or iree:
-        total = lambda ts: sum(t.total_us for t in ts) / max(1, max((t.count for t in ts), default=1))  # noqa: E731
+        total = lambda ts: sum(t.per_call_us for t in ts)  # noqa: E731
         lines.append(
-            f"replaced dispatch, device time per call (Nsight Compute): IREE {total(iree):.1f} us "
-            f"({', '.join(t.name for t in iree) or 'none found'}), kit {total(kit):.1f} us ({', '.join(t.name for t in kit)})"
+            f"dispatches that changed, device time per call (Nsight Compute): IREE's that went {total(iree):.1f} us "
+            f"({', '.join(t.name for t in iree) or 'none: IREE had fused the op into a dispatch that stays'}), "
+            f"the new ones {total(kit):.1f} us ({', '.join(t.name for t in kit)})"
         )
     for k in ("baseline", "replaced"):
         if k in c.dispatches:
@@ -338,4 +352,4 @@ def format_comparison(c: Comparison) -> str:
 
 
 def format_dispatch(t: DispatchTime) -> str:
-    return f"{t.average_us:9.1f} us avg  x{t.count:<4} {t.total_us:10.1f} us total  {t.name}"
+    return f"{t.median_us:9.1f} us median  {t.average_us:9.1f} us mean  x{t.count:<4} {t.per_call_us:9.1f} us per call  {t.name}"

@@ -56,7 +56,7 @@ _KERNEL_KEYS = {
     "replaces": False,
     "replace_when": False,
 }
-_REPLACE_WHEN_KEYS = {"multiple_of": False, "max": False, "dimension": False}
+_REPLACE_WHEN_KEYS = {"multiple_of": False, "max": False, "dimension": False, "pattern": False}
 _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
 _TEST_KEYS = {"reference": False, "sizes": False, "seed": False, "scalars": False}
@@ -185,14 +185,15 @@ def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
         dynamic_shared_memory=data.get("dynamic_shared_memory", 0),
         # A C++ kernel's entry (its mangled name) comes from the build's own compile.
         cpp_name=sig is not None and not sig.extern_c,
-        replaces=_parse_replaces(data, where),
+        replaces=_parse_replaces(data, root, where),
         where=where,
     )
 
 
-def _parse_replaces(data: dict, where: str) -> Replaces | None:
+def _parse_replaces(data: dict, root: Path, where: str) -> Replaces | None:
     """`replaces = ["linalg.softmax"]`, with optional limits in
-    `replace_when = { multiple_of = { k = 16 }, max = { cols = 8192 }, dimension = 1 }`."""
+    `replace_when = { multiple_of = { k = 16 }, max = { cols = 8192 }, dimension = 1 }`, and for a
+    linalg.generic `pattern = "FILE.mlir"` (beside the manifest)."""
     if "replaces" not in data:
         if "replace_when" in data:
             raise ManifestError(
@@ -206,6 +207,7 @@ def _parse_replaces(data: dict, where: str) -> Replaces | None:
         multiple_of=when.get("multiple_of"),
         max_size=when.get("max"),
         dimension=when.get("dimension"),
+        pattern=root / when["pattern"] if isinstance(when.get("pattern"), str) else when.get("pattern"),
         where=f"{where}: replaces",
     )
 

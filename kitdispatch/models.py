@@ -8,6 +8,9 @@ The route (IREE 3.13), each step a tool run with its own command to re-run:
    in the form the kernels are matched against. Const-eval has run by then, so replaced
    models need no flag the baseline lacks (a custom dispatch with constant inputs crashes
    const-eval in 3.13: here none is there yet when it runs).
+   Where a kernel replaces `linalg.generic`, IREE's elementwise fusion runs first (iree-opt,
+   `iree-dispatch-creation-elementwise-op-fusion`, the pass IREE's dispatch creation runs next):
+   the generics are then the ones IREE would compile, a bias Add joined with its activation.
 3. replace.py decides per op; each op to replace gets the attribute `kitdispatch.replace`.
 4. `iree-opt` runs the generated transform spec (mlir_templates/replace_spec.mlir.j2), which
    imports the kernel's executable and a `util.func` wrapper that dispatches it, and
@@ -40,7 +43,7 @@ from .iree_compile import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_ir
 from .manifest import load_manifest
 from .render import render_template
 from .replace import MARK_ATTRIBUTE, Decision, OpFacts, decide, read_ops, replacing_kernels, wrapper_name
-from .spec import Kernel, ModuleSpec, TestSpec
+from .spec import REPLACEABLE_OPS, Kernel, ModuleSpec, TestSpec
 
 MODEL_RECORD_SUFFIX = ".model.json"
 MODEL_RECORD_SCHEMA = 1
@@ -50,6 +53,8 @@ SPEC_PIPELINE = (
     "inline,util.func(canonicalize))"
 )
 STAGE = "global-optimization"
+# IREE's own elementwise fusion, run on the stage before generics are matched (see above).
+FUSION_PIPELINE = "builtin.module(util.func(iree-dispatch-creation-elementwise-op-fusion))"
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,15 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
             what=f"iree-compile could not bring {model} to {STAGE}",
             stage=stage,
         )
-        context, module = _parse(stage / f"{name}.{STAGE}.mlir")
         kinds = sorted({kind for k in kernels for kind in k.replaces.ops})
+        if "linalg.generic" in kinds:
+            staged = _run_iree(
+                [_find_tool("iree-opt"), str(staged), f"--pass-pipeline={FUSION_PIPELINE}", "--mlir-print-debuginfo",
+                 "-o", str(stage / f"{name}.fused.mlir")],
+                what="iree-opt could not run IREE's elementwise fusion on the model",
+                stage=stage,
+            )
+        context, module = _parse(staged)
         found = read_ops(module, kinds)
         # Imported models are published beside the vmfb: their locations name that copy.
         found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(out_dir)))) for op, f in found]
@@ -199,6 +211,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
             "codegen_target": codegen.name,
             "iree_compiler": iree_compiler_version(),
             "iree_flags": flags,
+            "matched_after": [STAGE] + (["iree-dispatch-creation-elementwise-op-fusion"] if "linalg.generic" in kinds else []),
             "functions": _signatures(module),
             "replaced": [d.to_json() for d in decisions if d.kernel is not None],
             "not_replaced": [d.to_json() for d in decisions if d.kernel is None],
@@ -539,24 +552,28 @@ def _no_match_fix(decisions: Sequence[Decision], kinds: Sequence[str], module) -
     if decisions:
         listing = "\n".join(format_report("candidates", decisions).splitlines()[1:])
         return f"no kernel computes exactly what these ops compute:\n{listing}"
+    census = _op_census(module)
+    # Named kinds only: nearly every model has generics, which need a kernel with a pattern.
+    others = [k for k in REPLACEABLE_OPS if k not in kinds and k in census and k != "linalg.generic"]
     return (
         f"the model has no {' or '.join(kinds)} after IREE's {STAGE} "
-        f"(its linalg ops: {_op_census(module) or 'none'})"
+        f"(its linalg ops: {', '.join(f'{n} x{c}' for n, c in sorted(census.items())) or 'none'})"
+        + (f"; no kernel of the project declares {' or '.join(others)}, which a kernel could replace" if others else "")
     )
 
 
-def _op_census(module) -> str:
+def _op_census(module) -> dict[str, int]:
     from iree.compiler import ir
 
     counts: dict[str, int] = {}
 
     def visit(op):
-        if op.name.startswith(("linalg.", "iree_linalg_ext.")):
+        if op.name.startswith(("linalg.", "iree_linalg_ext.")) and op.name != "linalg.yield":
             counts[op.name] = counts.get(op.name, 0) + 1
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    return ", ".join(f"{n} x{c}" for n, c in sorted(counts.items()))
+    return counts
 
 
 def read_model_record(path: str | Path) -> tuple[Path, dict]:

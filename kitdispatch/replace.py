@@ -4,15 +4,19 @@ The model is read with IREE's own MLIR bindings (`iree.compiler.ir`) at the stag
 transform spec runs (after global optimization, see models.py). Each op of a kind that some
 kernel `replaces` is checked against that kernel: element types, ranks, static sizes, the
 limits of `replace_when`, and what the op computes beyond its types (a softmax's dimension,
-a matmul's plain operand maps and zero accumulator). An op is replaced only where the kernel
-computes exactly what it computes; every other op of those kinds gets the reason.
+a matmul's plain operand maps and zero accumulator, a linalg.generic's whole structure against
+the kernel's pattern file). An op is replaced only where the kernel computes exactly what it
+computes; every other op of those kinds gets the reason.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from ._files import read_regular_file
 from .errors import ManifestError
 from .spec import Buffer, Kernel, ModuleSpec
 
@@ -58,6 +62,7 @@ class OpFacts:
     dimension: int | None = None  # softmax: the dimension it normalizes
     plain_maps: bool = True  # matmul: no transposed or broadcast operand
     init_source: str = ""  # what makes the `outs` operand ("zero fill", "linalg.fill of 1.0", ...)
+    structure: "GenericStructure | None" = None  # linalg.generic: what its body computes, and how
 
     @property
     def zero_init(self) -> bool:
@@ -65,7 +70,8 @@ class OpFacts:
 
     def describe(self) -> str:
         types = ", ".join(t.text for t in self.inputs)
-        return f"{self.kind} ({types}) -> {self.result.text} in @{self.function} at {self.location}"
+        body = f" {{{self.structure.summary}}}" if self.structure else ""
+        return f"{self.kind}{body} ({types}) -> {self.result.text} in @{self.function} at {self.location}"
 
     def to_json(self) -> dict:
         return {
@@ -76,6 +82,7 @@ class OpFacts:
             "result": self.result.to_json(),
             **({"dimension": self.dimension} if self.dimension is not None else {}),
             **({"init": self.init_source} if self.kind in _MATMUL_RANK else {}),
+            **({"body": self.structure.summary} if self.structure else {}),
         }
 
 
@@ -148,16 +155,18 @@ def _facts(op) -> OpFacts:
     plain = op.name not in _PLAIN_MAPS or (
         ("indexing_maps" not in attrs or str(attrs["indexing_maps"]) == _PLAIN_MAPS[op.name]) and "cast" not in attrs
     )
+    split = len(operands) - max(1, len(op.results))  # `ins`, then one `outs` per result
     return OpFacts(
         kind=op.name,
         function=_function_of(op),
         location=_location(op),
-        inputs=tuple(operands[:-1]),  # every replaceable kind has one `outs` operand, the last
-        init=operands[-1],
+        inputs=tuple(operands[:split]),
+        init=operands[split],
         result=_tensor(op.results[0].type),
         dimension=dimension,
         plain_maps=plain,
-        init_source=_init_source(op.operands[-1]),
+        init_source=_init_source(op.operands[split]),
+        structure=generic_structure(op) if op.name == "linalg.generic" else None,
     )
 
 
@@ -173,7 +182,7 @@ def _init_source(value) -> str:
     """'zero fill' when the value is all zeros by construction: a linalg.fill of a zero
     constant, or a zero splat constant; else what makes it."""
     owner = value.owner
-    name = getattr(owner, "name", "a function argument")
+    name = _op_name(owner)
     if name == "linalg.fill":
         scalar = owner.operands[0].owner
         if getattr(scalar, "name", None) == "arith.constant":
@@ -192,6 +201,12 @@ def _is_zero(attr) -> bool:
     return isinstance(attr, (ir.FloatAttr, ir.IntegerAttr)) and attr.value == 0
 
 
+def _op_name(owner) -> str:
+    """The name of the op that defines a value; a block's argument has none."""
+    operation = getattr(owner, "operation", None)
+    return operation.name if operation is not None else "a function argument"
+
+
 def _function_of(op) -> str:
     parent = op.parent
     while parent is not None and "sym_name" not in parent.attributes:
@@ -208,6 +223,174 @@ def _location(op) -> str:
     return text[4:-1] if text.startswith("loc(") and text.endswith(")") else text
 
 
+# ------------------------------------------------------------------ linalg.generic
+
+
+@dataclass(frozen=True)
+class BodyOp:
+    """One op of a generic's body. Operands are named for what they are: `input 0` / `output 0`
+    (the body's arguments), `op 2` (the result of the body's third op), or `constant 3 : i64`
+    (an arith.constant, inside the body or captured from outside: IREE hoists them)."""
+
+    name: str
+    operands: tuple[str, ...]
+    attributes: tuple[tuple[str, str], ...]
+    results: tuple[str, ...]  # their types
+
+
+@dataclass(frozen=True)
+class GenericStructure:
+    """Everything a linalg.generic computes, apart from its tensors' types and sizes."""
+
+    inputs: int
+    outputs: int
+    iterator_types: tuple[str, ...]
+    indexing_maps: tuple[str, ...]
+    arguments: tuple[str, ...]  # the body's argument types
+    body: tuple[BodyOp, ...]
+
+    @property
+    def summary(self) -> str:
+        return ", ".join(op.name.split(".")[-1] for op in self.body if op.name != "linalg.yield")
+
+    @property
+    def reads_output(self) -> bool:
+        return any(f"output {i}" in op.operands for op in self.body for i in range(self.outputs))
+
+
+_WITH_REGIONS = " (with regions)"
+
+
+def generic_structure(op) -> GenericStructure:
+    from iree.compiler import ir
+
+    inputs = len(op.operands) - len(op.results)
+    block = op.regions[0].blocks[0]
+    names = {arg: f"input {i}" if i < inputs else f"output {i - inputs}" for i, arg in enumerate(block.arguments)}
+    body = []
+    for inner in block.operations:
+        inner = inner.operation
+        if inner.name == "arith.constant":
+            continue  # a constant is named by its value where it is used
+        for n, r in enumerate(inner.results):
+            names[r] = f"op {len(body)}" + (f"#{n}" if n else "")
+        body.append(
+            BodyOp(
+                inner.name + (_WITH_REGIONS if len(inner.regions) else ""),
+                tuple(_operand_name(v, names) for v in inner.operands),
+                tuple(sorted((k, str(inner.attributes[k])) for k in inner.attributes)),
+                tuple(str(r.type) for r in inner.results),
+            )
+        )
+    return GenericStructure(
+        inputs=inputs,
+        outputs=len(op.results),
+        iterator_types=tuple(_iterator(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])),
+        indexing_maps=tuple(str(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])),
+        arguments=tuple(str(a.type) for a in block.arguments),
+        body=tuple(body),
+    )
+
+
+def _operand_name(value, names: dict) -> str:
+    if value in names:
+        return names[value]
+    owner = value.owner
+    if _op_name(owner) == "arith.constant":
+        return f"constant {owner.operation.attributes['value']}"
+    return f"a value from outside the op ({_op_name(owner)})"
+
+
+def _iterator(attr) -> str:
+    text = str(attr)  # #linalg.iterator_type<parallel>
+    return text[text.index("<") + 1 : -1] if "<" in text else text
+
+
+def structure_mismatch(op: GenericStructure, pattern: GenericStructure) -> str | None:
+    """The first way `op` differs from `pattern`, in words; None when they are the same."""
+    if (op.inputs, op.outputs) != (pattern.inputs, pattern.outputs):
+        return f"the op has {op.inputs} input(s) and {op.outputs} output(s), the pattern {pattern.inputs} and {pattern.outputs}"
+    if op.iterator_types != pattern.iterator_types:
+        return f"iterator types: the op's are [{', '.join(op.iterator_types)}], the pattern's [{', '.join(pattern.iterator_types)}]"
+    for i, (mine, theirs) in enumerate(zip(op.indexing_maps, pattern.indexing_maps)):
+        if mine != theirs:
+            return f"indexing map of operand {i}: the op's is {mine}, the pattern's {theirs}"
+    if op.arguments != pattern.arguments:
+        return f"body argument types: the op's are ({', '.join(op.arguments)}), the pattern's ({', '.join(pattern.arguments)})"
+    for i, (mine, theirs) in enumerate(zip(op.body, pattern.body)):
+        if mine.name != theirs.name:
+            return f"body op {i}: the op has {mine.name}, the pattern {theirs.name}"
+        if mine.operands != theirs.operands:
+            return f"body op {i} ({mine.name}): operands ({', '.join(mine.operands)}), the pattern's ({', '.join(theirs.operands)})"
+        if mine.attributes != theirs.attributes or mine.results != theirs.results:
+            return f"body op {i} ({mine.name}): attributes or result types differ ({_op_text(mine)} vs the pattern's {_op_text(theirs)})"
+    if len(op.body) != len(pattern.body):
+        return f"the op's body has {len(op.body)} ops, the pattern's {len(pattern.body)}"
+    return None
+
+
+def _op_text(op: BodyOp) -> str:
+    attrs = ", ".join(f"{k} = {v}" for k, v in op.attributes)
+    return f"{{{attrs}}} -> ({', '.join(op.results)})"
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A kernel's pattern file: the one linalg.generic it computes, and that op's tensor types."""
+
+    path: Path
+    structure: GenericStructure
+    operands: tuple[TensorFacts, ...]  # ins, then the outs
+
+
+def load_pattern(path: Path) -> Pattern:
+    where = str(path)
+    try:
+        text = read_regular_file(path).decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"cannot read the pattern: {exc}", where=where, fix="point replace_when.pattern at an MLIR file") from None
+    return _parse_pattern(path, text)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_pattern(path: Path, text: str) -> Pattern:
+    from iree.compiler import ir
+
+    where, fix = str(path), "write one func.func holding one linalg.generic (see kernels/elementwise/bias_gelu.pattern.mlir)"
+    try:
+        module = ir.Module.parse(text, ir.Context())
+    except Exception as exc:  # MLIRError: the parser's diagnostics say where
+        raise ManifestError(f"the pattern is not valid MLIR: {exc}", where=where, fix=fix) from None
+    generics = []
+
+    def visit(op):
+        if op.name == "linalg.generic":
+            generics.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    if len(generics) != 1:
+        raise ManifestError(f"the pattern holds {len(generics)} linalg.generic ops, not one", where=where, fix=fix)
+    op = generics[0]
+    if len(op.results) != 1:
+        raise ManifestError("the pattern's generic must have one result, as the kernel writes one buffer", where=where, fix=fix)
+    structure = generic_structure(op)
+    outside = [o for b in structure.body for o in b.operands if o.startswith("a value from outside")]
+    if outside:
+        raise ManifestError(
+            f"the pattern's body uses {outside[0]}, which no kernel argument carries", where=where,
+            fix="use only the body's arguments and constants",
+        )
+    nested = [b.name for b in structure.body if b.name.endswith(_WITH_REGIONS)]
+    if nested:  # their insides are not compared, so they could not tell two ops apart
+        raise ManifestError(f"the pattern's body holds {nested[0]}, which kitdispatch cannot compare", where=where, fix=fix)
+    try:
+        operands = tuple(_tensor(v.type) for v in op.operands)
+    except ValueError:
+        raise ManifestError("the pattern's generic must work on ranked tensors", where=where, fix=fix) from None
+    return Pattern(path, structure, operands)
+
+
 # ------------------------------------------------------------- what a kernel stands for
 
 
@@ -217,7 +400,8 @@ class _Layout:
 
     inputs: tuple[Buffer, ...]
     result: Buffer
-    accumulates: bool  # matmul: the result is an inout buffer that starts as the op's `outs`
+    accumulates: bool  # the result is an inout buffer that starts as the op's `outs`
+    pattern: Pattern | None = None  # linalg.generic: what the op must be
 
 
 def check_kernel(kernel: Kernel, kind: str) -> _Layout:
@@ -245,6 +429,9 @@ def check_kernel(kernel: Kernel, kind: str) -> _Layout:
         rank = len(result.type.shape)
         dim = kernel.replaces.dimension
         _expect(rank >= 1 and (dim is None or -rank <= dim < rank), f"replace_when dimension {dim} is not a dimension of its {rank}-D input", where)
+    elif kind == "linalg.generic":
+        pattern = load_pattern(kernel.replaces.pattern)
+        return _Layout(tuple(args[:-1]) if accumulates else tuple(args), result, accumulates, _check_pattern(pattern, args, result, where))
     else:
         rank = _MATMUL_RANK[kind]
         wanted = 3 if accumulates else 2
@@ -254,6 +441,28 @@ def check_kernel(kernel: Kernel, kind: str) -> _Layout:
         ok = all(len(s) == rank for s in (a, b, c)) and a[-1] == b[-2] and a[-2] == c[-2] and b[-1] == c[-1]
         _expect(ok and (rank == 2 or a[0] == b[0] == c[0]), f"its shapes must read {batch} (same names where sizes agree)", where)
     return _Layout(tuple(args[:2]) if accumulates else tuple(args), result, accumulates)
+
+
+def _check_pattern(pattern: Pattern, args: list[Buffer], result: Buffer, where: str) -> Pattern:
+    """The kernel's buffers must be the pattern's operands: its inputs in order (then the
+    output, inout, where the body reads it), of the same element types and ranks."""
+    s = pattern.structure
+    wanted = s.inputs + s.reads_output
+    _expect(
+        len(args) == wanted and (result.access == "inout") == s.reads_output and (not s.reads_output or args[-1] is result),
+        f"its buffers must be the {s.inputs} input(s) of the pattern ({pattern.path.name}) in order, and its result "
+        + ("inout: the pattern reads its output" if s.reads_output else "out: the pattern does not read its output"),
+        where,
+    )
+    buffers = args[:s.inputs] + [result]
+    for i, (tensor, buffer) in enumerate(zip(pattern.operands, buffers)):
+        want = buffer.type
+        _expect(
+            tensor.dtype == want.dtype and len(tensor.shape) == len(want.shape),
+            f"operand {i} of the pattern is {tensor.text}, the kernel's {buffer.name} is {want}",
+            where,
+        )
+    return pattern
 
 
 def _expect(ok: bool, what: str, where: str) -> None:
@@ -299,6 +508,9 @@ def mismatch(op: OpFacts, kernel: Kernel, layout: _Layout) -> str | None:
 
 
 def _semantic_mismatch(op: OpFacts, kernel: Kernel, layout: _Layout) -> str | None:
+    if op.kind == "linalg.generic":
+        why = structure_mismatch(op.structure, layout.pattern.structure)
+        return f"not the pattern {layout.pattern.path.name}: {why}" if why else None
     if op.kind == "linalg.softmax":
         rank = len(layout.result.type.shape)
         wanted = kernel.replaces.dimension if kernel.replaces.dimension is not None else rank - 1

@@ -40,7 +40,7 @@ MAX_CONSTANT = 2**64  # u64 values fit; anything larger is a mistake
 MAX_DYNAMIC_SHARED_MEMORY = 227 * 1024
 OBJECT_FORMATS = ("ptx", "cubin", "fatbin")
 # Ops of an imported model a kernel may stand in for (`replaces`; replace.py decides per op).
-REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul")
+REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic")
 
 
 def check_identifier(name: object, what: str, where: str) -> str:
@@ -375,13 +375,15 @@ Param = Union[Buffer, Scalar]
 @dataclass(frozen=True)
 class Replaces:
     """Which ops of an imported model a kernel may stand in for, and the limits its params
-    cannot say: a dimension's divisor or largest size, and for a softmax the dimension it
-    normalizes (None: the last). Each op is still checked against the params (replace.py)."""
+    cannot say: a dimension's divisor or largest size, for a softmax the dimension it
+    normalizes (None: the last), and for a linalg.generic the MLIR file whose one generic the
+    op must match. Each op is still checked against the params (replace.py)."""
 
     ops: tuple[str, ...]
     multiple_of: tuple[tuple[str, int], ...] = ()
     max_size: tuple[tuple[str, int], ...] = ()
     dimension: int | None = None
+    pattern: Path | None = None
 
     @classmethod
     def create(
@@ -391,6 +393,7 @@ class Replaces:
         multiple_of: dict[str, int] | None = None,
         max_size: dict[str, int] | None = None,
         dimension: int | None = None,
+        pattern: str | Path | None = None,
         where: str = "replaces",
     ) -> "Replaces":
         if isinstance(ops, str) or not ops or not all(isinstance(o, str) for o in ops):
@@ -406,11 +409,20 @@ class Replaces:
                 )
         if dimension is not None and (isinstance(dimension, bool) or not isinstance(dimension, int)):
             raise ManifestError(f"dimension {dimension!r} is not an integer", where=where, fix="e.g. dimension = 1")
+        if (pattern is None) == ("linalg.generic" in ops):
+            raise ManifestError(
+                "a linalg.generic needs a pattern, and a pattern is for linalg.generic only",
+                where=where,
+                fix='replaces = ["linalg.generic"] with replace_when = { pattern = "FILE.mlir" } (one linalg.generic in a func)',
+            )
+        if pattern is not None and not isinstance(pattern, (str, Path)):
+            raise ManifestError(f"pattern {pattern!r} is not a file name", where=where, fix='e.g. pattern = "bias_gelu.mlir"')
         return cls(
             tuple(dict.fromkeys(ops)),
             _positive_sizes(multiple_of or {}, "multiple_of", where),
             _positive_sizes(max_size or {}, "max", where),
             dimension,
+            Path(pattern) if pattern is not None else None,
         )
 
     @property

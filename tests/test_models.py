@@ -3,6 +3,8 @@ iree-compile / iree-opt (models.py). GPU tests (compare) are marked and skip wit
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import io
 import json
 import re
@@ -201,6 +203,179 @@ def test_kernels_that_cannot_stand_for_the_op(kernel, message):
     assert message in err.value.render()
 
 
+# ----------------------------------------------------------------------- linalg.generic
+
+
+ELEMENTWISE = REPO / "kernels" / "elementwise"
+
+
+@functools.cache
+def bias_gelu_kernel() -> Kernel:
+    """The library's fused bias + tanh GELU, with its pattern (kernels/elementwise)."""
+    from kitdispatch.manifest import load_manifest
+
+    return next(k for k in load_manifest(ELEMENTWISE).kernels if k.name == "bias_gelu")
+
+
+def bias_gelu_model(
+    rows=512, cols=1024, *, beta="0.797884583", tanh="math.tanh", bias_map="(d1)", dtype="f32", rank=2,
+    add="%in, %b", beta_argument=False, constants_inside=False,
+) -> str:
+    """A model whose one linalg.generic is gelu(x + bias) as IREE's elementwise fusion gives it,
+    with one thing changed at a time for the near misses."""
+    dims = ["d0", "d1", "d2"][:rank]
+    sizes = [4, rows, cols][-rank:]
+    x = f"tensor<{'x'.join(map(str, sizes))}x{dtype}>"
+    bias_size = sizes[dims.index(bias_map.strip("()"))]
+    bias = f"tensor<{bias_size}x{dtype}>"
+    maps = f"affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>"
+    constants = (
+        f"%three = arith.constant 3 : i64\n  %k = arith.constant 4.471500e-02 : {dtype}\n"
+        + ("" if beta_argument else f"  %beta = arith.constant {beta} : {dtype}\n")
+        + f"  %one = arith.constant 1.000000e+00 : {dtype}\n  %half = arith.constant 5.000000e-01 : {dtype}\n"
+    )
+    extra_arg = f", %beta: {dtype}" if beta_argument else ""
+    return f"""
+func.func @forward(%x: {x}, %bias: {bias}{extra_arg}) -> {x} {{
+  {"" if constants_inside else constants}
+  %e = tensor.empty() : {x}
+  %r = linalg.generic {{indexing_maps = [{maps}, affine_map<({', '.join(dims)}) -> {bias_map}>, {maps}],
+      iterator_types = [{', '.join(['"parallel"'] * rank)}]}} ins(%x, %bias : {x}, {bias}) outs(%e : {x}) {{
+  ^bb0(%in: {dtype}, %b: {dtype}, %o: {dtype}):
+    {constants if constants_inside else ""}
+    %y = arith.addf {add} : {dtype}
+    %y3 = math.fpowi %y, %three : {dtype}, i64
+    %t0 = arith.mulf %y3, %k : {dtype}
+    %t1 = arith.addf %y, %t0 : {dtype}
+    %t2 = arith.mulf %t1, %beta : {dtype}
+    %t3 = {tanh} %t2 : {dtype}
+    %t4 = arith.addf %t3, %one : {dtype}
+    %t5 = arith.mulf %t4, %half : {dtype}
+    %g = arith.mulf %y, %t5 : {dtype}
+    linalg.yield %g : {dtype}
+  }} -> {x}
+  return %r : {x}
+}}"""
+
+
+def generics_of(mlir: str):
+    return ops_of(mlir, ("linalg.generic",))
+
+
+@pytest.mark.parametrize("constants_inside", [False, True], ids=["hoisted-constants", "constants-in-body"])
+def test_generic_hit_by_pattern(constants_inside):
+    d = only(decide(generics_of(bias_gelu_model(constants_inside=constants_inside)), [bias_gelu_kernel()]))
+    assert d.kernel is not None and d.kernel.name == "bias_gelu" and d.operands == (0, 1)
+    assert d.op.structure.summary == "addf, fpowi, mulf, addf, mulf, tanh, addf, mulf, mulf"
+    assert d.to_json()["body"] == d.op.structure.summary
+
+
+@pytest.mark.parametrize(
+    "model, reason",
+    [
+        (bias_gelu_model(beta="7.977240e-01"),
+         "body op 4 (arith.mulf): operands (op 3, constant 7.977240e-01 : f32), the pattern's (op 3, constant 0.797884583 : f32)"),
+        (bias_gelu_model(tanh="math.erf"), "body op 5: the op has math.erf, the pattern math.tanh"),
+        (bias_gelu_model(add="%b, %in"), "body op 0 (arith.addf): operands (input 1, input 0), the pattern's (input 0, input 1)"),
+        (bias_gelu_model(bias_map="(d0)"),
+         "indexing map of operand 1: the op's is affine_map<(d0, d1) -> (d0)>, the pattern's affine_map<(d0, d1) -> (d1)>"),
+        (bias_gelu_model(rank=3, bias_map="(d2)"), "iterator types: the op's are [parallel, parallel, parallel]"),
+        (bias_gelu_model(dtype="f16"), "body argument types: the op's are (f16, f16, f16), the pattern's (f32, f32, f32)"),
+        (bias_gelu_model(beta_argument=True), "a value from outside the op (a function argument)"),
+    ],
+    ids=["constant", "body-op", "operand-order", "indexing-map", "rank", "dtype", "captured-value"],
+)
+def test_generic_near_misses(model, reason):
+    d = only(decide(generics_of(model), [bias_gelu_kernel()]))
+    assert d.kernel is None
+    assert reason in d.reasons[0], d.reasons
+    assert d.reasons[0].startswith("bias_gelu: not the pattern bias_gelu.pattern.mlir: ")
+
+
+def test_report_lists_every_generic_kept_with_its_reason():
+    from kitdispatch.models import format_report
+
+    hit, miss = bias_gelu_model(), bias_gelu_model(beta="7.977240e-01").replace("@forward", "@other")
+    decisions = decide(generics_of(hit + miss), [bias_gelu_kernel()])
+    text = format_report("m.mlir", decisions)
+    assert "1 of 2 candidate op(s) replaced" in text
+    assert "kept      linalg.generic {addf, fpowi, mulf, addf, mulf, tanh, addf, mulf, mulf} (512x1024xf32, 1024xf32)" in text
+    assert "in @other" in text and "constant 7.977240e-01 : f32" in text
+    kept = [d.to_json() for d in decisions if d.kernel is None]
+    assert kept[0]["body"] == "addf, fpowi, mulf, addf, mulf, tanh, addf, mulf, mulf" and "not the pattern" in kept[0]["reasons"][0]
+
+
+def test_generic_limits_and_sizes_still_apply():
+    from kitdispatch import Replaces
+
+    kernel = bias_gelu_kernel()
+    limited = dataclasses.replace(
+        kernel, replaces=Replaces.create(["linalg.generic"], pattern=kernel.replaces.pattern, max_size={"cols": 512})
+    )
+    d = only(decide(generics_of(bias_gelu_model()), [limited]))
+    assert d.kernel is None and "cols = 1024 is over the kernel's maximum 512" in d.reasons[0]
+
+
+ACCUMULATE_PATTERN = """
+func.func @acc(%x: tensor<?xf32>, %acc: tensor<?xf32>) -> tensor<?xf32> {
+  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]}
+      ins(%x : tensor<?xf32>) outs(%acc : tensor<?xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %s = arith.addf %out, %in : f32
+    linalg.yield %s : f32
+  } -> tensor<?xf32>
+  return %r : tensor<?xf32>
+}"""
+
+
+def accumulate_kernel(pattern, access="inout", dtype="f32", inputs=1) -> Kernel:
+    from kitdispatch import Replaces
+
+    params = [Buffer(f"x{i}", "in", TensorType(dtype, ("n",))) for i in range(inputs)]
+    return Kernel.create(
+        "accumulate", SOFTMAX_CU, [*params, Buffer("acc", access, TensorType(dtype, ("n",))), Scalar("n", "i32")],
+        workgroup_size=[256], workgroup_count=["ceildiv(n, 256)"],
+        replaces=Replaces.create(["linalg.generic"], pattern=pattern),
+    )
+
+
+def test_generic_that_reads_its_output_takes_an_inout_kernel(tmp_path):
+    pattern = tmp_path / "acc.mlir"
+    pattern.write_text(ACCUMULATE_PATTERN)
+    model = ACCUMULATE_PATTERN.replace("?", "4096").replace("@acc", "@forward")
+    d = only(decide(generics_of(model), [accumulate_kernel(pattern)]))
+    assert d.kernel is not None and d.operands == (0, 1)  # x, then the accumulator it reads
+
+
+@pytest.mark.parametrize(
+    "pattern, kernel, message",
+    [
+        (ACCUMULATE_PATTERN + ACCUMULATE_PATTERN.replace("@acc", "@acc2"), {}, "the pattern holds 2 linalg.generic ops, not one"),
+        ("func.func @f() {\n  return\n}", {}, "the pattern holds 0 linalg.generic ops, not one"),
+        ("func.func @f( {", {}, "the pattern is not valid MLIR"),
+        (None, {}, "cannot read the pattern"),
+        (ACCUMULATE_PATTERN.replace("%acc: tensor<?xf32>)", "%acc: tensor<?xf32>, %scale: f32)").replace("%out, %in", "%out, %scale"),
+         {}, "the pattern's body uses a value from outside the op (a function argument)"),
+        (ACCUMULATE_PATTERN.replace("%s = arith.addf %out, %in : f32", "%c = arith.constant true\n    %s = scf.if %c -> f32 {\n"
+                                    "      scf.yield %in : f32\n    } else {\n      scf.yield %out : f32\n    }"),
+         {}, "the pattern's body holds scf.if (with regions), which kitdispatch cannot compare"),
+        (ACCUMULATE_PATTERN, {"access": "out"}, "its result inout: the pattern reads its output"),
+        (ACCUMULATE_PATTERN, {"inputs": 2}, "its buffers must be the 1 input(s) of the pattern (p.mlir) in order"),
+        (ACCUMULATE_PATTERN, {"dtype": "f16"}, "operand 0 of the pattern is ?xf32, the kernel's x0 is f16[n]"),
+    ],
+    ids=["two-generics", "no-generic", "not-mlir", "missing", "captured-value", "nested-region", "out-for-inout", "input-count",
+         "dtype"],
+)
+def test_patterns_and_kernels_that_cannot_go_together(tmp_path, pattern, kernel, message):
+    path = tmp_path / "p.mlir"
+    if pattern is not None:
+        path.write_text(pattern)
+    k = accumulate_kernel(path, **kernel)
+    with pytest.raises(ManifestError) as err:
+        check_kernel(k, "linalg.generic")
+    assert message in err.value.render()
+
+
 # ----------------------------------------------------------------------------- manifest
 
 
@@ -233,6 +408,8 @@ def test_manifest_replaces_plain_and_with_limits():
     r = limited.kernels[0].replaces
     assert r.max_size == (("cols", 8192),) and r.multiple_of == (("rows", 4),) and r.dimension == -1
     assert _manifest("").kernels[0].replaces is None
+    generic = _manifest('replaces = ["linalg.generic"]\nreplace_when = { pattern = "p.mlir" }').kernels[0].replaces
+    assert generic.pattern == REPO / "p.mlir"  # beside the manifest, as `source` is
 
 
 @pytest.mark.parametrize(
@@ -244,6 +421,9 @@ def test_manifest_replaces_plain_and_with_limits():
         ('replaces = ["linalg.softmax"]\nreplace_when = { max = { width = 8 } }', "replace_when uses 'width'"),
         ('replaces = ["linalg.softmax"]\nreplace_when = { most = { cols = 8 } }', "unknown key 'most'"),
         ('replaces = ["linalg.softmax"]\nreplace_when = { max = { cols = 0 } }', "max must map dimension names to positive integers"),
+        ('replaces = ["linalg.generic"]', "a linalg.generic needs a pattern"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { pattern = "p.mlir" }', "and a pattern is for linalg.generic only"),
+        ('replaces = ["linalg.generic"]\nreplace_when = { pattern = 3 }', "pattern 3 is not a file name"),
     ],
 )
 def test_manifest_replace_errors(extra, message):
@@ -383,6 +563,103 @@ def test_onnx_sample_builds_through_the_cli(tmp_path):
     assert not re.search(r"dispatch_\d+_softmax", (tmp_path / "out" / "model.vmfb").read_bytes().decode("latin-1"))
 
 
+def make_sample_model(sample: str, path, *args) -> None:
+    pytest.importorskip("onnx")
+    subprocess.run([sys.executable, str(SAMPLES / sample / "make_model.py"), str(path), *map(str, args)], check=True, timeout=120)
+
+
+def cli_build(project, model, out, *extra) -> tuple[int, str, str]:
+    from kitdispatch.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    rc = main(["build", str(project), "--model", str(model), "--arch", "sm_90", "-o", str(out), "--json", *extra], stdout, stderr)
+    return rc, stdout.getvalue(), stderr.getvalue()
+
+
+def iree_dispatches(vmfb, kind: str) -> set[str]:
+    """IREE's own dispatches named after an op kind (`..._dispatch_0_matmul_1024x...`)."""
+    return set(re.findall(rf"dispatch_\d+_{kind}_\w+", vmfb.read_bytes().decode("latin-1")))
+
+
+@needs_iree_compile
+def test_onnx_matmul_sample_takes_the_library_matmul(tmp_path):
+    """An f16 ONNX MatMul: IREE's importer accumulates it in f32 from a zero fill, which is
+    what the library's matmul_f16 computes; the library's own manifest is the project."""
+    model = tmp_path / "model.onnx"
+    make_sample_model("onnx_matmul", model, "--rows", 256, "--features", 128, "--outputs", 512)
+    rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out", "--with-baseline")
+    assert rc == 0, err
+    [replaced] = json.loads(out)["replaced"]
+    assert replaced["op"] == "linalg.matmul" and replaced["kernel"] == "matmul_f16" and replaced["init"] == "zero fill"
+    assert replaced["inputs"] == [{"dtype": "f16", "shape": [256, 128]}, {"dtype": "f16", "shape": [128, 512]}]
+    assert replaced["result"] == {"dtype": "f32", "shape": [256, 512]}  # the f16 truncation after it stays IREE's
+    vmfb, baseline = tmp_path / "out" / "model.vmfb", tmp_path / "out" / "model.baseline.vmfb"
+    assert "matmul_f16" in _dump(vmfb) and "matmul_f16" not in _dump(baseline)
+    assert iree_dispatches(baseline, "matmul") and not iree_dispatches(vmfb, "matmul")
+
+
+@needs_iree_compile
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rows", 1000], "matmul_f16: limit: m = 1000 is not a multiple of 16"),
+        (["--batch", 2, "--batched-weights"],
+         "linalg.batch_matmul x1, linalg.fill x1, linalg.generic x1); no kernel of the project declares linalg.batch_matmul"),
+    ],
+    ids=["tile-contract", "batch-matmul-no-kernel"],
+)
+def test_onnx_matmuls_the_library_matmul_does_not_take(tmp_path, args, message):
+    model = tmp_path / "model.onnx"
+    make_sample_model("onnx_matmul", model, "--features", 64, "--outputs", 128, *args)
+    rc, _, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out")
+    assert rc == 1 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@needs_iree_compile
+def test_batch_folded_into_rows_is_still_a_matmul(tmp_path):
+    model = tmp_path / "model.onnx"
+    make_sample_model("onnx_matmul", model, "--batch", 4, "--rows", 32, "--features", 64, "--outputs", 128)
+    rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out")
+    assert rc == 0, err
+    [replaced] = json.loads(out)["replaced"]
+    assert replaced["inputs"][0] == {"dtype": "f16", "shape": [128, 64]}  # IREE collapsed [4, 32, 64]
+
+
+@needs_iree_compile
+def test_onnx_bias_gelu_sample_takes_the_library_bias_gelu(tmp_path):
+    """ONNX's decomposed GELU and the bias Add become one generic after IREE's elementwise
+    fusion, which matches the library's pattern; the fused op is gone from the module."""
+    model = tmp_path / "model.onnx"
+    make_sample_model("onnx_bias_gelu", model, "--rows", 64, "--features", 64, "--hidden", 256)
+    rc, out, err = cli_build(ELEMENTWISE, model, tmp_path / "out", "--with-baseline")
+    assert rc == 0, err
+    data = json.loads(out)
+    [replaced] = data["replaced"]
+    assert replaced["op"] == "linalg.generic" and replaced["kernel"] == "bias_gelu"
+    assert replaced["inputs"] == [{"dtype": "f32", "shape": [64, 256]}, {"dtype": "f32", "shape": [256]}]
+    record = json.loads((tmp_path / "out" / "model.model.json").read_text())
+    assert record["matched_after"] == ["global-optimization", "iree-dispatch-creation-elementwise-op-fusion"]
+    assert 'ops{["linalg.generic"]}' in (tmp_path / "out" / "model.spec.mlir").read_text()
+    vmfb, baseline = tmp_path / "out" / "model.vmfb", tmp_path / "out" / "model.baseline.vmfb"
+    assert "bias_gelu" in _dump(vmfb) and "bias_gelu" not in _dump(baseline)
+    # IREE fuses the bias and GELU into its matmul's one dispatch; the replaced module runs its
+    # plain matmul, then the kernel (the build itself checked that the marked op is gone).
+    dispatch_calls = lambda v: _dump(v).count("vm.call.variadic @hal.command_buffer.dispatch")  # noqa: E731
+    assert (dispatch_calls(baseline), dispatch_calls(vmfb)) == (1, 2)
+
+
+@needs_iree_compile
+def test_onnx_gelu_op_differs_in_a_constant(tmp_path):
+    """Opset 20's Gelu, as IREE's importer lowers it, uses 0.797724 for sqrt(2/pi): not the
+    function the kernel computes, so nothing is replaced and the error says which constant."""
+    model = tmp_path / "model.onnx"
+    make_sample_model("onnx_bias_gelu", model, "--rows", 64, "--features", 64, "--hidden", 256, "--gelu-op")
+    rc, _, err = cli_build(ELEMENTWISE, model, tmp_path / "out")
+    assert rc == 1
+    assert "body op 4 (arith.mulf): operands (op 3, constant 7.977240e-01 : f32), the pattern's (op 3, constant 0.797884583 : f32)" in err
+
+
 # ------------------------------------------------------------------------------ errors
 
 
@@ -475,6 +752,27 @@ def test_compare_onnx_sample_on_gpu(tmp_path, prebuilt_dir):
     result = compare_model(built)
     assert result.agree, result.worst
     assert result.call_us["replaced"] > 0 and result.call_us["baseline"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sample, project", [("onnx_matmul", MATMUL_CU.parent), ("onnx_bias_gelu", ELEMENTWISE)])
+def test_compare_library_kernel_samples_on_gpu(tmp_path, prebuilt_dir, sample, project):
+    """The library's matmul and bias_gelu in place of IREE's codegen agree with IREE's own build
+    (f16 outputs within f16's tolerance, f32 within f32's)."""
+    from kitdispatch.compare import compare_model
+
+    built = prebuilt_dir / f"{sample}_model" if prebuilt_dir else None
+    if built is None:
+        from kitdispatch import BuildOptions
+        from kitdispatch.models import build_model
+
+        model = tmp_path / "model.onnx"
+        make_sample_model(sample, model)
+        built = build_model(project, model, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    result = compare_model(built)
+    assert result.agree, result.worst
+    kit, _ = result.replaced_dispatches()
+    assert any(t.name in result.kernel_names for t in kit) or result.notes
 
 
 @needs_iree_compile
