@@ -137,7 +137,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
     record_name = folder.record
     with staging_dir(out_dir) as stage:
         imported = import_model(model, stage / f"{name}.imported.mlir")
-        _run_iree(
+        staged = _run_iree(
             [find_iree_compile(), str(imported), *flags, f"--compile-to={STAGE}", "--mlir-print-debuginfo",
              "-o", str(stage / f"{name}.{STAGE}.mlir")],
             what=f"iree-compile could not bring {model} to {STAGE}",

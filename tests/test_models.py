@@ -602,11 +602,10 @@ def test_onnx_matmul_sample_takes_the_library_matmul(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--rows", 1000], "matmul_f16: limit: m = 1000 is not a multiple of 16"),
         (["--batch", 2, "--batched-weights"],
          "linalg.batch_matmul x1, linalg.fill x1, linalg.generic x1); no kernel of the project declares linalg.batch_matmul"),
     ],
-    ids=["tile-contract", "batch-matmul-no-kernel"],
+    ids=["batch-matmul-no-kernel"],
 )
 def test_onnx_matmuls_the_library_matmul_does_not_take(tmp_path, args, message):
     model = tmp_path / "model.onnx"
@@ -614,6 +613,17 @@ def test_onnx_matmuls_the_library_matmul_does_not_take(tmp_path, args, message):
     rc, _, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out")
     assert rc == 1 and message in err, err
     assert not (tmp_path / "out").exists()
+
+
+@needs_iree_compile
+def test_the_library_matmul_takes_any_m_n_k(tmp_path):
+    """Edges are handled in the kernel (partial tiles), so an odd shape is replaced too."""
+    model = tmp_path / "model.onnx"
+    make_sample_model("onnx_matmul", model, "--rows", 1000, "--features", 72, "--outputs", 200)
+    rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out")
+    assert rc == 0, err
+    [replaced] = json.loads(out)["replaced"]
+    assert replaced["inputs"] == [{"dtype": "f16", "shape": [1000, 72]}, {"dtype": "f16", "shape": [72, 200]}]
 
 
 @needs_iree_compile
