@@ -208,6 +208,7 @@ def link_in_worker(mlir_text: str, stage: Path, vmfb: Path, codegen: Arch, extra
     Returns (ok, what the compiler printed). On failure the caller runs iree-compile as a
     subprocess, which gives the full log and a command to re-run.
     """
+    stage, vmfb = Path(stage).resolve(), Path(vmfb).resolve()  # the worker's folder is not ours
     request = {
         "mlir": mlir_text,
         "buffer_name": vmfb.with_suffix(".mlir").name,

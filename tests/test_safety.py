@@ -446,3 +446,16 @@ def test_concurrent_builds_into_one_folder_leave_a_consistent_build(tmp_path):
     for name in record.files:
         record.check_file(out, name)
     assert not any(p.name.startswith(STAGING_PREFIX) for p in out.iterdir())
+
+
+@needs_iree_compile
+def test_relative_output_folders_build_through_reused_workers(tmp_path, monkeypatch):
+    """Links run in worker processes that change their own folder: paths given relative to
+    the user's folder must still land there, for every module of a multi-module build."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("one", "two", "three"):
+        project(tmp_path / name, toml=f'name = "{name}"\n' + TOML)
+    code, _, err = run("build", "one", "two", "three", "--format", "ptx", "--arch", "sm_80", "-o", "rel/out")
+    assert code == 0, err
+    for name in ("one", "two", "three"):
+        read_record(tmp_path / "rel" / "out" / name / f"{name}.kitdispatch.json").check_file(tmp_path / "rel" / "out" / name, f"{name}.vmfb")
