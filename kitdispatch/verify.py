@@ -66,8 +66,18 @@ class Report:
 
 def find_targets(path: Path) -> list[Path]:
     """A sample folder (with kitdispatch.toml), a build folder (with a build record), or a
-    folder of either."""
+    folder of either; subfolders holding neither (a model build, notes) are passed over."""
     path = Path(path)
+    found = _targets_under(path)
+    if not found:
+        raise KitError(
+            f"nothing to test in {path}",
+            fix=f"pass a sample folder (with {MANIFEST_NAME}), a build folder, or a folder of them",
+        )
+    return found
+
+
+def _targets_under(path: Path) -> list[Path]:
     if path.is_file() and path.name.endswith(RECORD_SUFFIX):
         return [path]
     if (path / MANIFEST_NAME).is_file():
@@ -75,13 +85,9 @@ def find_targets(path: Path) -> list[Path]:
     records = sorted(path.glob(f"*{RECORD_SUFFIX}"))
     if records:
         return records
-    found = [t for sub in sorted(p for p in path.iterdir() if p.is_dir()) for t in find_targets(sub)] if path.is_dir() else []
-    if not found:
-        raise KitError(
-            f"nothing to test in {path}",
-            fix=f"pass a sample folder (with {MANIFEST_NAME}), a build folder, or a folder of them",
-        )
-    return found
+    if not path.is_dir():
+        return []
+    return [t for sub in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")) for t in _targets_under(sub)]
 
 
 def verify(

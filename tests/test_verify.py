@@ -25,3 +25,16 @@ def test_summary_line_counts_every_status():
     report = Report(cases=[CaseResult("m", f, s, "") for f, s in [("a", "pass"), ("b", "fail"), ("c", "skip")]])
     assert report.summary() == "1 passed, 1 failed, 1 skipped"
     assert not report.ok
+
+
+def test_a_folder_of_builds_passes_over_subfolders_with_nothing_to_test(tmp_path):
+    from kitdispatch import KitError
+    from kitdispatch.verify import find_targets
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "a.kitdispatch.json").write_text("{}")
+    (tmp_path / "model_build").mkdir()  # e.g. a model build: no kit record
+    (tmp_path / "model_build" / "m.model.json").write_text("{}")
+    assert find_targets(tmp_path) == [tmp_path / "a" / "a.kitdispatch.json"]
+    with pytest.raises(KitError, match="nothing to test"):
+        find_targets(tmp_path / "model_build")
