@@ -337,7 +337,7 @@ def _parse_test(data: Any, root: Path, where: str) -> TestSpec:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ManifestError("seed must be an integer", where=where, fix="e.g. seed = 0")
     scalars = data.get("scalars", {})
-    if not isinstance(scalars, dict) or not all(isinstance(v, (int, float)) for v in scalars.values()):
+    if not isinstance(scalars, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scalars.values()):
         raise ManifestError(
             "scalars must map scalar argument names to numbers", where=where, fix="e.g. scalars = { alpha = 2.5, k = 3 }"
         )
@@ -346,7 +346,7 @@ def _parse_test(data: Any, root: Path, where: str) -> TestSpec:
         Path(_string(reference, f"{where}: reference")) if reference is not None else None,
         tuple(sorted((check_identifier(k, "dimension", where), v) for k, v in sizes.items())),
         seed,
-        tuple(sorted((check_identifier(k, "scalar", where), float(v)) for k, v in scalars.items())),
+        tuple(sorted((check_identifier(k, "scalar", where), v) for k, v in scalars.items())),
     )
 
 

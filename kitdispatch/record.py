@@ -61,7 +61,7 @@ class TestSettings:
     reference: str | None = None
     sizes: dict[str, int] = field(default_factory=dict)
     seed: int = 0
-    scalars: dict[str, float] = field(default_factory=dict)
+    scalars: dict[str, int | float] = field(default_factory=dict)  # ints stay exact (u64 above 2^53)
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class BuildRecord:
                     reference=None if data["test"]["reference"] is None else _str(data["test"]["reference"]),
                     sizes={_str(k): _int(v) for k, v in data["test"]["sizes"].items()},
                     seed=_int(data["test"]["seed"]),
-                    scalars={_str(k): float(v) for k, v in data["test"].get("scalars", {}).items()},
+                    scalars={_str(k): _number(v) for k, v in data["test"].get("scalars", {}).items()},
                 ),
                 files={_plain_name(k): _str(v) for k, v in data["files"].items()},
                 names={_str(k): {_str(a): _str(b) for a, b in v.items()} for k, v in data.get("names", {}).items()},
@@ -191,6 +191,12 @@ def _str(value) -> str:
 def _int(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _number(value) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r}")
     return value
 
 

@@ -933,7 +933,7 @@ class TestSpec:
     seed: int = 0
     # Values of scalar arguments, by name, for every function that takes one of that name
     # (others get small random values).
-    scalars: tuple[tuple[str, float], ...] = ()
+    scalars: tuple[tuple[str, int | float], ...] = ()  # ints stay exact
 
 
 @dataclass(frozen=True)

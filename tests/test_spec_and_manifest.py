@@ -135,3 +135,18 @@ def test_scalar_from_shape_and_free_scalars():
     assert [p.name for p in k.function_arguments] == ["x", "alpha", "count"]
     assert k.workload == ("n", "m")
     assert k.workgroup_size == (16, 16, 1)
+
+
+def test_test_scalars_keep_integers_exact_through_the_record(tmp_path):
+    """A u64 test value above 2^53 must reach the kernel as written, not rounded by a float."""
+    from kitdispatch import BuildOptions, generate
+    from kitdispatch.record import read_record
+
+    cu = 'extern "C" __global__ void k(unsigned long long* o, unsigned long long v) { o[0] = v; }\n'
+    toml = ('[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [1]\nworkgroup_count = [1]\n'
+            'shapes = { o = "i64[1]" }\n\n[test]\nscalars = { v = 9007199254740993 }\n')
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "k.cu").write_text(cu)
+    (tmp_path / "p" / "kitdispatch.toml").write_text(toml)
+    result = generate(tmp_path / "p", BuildOptions.create("sm_80", format="ptx"), tmp_path / "out")
+    assert read_record(result.record).test.scalars == {"v": 2**53 + 1}
