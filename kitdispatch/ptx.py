@@ -193,12 +193,15 @@ def _address_sources(op: str, sources: str) -> list[str]:
     return [r for o in chosen for r in _REG_RE.findall(o)]
 
 
+_BRACE_RE = re.compile(r"[{}]")
+
+
 def body_end_of(text: str, start: int) -> int:
     """Index of the `}` that closes the `{` at text[start] (an entry's body, which holds
     nested blocks)."""
     depth = 0
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
+    for brace in _BRACE_RE.finditer(text, start):  # braces only: PTX bodies run to megabytes
+        depth += 1 if brace.group() == "{" else -1
         if depth == 0:
-            return i
+            return brace.start()
     raise AbiError("a PTX entry's body is not closed", fix="report this kernel to kitdispatch")
