@@ -21,7 +21,7 @@ from ._workers import run_in_threads
 from .arch_features import check_arch_features
 from .archs import Arch, parse_arch_list, ptx_fallback_archs
 from .bridge import BridgingCompiler, entry_bridge
-from .cache import Cache, CachedCompiler, CachedLinker, Linked
+from .cache import Cache, CachedCompiler, CachedLinker, Linked, checks_key
 from .compilers import COMPILE_TIMEOUT_S, CompileOptions, ObjectCode, get_compiler
 from .errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
 from .iree_compile import (
@@ -282,8 +282,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     # list of those it can: a better first message for `--arch sm_50` than IREE's targets.
     codegen = choose_codegen_target(options.archs, options.codegen_target)
     spec = _resolve_entries(spec, built, compiler, options)
-    abi_warnings = _check_abi(spec, built, compiler, options)
-    check_arch_features([b.obj for b in built], lambda src, arch: _ptx_with_lines(spec, src, arch, compiler, options))
+    abi_warnings = _check_objects(spec, built, compiler, options, shared.cache)
     preflight_notes = _preflight(built, shared.driver)
 
     templates = shared.cache.template_dir if shared.cache is not None else None
@@ -454,6 +453,24 @@ def _ptx_with_lines(spec: ModuleSpec, source: Path, arch: Arch, compiler, option
     """The source's PTX with -lineinfo, for an error that names the source line."""
     with_lines = dataclasses.replace(compile_options_for(spec, source, options), line_info=True)
     return compiler.compile(source, arch, "ptx", with_lines).data
+
+
+def _check_objects(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, cache: Cache | None) -> tuple[Diagnostic, ...]:
+    """The objects against the kernels (ABI, stores to inputs, architecture features); the
+    verdict is cached under both, so a rebuild with nothing new does not re-read megabytes of
+    PTX. A failing check raises, so only passing verdicts (with their warnings) are stored."""
+    key = None
+    if cache is not None and cache.usable:
+        described = repr((str(spec.root), spec.kernels))
+        key = checks_key(described, [(b.obj.data, b.obj.ptx) for b in built], f"{compiler.name} {compiler.version()}")
+        hit = cache.get("checks", key)
+        if hit is not None:
+            return tuple(Diagnostic(**d) for d in hit[0].get("warnings", []))
+    warnings = _check_abi(spec, built, compiler, options)
+    check_arch_features([b.obj for b in built], lambda src, arch: _ptx_with_lines(spec, src, arch, compiler, options))
+    if key is not None:
+        cache.put("checks", key, {"warnings": [dataclasses.asdict(w) for w in warnings]}, b"")
+    return warnings
 
 
 def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> tuple[Diagnostic, ...]:

@@ -39,7 +39,7 @@ MAGIC = b"KDC2"
 OLD_MAGICS = (b"KDC1",)  # entries of earlier kitdispatch versions: misses, still evictable
 TAG_NAME = "CACHEDIR.TAG"
 TAG = b"Signature: 8a477f597d28d172789f06886806bc55\n# This is a kitdispatch cache: https://bford.info/cachedir/\n"
-KINDS = ("object", "vmfb")
+KINDS = ("object", "vmfb", "checks")
 _KEY_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _TEMPLATE_RE = re.compile(r"^__jinja2_[0-9a-f]{40}\.cache\Z")
 DEFAULT_MAX_BYTES = 2 * 1024**3
@@ -309,13 +309,14 @@ class Cache:
 
     # -- management ------------------------------------------------------------------
 
-    def entries(self) -> list[Path]:
-        """The kit's entries: files named by a key, in that key's folder, starting with one of
-        the kit's entry headers. Anything else under the cache folder is not touched."""
+    def entries(self, kind: str | None = None) -> list[Path]:
+        """The kit's entries (of one kind, or all): files named by a key, in that key's folder,
+        starting with one of the kit's entry headers. Anything else under the cache folder is
+        not touched."""
         if not self.usable or not self.root.is_dir():
             return []
         found = []
-        for kind in KINDS:
+        for kind in (kind,) if kind else KINDS:
             for path in (self.root / kind).glob("??/*"):
                 if _KEY_RE.match(path.name) and path.parent.name == path.name[:2] and _is_entry(path):
                     found.append(path)
@@ -540,6 +541,16 @@ class CachedCompiler:
         with self._lock:
             self.compiles += 1
         return make()
+
+
+def checks_key(kernels: str, objects: Iterable[tuple[bytes, bytes | None]], compiler: str) -> str:
+    """The verdict of the build's checks of objects against kernel descriptions: the
+    descriptions (their repr, which holds every field), each object's bytes and PTX, and the
+    compiler (nvcc sources get a probe PTX of their own)."""
+    key = KeyBuilder("checks").add("kernels", kernels).add("compiler", compiler)
+    for data, ptx in objects:
+        key.add("object", hashlib.sha256(data).digest()).add("ptx", hashlib.sha256(ptx or b"").digest())
+    return key.hexdigest()
 
 
 def vmfb_key(mlir_text: str, objects: Iterable[tuple[str, bytes]], flags: Iterable[str], iree_version: str) -> str:

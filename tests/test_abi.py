@@ -279,6 +279,9 @@ def test_a_store_to_an_in_buffer_is_a_build_warning(tmp_path):
     [warning] = [d for d in result.diagnostics if d.tool == "kitdispatch"]
     assert "kernel 'k' stores through 'x', which the manifest declares `in`" in warning.text
     assert read_record(result.record).diagnostics == result.diagnostics
+    # A rebuild with nothing new takes the checks' verdict from the cache, warning included.
+    again = generate(root, BuildOptions.create("sm_80"), tmp_path / "out")
+    assert again.compiler_runs == 0 and again.diagnostics == result.diagnostics
     root = write_kernel_project(tmp_path / "ok", STORES_TO_INPUT_CU, toml + 'inout = ["x"]\n')
     assert not generate(root, BuildOptions.create("sm_80"), tmp_path / "out_ok").diagnostics
 

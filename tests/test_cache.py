@@ -142,14 +142,14 @@ def test_corrupt_entry_is_a_miss_and_is_replaced(tmp_path, isolated_cache):
     root = project(tmp_path)
     options = BuildOptions.create("sm_80", format="ptx")
     generate(root, options, tmp_path / "a")
-    (entry,) = Cache().entries()
+    (entry,) = Cache().entries("object")
     blob = bytearray(entry.read_bytes())
     blob[-5] ^= 0xFF
     entry.write_bytes(bytes(blob))
     result = generate(root, options, tmp_path / "b")
     assert result.compiler_runs == 1
     assert b".entry k" in result.objects[0].read_bytes()
-    (entry,) = Cache().entries()
+    (entry,) = Cache().entries("object")
     assert Cache().get("object", entry.name) is not None  # valid again
     entry.write_bytes(entry.read_bytes()[:20])  # truncated
     assert generate(root, options, tmp_path / "c").compiler_runs == 1
@@ -199,7 +199,7 @@ def test_sixteen_concurrent_processes_share_one_entry(tmp_path, isolated_cache):
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err.decode()
-    assert len(Cache().entries()) == 1
+    assert len(Cache().entries("object")) == 1
     leftovers = [p for p in isolated_cache.rglob("*") if p.name.endswith(".tmp")]
     assert leftovers == []
 
@@ -223,8 +223,8 @@ def test_writer_killed_mid_write_leaves_no_entry_and_no_lock(tmp_path, isolated_
     assert proc.stdout.readline().strip() == b"writing"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert Cache().entries() == []  # the temp file is not an entry
+    assert Cache().entries("object") == []  # the temp file is not an entry
     start = time.monotonic()
     result = generate(root, BuildOptions.create("sm_80"), tmp_path / "next")
     assert time.monotonic() - start < 60
-    assert result.compiler_runs == 1 and len(Cache().entries()) == 1
+    assert result.compiler_runs == 1 and len(Cache().entries("object")) == 1

@@ -113,7 +113,7 @@ def test_a_cache_folder_holding_other_files_is_never_used_or_emptied(tmp_path, m
 
 def test_eviction_and_clear_touch_only_the_kits_entries(tmp_path, isolated_cache):
     generate(project(tmp_path / "proj"), PTX, tmp_path / "out")
-    (entry,) = Cache().entries()
+    (entry,) = Cache().entries("object")
     foreign = [
         entry.parent / ("cd" + "1" * 62),  # an entry's name, not an entry's content
         entry.parent / "notes.txt",
@@ -125,7 +125,7 @@ def test_eviction_and_clear_touch_only_the_kits_entries(tmp_path, isolated_cache
     cache.evict()
     assert not entry.exists() and all(p.exists() for p in foreign)
     generate(project(tmp_path / "proj2", cu=CU.replace("2 *", "3 *")), PTX, tmp_path / "out2")
-    assert Cache().clear() == 1
+    assert Cache().clear() == 2  # the new object and the verdict of its checks
     assert all(p.read_bytes() == b"user data" for p in foreign)
 
 
@@ -156,7 +156,7 @@ def test_an_entry_copied_under_another_key_is_not_shipped(tmp_path, isolated_cac
     root = project(tmp_path / "proj")
     generate(root, BuildOptions.create("sm_80", format="ptx"), tmp_path / "a")
     generate(root, BuildOptions.create("sm_90", format="ptx"), tmp_path / "b")
-    e80, e90 = sorted(Cache().entries(), key=lambda p: b".target sm_90" in p.read_bytes())
+    e80, e90 = sorted(Cache().entries("object"), key=lambda p: b".target sm_90" in p.read_bytes())
     e90.write_bytes(e80.read_bytes())  # sm_80 code under the sm_90 key
     result = generate(root, BuildOptions.create("sm_90", format="ptx"), tmp_path / "c")
     assert result.compiler_runs == 1
@@ -388,7 +388,7 @@ def test_a_bad_cache_size_setting_is_a_clear_error(tmp_path, monkeypatch, settin
 def test_a_cache_entry_that_is_a_folder_or_an_unwritable_cache_is_survived(tmp_path, isolated_cache, monkeypatch):
     root = project(tmp_path / "proj")
     generate(root, PTX, tmp_path / "a")
-    (entry,) = Cache().entries()
+    (entry,) = Cache().entries("object")
     entry.unlink()
     entry.mkdir()  # a folder where the entry would be
     with pytest.warns(CacheWarning, match="cannot write to the cache"):
