@@ -167,7 +167,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
         _check_symbols_free(module, symbols, model)
         for (op, _), decision in zip(found, decisions):
             if decision.kernel is not None:
-                op.attributes[MARK_ATTRIBUTE] = _string_attr(context, wrapper_name(decision.kernel))
+                op.attributes[MARK_ATTRIBUTE] = _string_attr(context, decision.mark)
         marked = stage / f"{name}.marked.mlir"
         write_atomic(marked, module.operation.get_asm(enable_debug_info=True))
         spec_name = f"{name}.spec.mlir"
@@ -448,26 +448,53 @@ def _check_symbols_free(module, symbols: _Symbols, model: Path) -> None:
 
 
 def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequence[Decision], symbols: _Symbols) -> str:
-    """One match-and-call block per (op kind, kernel) in use; the ops themselves were chosen
-    in Python and carry MARK_ATTRIBUTE naming the wrapper."""
-    blocks = []
+    """One match-and-call block per way of calling a kernel (its mark); the ops themselves were
+    chosen in Python and carry MARK_ATTRIBUTE naming it. Attention ops with fewer batch dims
+    than the kernel call an adapter that reshapes to the kernel's [b, h, s, d] (b = 1)."""
+    blocks, adapters = [], {}
     for kernel in kernels:
         for kind in kernel.replaces.ops:
             mine = [d for d in decisions if d.kernel is kernel and d.op.kind == kind]
-            if mine:
+            for mark in dict.fromkeys(d.mark for d in mine):
+                ops = [d for d in mine if d.mark == mark]
+                first = ops[0]
+                if first.batch_dims is not None:
+                    adapters[first.function] = _adapter(first)
                 blocks.append(
                     {
-                        "doc": f"{kind} -> {kernel.name} ({len(mine)} op{'s' if len(mine) > 1 else ''})",
+                        "doc": f"{kind} -> {kernel.name} ({len(ops)} op{'s' if len(ops) > 1 else ''})",
                         "op": kind,
-                        "wrapper": wrapper_name(kernel),
-                        "imports": list(symbols.executables),
-                        "operands": ", ".join(str(i) for i in mine[0].operands),
+                        "mark": mark,
+                        "function": first.function,
+                        "imports": list(symbols.executables) + ([wrapper_name(kernel)] if first.batch_dims is not None else []),
+                        "operands": ", ".join(str(i) for i in first.operands),
+                        "through": [{"index": i, "through": i in first.through} for i in first.operands] if first.through else [],
                     }
                 )
     return render_template(
         "replace_spec.mlir.j2",
         version=__version__, project=project, model=model, mark=MARK_ATTRIBUTE, symbols=symbols.text, blocks=blocks,
+        adapters=list(adapters.values()),
     )
+
+
+def _adapter(decision: Decision) -> dict:
+    """What the template needs for a `util.func` that takes the op's tensors (rank r), expands
+    each with leading unit dims to the kernel's rank, calls the kernel's wrapper, collapses back."""
+    rank = len(decision.op.result.shape)
+    pad = len(decision.kernel.buffers[0].type.shape) - rank
+    dtype = decision.op.result.dtype
+    return {
+        "name": decision.function,
+        "wrapper": wrapper_name(decision.kernel),
+        "inputs": [f"x{i}" for i in decision.operands],
+        "type": f"tensor<{'?x' * rank}{dtype}>",
+        "expanded": f"tensor<{'1x' * pad}{'?x' * rank}{dtype}>",
+        "kernel_type": f"tensor<{'?x' * (rank + pad)}{dtype}>",
+        "dims": list(range(rank)),
+        "ones": ", ".join(["1"] * pad),
+        "reassociation": "[" + ", ".join([f"[{', '.join(str(i) for i in range(pad + 1))}]"] + [f"[{i + pad}]" for i in range(1, rank)]) + "]",
+    }
 
 
 def _check_all_replaced(replaced: Path, decisions: Sequence[Decision], executables: Sequence[str], stage: Path) -> None:

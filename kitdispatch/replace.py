@@ -5,8 +5,9 @@ transform spec runs (after global optimization, see models.py). Each op of a kin
 kernel `replaces` is checked against that kernel: element types, ranks, static sizes, the
 limits of `replace_when`, and what the op computes beyond its types (a softmax's dimension,
 a matmul's plain operand maps and zero accumulator, a linalg.generic's whole structure against
-the kernel's pattern file). An op is replaced only where the kernel computes exactly what it
-computes; every other op of those kinds gets the reason.
+the kernel's pattern file, an attention's operand maps, scale, mask and score body). An op is
+replaced only where the kernel computes exactly what it computes; every other op of those kinds
+gets the reason.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ _PLAIN_MAPS = {
     "affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>]",
 }
 _MATMUL_RANK = {"linalg.matmul": 2, "linalg.batch_matmul": 3}
+
+ATTENTION = "iree_linalg_ext.attention"
+# A kernel that replaces attention computes O = softmax(Q K^T * scale) V on Q, K, V, O of one
+# layout [b, h, s, d] (row-major, one s for queries and keys), with scale = 1/sqrt(d) in f32
+# and no mask: the contract of kernels/attention (attention.cu computes rsqrtf(float(d))).
+ATTENTION_HEAD_DIMS = (64, 128)
+ATTENTION_BATCH_DIMS = 2  # the kernel's b and h; an op with one batch dim runs as b = 1
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class OpFacts:
     plain_maps: bool = True  # matmul: no transposed or broadcast operand
     init_source: str = ""  # what makes the `outs` operand ("zero fill", "linalg.fill of 1.0", ...)
     structure: "GenericStructure | None" = None  # linalg.generic: what its body computes, and how
+    attention: "AttentionFacts | None" = None  # iree_linalg_ext.attention: maps, scale, mask, body
 
     @property
     def zero_init(self) -> bool:
@@ -83,6 +92,7 @@ class OpFacts:
             **({"dimension": self.dimension} if self.dimension is not None else {}),
             **({"init": self.init_source} if self.kind in _MATMUL_RANK else {}),
             **({"body": self.structure.summary} if self.structure else {}),
+            **({"attention": self.attention.to_json()} if self.attention else {}),
         }
 
 
@@ -95,13 +105,27 @@ class Decision:
     kernel: Kernel | None
     operands: tuple[int, ...] = ()
     reasons: tuple[str, ...] = ()
+    through: tuple[int, ...] = ()  # operands whose producer (a plain transpose) is skipped: its input is passed
+    batch_dims: int | None = None  # attention: the op's batch dims, where fewer than the kernel's
+
+    @property
+    def function(self) -> str:
+        """The `util.func` the spec calls in place of the op."""
+        if self.batch_dims is not None:
+            return f"{wrapper_name(self.kernel)}_batch{self.batch_dims}"
+        return wrapper_name(self.kernel)
+
+    @property
+    def mark(self) -> str:
+        """MARK_ATTRIBUTE's value: one per way of calling (function, skipped producers)."""
+        return self.function + "".join(f"_through{i}" for i in self.through)
 
     def to_json(self) -> dict:
         data = self.op.to_json()
         if self.kernel is not None:
             data["kernel"] = self.kernel.name
             data["kernel_entry"] = self.kernel.entry  # its export: the dispatch's name in profiles
-            data["function_called"] = wrapper_name(self.kernel)
+            data["function_called"] = self.function
         else:
             data["reasons"] = list(self.reasons)
         return data
@@ -145,6 +169,8 @@ def read_ops(module, kinds: Sequence[str]) -> list[tuple[object, OpFacts]]:
 
 
 def _facts(op) -> OpFacts:
+    if op.name == ATTENTION:
+        return _attention_facts(op)
     operands = [_tensor(v.type) for v in op.operands]
     attrs = op.attributes
     dimension = None
@@ -221,6 +247,91 @@ def _function_of(op) -> str:
 def _location(op) -> str:
     text = str(op.location)
     return text[4:-1] if text.startswith("loc(") and text.endswith(")") else text
+
+
+# ----------------------------------------------------------------- iree_linalg_ext.attention
+
+
+@dataclass(frozen=True)
+class AttentionFacts:
+    """What an attention op computes beyond its tensors' types. Maps are the loop dims each of
+    Q, K, V, O reads, in order (None: not a plain projection); V's is composed with the plain
+    transpose that IREE's global optimization puts before it, which the kernel reads through."""
+
+    maps: tuple[tuple[int, ...] | None, ...]  # Q, K, V, O
+    loops: int
+    v_transposed: bool
+    scale: float | None  # None: not a constant
+    scale_text: str
+    mask: str | None  # what makes the mask operand; None: the op has none
+    plain_scores: bool  # the score region yields its argument unchanged
+
+    def to_json(self) -> dict:
+        return {"scale": self.scale_text, "mask": self.mask, "v_through_transpose": self.v_transposed}
+
+
+def _attention_facts(op) -> OpFacts:
+    """ins(Q, K, V, scale[, mask]) outs(O), with one indexing map per operand (the scale's `()`)."""
+    from iree.compiler import ir
+
+    maps = [_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    masked = len(op.operands) == 6
+    q, k, v = (op.operands[i] for i in range(3))
+    v_map, v_value, transposed = maps[2], v, False
+    permutation = _plain_transpose(v.owner)
+    if permutation is not None and v_map is not None:
+        v_map, v_value, transposed = tuple(v_map[p] for p in permutation), v.owner.operands[0], True
+    scale = op.operands[3].owner
+    constant = _op_name(scale) == "arith.constant" and isinstance(scale.attributes["value"], ir.FloatAttr)
+    body = list(op.regions[0].blocks[0].operations)
+    plain = len(body) == 1 and body[0].operation.name == "iree_linalg_ext.yield" and list(body[0].operands) == [
+        op.regions[0].blocks[0].arguments[0]
+    ]
+    return OpFacts(
+        kind=op.name,
+        function=_function_of(op),
+        location=_location(op),
+        inputs=tuple(_tensor(x.type) for x in (q, k, v_value)),
+        init=_tensor(op.operands[-1].type),
+        result=_tensor(op.results[0].type),
+        attention=AttentionFacts(
+            maps=(maps[0], maps[1], v_map, maps[-1]),
+            loops=ir.AffineMapAttr(ir.ArrayAttr(op.attributes["indexing_maps"])[0]).value.n_dims,
+            v_transposed=transposed,
+            scale=ir.FloatAttr(scale.attributes["value"]).value if constant else None,
+            scale_text=str(scale.attributes["value"]) if constant else f"computed by {_op_name(scale)}",
+            mask=_op_name(op.operands[4].owner) if masked else None,
+            plain_scores=plain,
+        ),
+    )
+
+
+def _dims(attr) -> tuple[int, ...] | None:
+    """An affine map's results as loop dims; None where one is not a plain dim."""
+    from iree.compiler import ir
+
+    results = ir.AffineMapAttr(attr).value.results
+    if not all(isinstance(e, ir.AffineDimExpr) for e in results):  # results come downcast
+        return None
+    return tuple(e.position for e in results)
+
+
+def _plain_transpose(owner) -> tuple[int, ...] | None:
+    """For a linalg.generic that only transposes its one input (identity output map, a
+    permutation for the input, a body that yields the input element), the input map's dims:
+    dim j of the input is dim permutation[j] of the output. None for anything else."""
+    from iree.compiler import ir
+
+    if _op_name(owner) != "linalg.generic" or len(owner.operands) != 2 or len(owner.results) != 1:
+        return None
+    s = generic_structure(owner)
+    maps = [_dims(a) for a in ir.ArrayAttr(owner.attributes["indexing_maps"])]
+    rank = len(s.iterator_types)
+    if None in maps or maps[1] != tuple(range(rank)) or sorted(maps[0]) != list(range(rank)):
+        return None
+    if set(s.iterator_types) != {"parallel"} or [(b.name, b.operands) for b in s.body] != [("linalg.yield", ("input 0",))]:
+        return None
+    return maps[0]
 
 
 # ------------------------------------------------------------------ linalg.generic
@@ -429,6 +540,15 @@ def check_kernel(kernel: Kernel, kind: str) -> _Layout:
         rank = len(result.type.shape)
         dim = kernel.replaces.dimension
         _expect(rank >= 1 and (dim is None or -rank <= dim < rank), f"replace_when dimension {dim} is not a dimension of its {rank}-D input", where)
+    elif kind == ATTENTION:
+        _expect(len(args) == 3 and not accumulates, "it must take Q, K and V in that order and write one new result O", where)
+        shapes = {b.type.shape for b in args + [result]}
+        dtypes = {b.type.dtype for b in args + [result]}
+        _expect(
+            len(shapes) == 1 and len(dtypes) == 1 and len(result.type.shape) == ATTENTION_BATCH_DIMS + 2,
+            "Q, K, V and O must be one type [b, h, s, d] (same names, one element type)",
+            where,
+        )
     elif kind == "linalg.generic":
         pattern = load_pattern(kernel.replaces.pattern)
         return _Layout(tuple(args[:-1]) if accumulates else tuple(args), result, accumulates, _check_pattern(pattern, args, result, where))
@@ -481,8 +601,7 @@ def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
             layout = check_kernel(kernel, op.kind)
             why = mismatch(op, kernel, layout)
             if why is None:
-                operands = tuple(range(len(op.inputs) + layout.accumulates))
-                decisions.append(Decision(op, kernel, operands))
+                decisions.append(_replacement(op, kernel, layout))
                 break
             reasons.append(f"{kernel.name}: {why}")
         else:
@@ -490,11 +609,24 @@ def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
     return decisions
 
 
+def _replacement(op: OpFacts, kernel: Kernel, layout: _Layout) -> Decision:
+    operands = tuple(range(len(op.inputs) + layout.accumulates))
+    if op.attention is None:
+        return Decision(op, kernel, operands)
+    batch = len(op.attention.maps[0]) - 2
+    return Decision(
+        op, kernel, operands, through=(2,) if op.attention.v_transposed else (),
+        batch_dims=batch if batch < ATTENTION_BATCH_DIMS else None,
+    )
+
+
 def mismatch(op: OpFacts, kernel: Kernel, layout: _Layout) -> str | None:
     """Why `kernel` does not compute exactly what `op` computes, or None when it does."""
     semantic = _semantic_mismatch(op, kernel, layout)
     if semantic:
         return semantic
+    if op.attention is not None:
+        return _attention_mismatch(op, layout)
     pairs = [(f"input {i}", t, b) for i, (t, b) in enumerate(zip(op.inputs, layout.inputs))]
     if layout.accumulates:
         pairs.append(("accumulator", op.init, layout.result))
@@ -508,6 +640,8 @@ def mismatch(op: OpFacts, kernel: Kernel, layout: _Layout) -> str | None:
 
 
 def _semantic_mismatch(op: OpFacts, kernel: Kernel, layout: _Layout) -> str | None:
+    if op.attention is not None:
+        return _attention_semantic_mismatch(op.attention)
     if op.kind == "linalg.generic":
         why = structure_mismatch(op.structure, layout.pattern.structure)
         return f"not the pattern {layout.pattern.path.name}: {why}" if why else None
@@ -555,4 +689,76 @@ def _limit_mismatch(kernel: Kernel, sizes: dict[str, int | None]) -> str | None:
             return f"limit: {symbol} is dynamic in the model, and must be at most {largest}, which cannot be checked"
         if size > largest:
             return f"limit: {symbol} = {size} is over the kernel's maximum {largest}"
+    return None
+
+
+# ------------------------------------------------------------- attention against the kernel
+
+_ATTENTION_ROLES = ("Q", "K", "V", "O")
+
+
+def _attention_semantic_mismatch(a: AttentionFacts) -> str | None:
+    """The op must be plain attention in the kernel's layout: Q (batch, m, k1), K (batch, k2, k1),
+    V (batch, k2, n), O (batch, m, n), with no mask and an unmodified score."""
+    if a.mask is not None:
+        return f"the op has a mask operand (made by {a.mask}), and the kernel takes no mask"
+    if not a.plain_scores:
+        return "the op's score region changes the scores, and the kernel uses them as they are"
+    if not _kernel_layout(a):
+        shown = ", ".join(f"{r} {_map_text(m, a.loops)}" for r, m in zip(_ATTENTION_ROLES, a.maps))
+        return (
+            f"operand maps: {shown}{' (V read through its transpose)' if a.v_transposed else ''}; the kernel reads "
+            "Q (batch, m, k1), K (batch, k2, k1), V (batch, k2, n), O (batch, m, n) with one or two batch dims"
+        )
+    return None
+
+
+def _kernel_layout(a: AttentionFacts) -> bool:
+    q, k, v, o = a.maps
+    if None in a.maps or not len(q) == len(k) == len(v) == len(o) or not 3 <= len(q) <= ATTENTION_BATCH_DIMS + 2:
+        return False
+    batch, m, k1, k2, n = q[:-2], q[-2], q[-1], k[-2], v[-1]
+    return (
+        k == batch + (k2, k1) and v == batch + (k2, n) and o == batch + (m, n)
+        and len(set(batch + (m, k1, k2, n))) == len(batch) + 4 == a.loops
+    )
+
+
+def _map_text(dims: tuple[int, ...] | None, loops: int) -> str:
+    return "(not a projection)" if dims is None else f"({', '.join(f'd{i}' for i in dims)}) of {loops} loops"
+
+
+def _attention_mismatch(op: OpFacts, layout: _Layout) -> str | None:
+    """Types and sizes in the kernel's [b, h, s, d] (an op with one batch dim runs as b = 1),
+    the head dim, one static s for queries and keys, and the scale the kernel computes."""
+    tensors = list(op.inputs) + [op.result]
+    pad = ATTENTION_BATCH_DIMS + 2 - len(op.result.shape)
+    sizes: dict[str, int | None] = {}
+    buffers = list(layout.inputs) + [layout.result]
+    for role, tensor, buffer in zip(_ATTENTION_ROLES, tensors, buffers):
+        if tensor.dtype != buffer.type.dtype:
+            return f"element type: the op's {role} is {tensor.text}, the kernel's {buffer.name} is {buffer.type}"
+        padded = TensorFacts(tensor.dtype, (1,) * pad + tensor.shape)
+        why = _type_mismatch(role, padded, buffer, sizes)
+        if why:
+            return why
+    unknown = [r for r, t in zip(_ATTENTION_ROLES, tensors) if None in t.shape[-2:]]
+    if unknown:
+        return f"shape: the sequence length or head dim of {unknown[0]} is dynamic, and the kernel's must be checked"
+    head, seq_q, seq_k = op.inputs[0].shape[-1], op.inputs[0].shape[-2], op.inputs[1].shape[-2]
+    if seq_q != seq_k:
+        return f"shape: {seq_q} queries and {seq_k} keys; the kernel takes one sequence length for both"
+    if head not in ATTENTION_HEAD_DIMS:
+        return f"head dim {head}: the kernel has code for {' and '.join(map(str, ATTENTION_HEAD_DIMS))} only"
+    return _scale_mismatch(op.attention, head)
+
+
+def _scale_mismatch(a: AttentionFacts, head: int) -> str | None:
+    import numpy as np
+
+    wanted = np.float32(1.0 / np.sqrt(np.float64(head)))
+    if a.scale is None:
+        return f"the op's scale is {a.scale_text}, not a constant; the kernel's is 1/sqrt({head}) = {wanted}"
+    if np.float32(a.scale) != wanted:
+        return f"the op's scale is {a.scale_text}, the kernel's 1/sqrt({head}) = {wanted} (f32)"
     return None

@@ -40,7 +40,7 @@ MAX_CONSTANT = 2**64  # u64 values fit; anything larger is a mistake
 MAX_DYNAMIC_SHARED_MEMORY = 227 * 1024
 OBJECT_FORMATS = ("ptx", "cubin", "fatbin")
 # Ops of an imported model a kernel may stand in for (`replaces`; replace.py decides per op).
-REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic")
+REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic", "iree_linalg_ext.attention")
 
 
 def check_identifier(name: object, what: str, where: str) -> str:
