@@ -57,18 +57,24 @@ def prebuilt_dir():
     return Path(path) if path else None
 
 
-@pytest.fixture(scope="session")
-def simple_mul_build(tmp_path_factory, prebuilt_dir):
-    """The simple_mul sample built for sm_80 and sm_90 (or the prebuilt copy)."""
+def prebuilt_or_build(source: Path, tmp_path_factory, prebuilt_dir, archs: str = "sm_80,sm_90") -> Path:
+    """A project built for `archs` here, or its prebuilt copy on a GPU machine (named after
+    the project's folder) where there is no iree-compile."""
     if prebuilt_dir is not None:
-        return prebuilt_dir / "simple_mul"
+        return prebuilt_dir / source.name
     if not HAVE_IREE_COMPILE:
         pytest.skip("neither iree-compile nor KITDISPATCH_PREBUILT is available")
     from kitdispatch import BuildOptions, build
 
-    out = tmp_path_factory.mktemp("simple_mul")
-    build(SAMPLES / "simple_mul", BuildOptions.create("sm_80,sm_90"), out)
+    out = tmp_path_factory.mktemp(source.name)
+    build(source, BuildOptions.create(archs), out)
     return out
+
+
+@pytest.fixture(scope="session")
+def simple_mul_build(tmp_path_factory, prebuilt_dir):
+    """The simple_mul sample built for sm_80 and sm_90 (or the prebuilt copy)."""
+    return prebuilt_or_build(SAMPLES / "simple_mul", tmp_path_factory, prebuilt_dir)
 
 
 def write_kernel_project(root: Path, cu: str, toml: str) -> Path:

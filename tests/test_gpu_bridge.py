@@ -12,7 +12,7 @@ import pytest
 from kitdispatch import load_module
 from kitdispatch.cli import main
 
-from conftest import HAVE_IREE_COMPILE
+from conftest import prebuilt_or_build
 
 pytestmark = pytest.mark.gpu
 BRIDGE = Path(__file__).parent / "data" / "abi_bridge"
@@ -21,15 +21,7 @@ AFFINE = np.dtype([("scale", "<f4"), ("shift", "<i4"), ("offset", "<f8")])
 
 @pytest.fixture(scope="module")
 def bridge_build(tmp_path_factory, prebuilt_dir):
-    if prebuilt_dir is not None:
-        return prebuilt_dir / "abi_bridge"
-    if not HAVE_IREE_COMPILE:
-        pytest.skip("neither iree-compile nor KITDISPATCH_PREBUILT is available")
-    from kitdispatch import BuildOptions, build
-
-    out = tmp_path_factory.mktemp("abi_bridge")
-    build(BRIDGE, BuildOptions.create("sm_80,sm_90"), out)
-    return out
+    return prebuilt_or_build(BRIDGE, tmp_path_factory, prebuilt_dir)
 
 
 def test_every_bridged_kernel_matches_numpy(bridge_build):
