@@ -969,3 +969,30 @@ def test_torch_attention_sample_exports_and_builds(tmp_path):
     assert replaced.kernel.name == "attention_f16" and replaced.op.result.shape == (6, 300, 128)
     assert replaced.op.attention.scale_text == "0.0883883461 : f32" and replaced.through == (2,)
     assert iree_dispatches(result.baseline_vmfb, "attention") and not iree_dispatches(result.vmfb, "attention")
+
+
+@needs_iree_compile
+def test_a_model_build_never_overwrites_a_users_file_and_replaces_its_own(tmp_path):
+    """Model builds publish under the same rules as module builds: a file of the user's in the
+    way stops the build untouched; the kit's own files of an earlier build are replaced."""
+    from kitdispatch import BuildOptions
+    from kitdispatch.models import build_model, read_model_record
+
+    model = tmp_path / "mm_softmax.mlir"
+    model.write_text(LINALG_MODEL)
+    project = _project(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mm_softmax.spec.mlir").write_text("// my own spec\n")
+    with pytest.raises(KitError, match="mm_softmax.spec.mlir exists and was not written by kitdispatch"):
+        build_model(project, model, BuildOptions.create("sm_90"), out)
+    assert (out / "mm_softmax.spec.mlir").read_text() == "// my own spec\n"
+    assert sorted(p.name for p in out.iterdir()) == ["mm_softmax.spec.mlir"]
+    (out / "mm_softmax.spec.mlir").unlink()
+    first = build_model(project, model, BuildOptions.create("sm_90"), out)
+    again = build_model(project, model, BuildOptions.create("sm_90"), out)
+    assert again.vmfb == first.vmfb and read_model_record(out)[1]["vmfb"] == "mm_softmax.vmfb"
+    # A .vmfb replaced behind the record's back is refused by compare's reader.
+    first.vmfb.write_bytes(first.vmfb.read_bytes() + b"\0")
+    with pytest.raises(KitError, match="not the file its model record describes"):
+        read_model_record(out)
