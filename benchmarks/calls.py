@@ -465,29 +465,13 @@ def cli_benchmark(vmfb: Path) -> None:
 
 
 def environment() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
+    from environment import base
 
-    from kitdispatch.cuda_driver import driver_info
-
-    def v(name):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    info = driver_info()
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
     from kitdispatch.timing import find_cupti
 
     return {
-        "gpu": smi,
-        "cuda_driver": info.version if info else None,
-        "iree_base_runtime": v("iree-base-runtime"),
-        "cuda_bindings": v("cuda-bindings"),
-        "torch": v("torch"),
+        **base("iree-base-runtime", "cuda-bindings", "torch"),
         "numpy": np.__version__,
-        "python": platform.python_version(),
         "cupti": find_cupti(),
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),

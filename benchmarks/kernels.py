@@ -24,7 +24,6 @@ Every case first checks that the three results agree.
 from __future__ import annotations
 
 import json
-import platform
 import shutil
 import statistics
 import subprocess
@@ -562,24 +561,18 @@ def device_times(build_dir: Path, out_dir: Path) -> dict:
 
 
 def environment() -> dict:
-    from importlib.metadata import version
+    from environment import base
 
     import torch
 
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
     ncu = shutil.which("ncu")
     ncu_version = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1] if ncu else None
     return {
-        "gpu": smi,
+        **base("torch", "iree-base-runtime", gpu_fields="name,driver_version,clocks.max.sm,memory.total"),
         "cuda_runtime_torch": torch.version.cuda,
-        "torch": torch.__version__,
-        "iree_base_runtime": version("iree-base-runtime"),
         "iree_codegen_target": IREE_TARGET,
         "kit_archs": ARCHS,
         "ncu": ncu_version,
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"),
     }
 
 

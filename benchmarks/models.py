@@ -18,24 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-from importlib.metadata import version
 from pathlib import Path
 
 import kitdispatch as kd
 from kitdispatch.compare import compare_model, format_comparison
-from kitdispatch.preflight import local_driver
 from kitdispatch.runtime import cuda_status
 
 
 def environment() -> dict:
-    return {
-        "device": cuda_status().reason,
-        "cuda_driver": str(local_driver()),
-        "iree_base_runtime": version("iree-base-runtime"),
-        "kitdispatch": kd.__version__,
-        "python": platform.python_version(),
-    }
+    from environment import base
+
+    return {**base("iree-base-runtime"), "device": cuda_status().reason, "kitdispatch": kd.__version__}
 
 
 def call_only(folders, n: int) -> None:

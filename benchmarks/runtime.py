@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -251,21 +250,9 @@ def first_call(build_dir: Path) -> dict:
 
 
 def environment() -> dict:
-    from importlib.metadata import version
+    from environment import base
 
-    from kitdispatch.cuda_driver import driver_info
-
-    info = driver_info()
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    return {
-        "gpu": smi,
-        "cuda_driver": info.version if info else None,
-        "iree_base_runtime": version("iree-base-runtime"),
-        "cuda_bindings": version("cuda-bindings"),
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-    }
+    return {**base("iree-base-runtime", "cuda-bindings"), "numpy": np.__version__}
 
 
 def plot(rows: list[dict], device_rows: list[dict], path: Path) -> None:
