@@ -30,6 +30,10 @@ class IreeRelease:
     # hal.executable.export (workgroup_size, workgroup_local_memory): "properties", `<...>`
     # (3.13), or "attr-dict", `attributes {...}` (3.10 to 3.12, which reject properties).
     syntax: str
+    # How hal.command_buffer.dispatch names its entry point (render.py's NAME$record):
+    # "function", an i64 function id (hal.executable.lookup.function, 3.12 and later), or
+    # "ordinal", an index (hal.executable.export.ordinal, 3.10 and 3.11).
+    entry_points: str
     # CUDA targets IREE's codegen knows; any other gives "missing GPU target in
     # #hal.executable.target" for an IREE-generated dispatch. Hand-written kernels are not
     # limited by this list.
@@ -48,11 +52,11 @@ def _archs(names: str) -> tuple[Arch, ...]:
 
 _PASCAL_TO_ORIN = "sm_60 sm_61 sm_62 sm_70 sm_72 sm_75 sm_80 sm_86 sm_87"
 IREE_RELEASES = {
-    (3, 10): IreeRelease((3, 10), "attr-dict", _archs(_PASCAL_TO_ORIN)),
-    (3, 11): IreeRelease((3, 11), "attr-dict", _archs(_PASCAL_TO_ORIN)),
+    (3, 10): IreeRelease((3, 10), "attr-dict", "ordinal", _archs(_PASCAL_TO_ORIN)),
+    (3, 11): IreeRelease((3, 11), "attr-dict", "ordinal", _archs(_PASCAL_TO_ORIN)),
     # "PTX version 7.6 does not support target 'sm_120'": LLVM ERROR, the process aborts.
-    (3, 12): IreeRelease((3, 12), "attr-dict", _archs(_PASCAL_TO_ORIN + " sm_89"), _archs("sm_120 sm_121")),
-    (3, 13): IreeRelease((3, 13), "properties", _archs(_PASCAL_TO_ORIN + " sm_89 sm_120 sm_121")),
+    (3, 12): IreeRelease((3, 12), "attr-dict", "function", _archs(_PASCAL_TO_ORIN + " sm_89"), _archs("sm_120 sm_121")),
+    (3, 13): IreeRelease((3, 13), "properties", "function", _archs(_PASCAL_TO_ORIN + " sm_89 sm_120 sm_121")),
 }
 OLDEST_RELEASE, NEWEST_RELEASE = IREE_RELEASES[min(IREE_RELEASES)], IREE_RELEASES[max(IREE_RELEASES)]
 SUPPORTED_RANGE = f"{OLDEST_RELEASE.name} through {NEWEST_RELEASE.name}"

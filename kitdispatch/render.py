@@ -19,6 +19,7 @@ from . import __version__
 from ._resources import data_dir
 from .archs import Arch
 from .errors import ManifestError
+from .iree_compile import IreeRelease, target_release
 from . import abi
 from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType
 
@@ -79,24 +80,28 @@ def render_module(
     programs: Sequence[tuple[str, str]] = (),
     archs: Sequence[Arch] = (),
     template_cache: Path | None = None,
-    syntax: str | None = None,
+    release: IreeRelease | None = None,
 ) -> RenderedModule:
     """`programs` are (origin, MLIR text) pairs of the user's own functions to append; `archs`
     the build's architectures, for the header.
     `template_cache` keeps the compiled templates between processes (jinja2 bytecode).
-    `syntax` is an IreeRelease.syntax; by default the installed IREE compiler's."""
-    spelling = _Spelling(syntax or _installed_syntax())
+    `release` is the IREE release to spell the MLIR for; by default the installed compiler's."""
+    spelling = _Spelling.of(release or target_release())
     by_key = {(o.source, o.format): o for o in objects}
     groups = _group_kernels(spec.kernels)
     sources_with_formats = [source for source, _ in groups]
-    executables, functions = [], []
+    executables, functions, records = [], [], []
     for (source, fmt), kernels in groups.items():
         name = executable_name(spec.source_stem(source), fmt if sources_with_formats.count(source) > 1 else None)
         exe = _executable_view(name, kernels, by_key[(source, fmt)], spelling)
         executables.append(exe)
         for kernel in kernels:
-            view = _function_view(kernel, exe)
-            functions += [view, _async_variant(view)] if view["result_count"] else [view]
+            view = _function_view(kernel, exe, spelling)
+            if view["result_count"]:
+                functions += [view, _async_variant(view)]
+                records.append(view)
+            else:
+                functions.append(view)
     for origin, text in programs:
         _check_program_text(origin, text)
     archs = sorted(set(archs) or {v.arch for o in objects for v in o.objects}, reverse=True)
@@ -106,6 +111,7 @@ def render_module(
         archs=", ".join(a.name for a in archs),
         executables=executables,
         functions=functions,
+        records=records,
         programs=[{"origin": o, "text": t.strip("\n")} for o, t in programs],
     )
     return RenderedModule(
@@ -113,20 +119,28 @@ def render_module(
     )
 
 
-def _installed_syntax() -> str:
-    from .iree_compile import target_release
-
-    return target_release().syntax
-
-
 @dataclass(frozen=True)
 class _Spelling:
     """How the target IREE release spells ops' inherent attributes (IreeRelease.syntax):
     3.13 parses them only as properties (`<workgroup_size = [...]>`), 3.10 to 3.12 only from
     an attribute dictionary (`attributes {workgroup_size = [...]}`), where an untyped integer
-    is not an index."""
+    is not an index. And how a command buffer names a dispatch's entry point
+    (IreeRelease.entry_points)."""
 
     syntax: str
+    entry_points: str = "function"
+
+    @classmethod
+    def of(cls, release: IreeRelease) -> "_Spelling":
+        return cls(release.syntax, release.entry_points)
+
+    def entry_point(self, ssa: str, executable: str, target: str) -> str:
+        """The op giving `%ssa`, the entry point `target` of the loaded `%executable`."""
+        if self.entry_points == "function":
+            return f"%{ssa} = hal.executable.lookup.function target(%{executable} : !hal.executable) function({target}) : i64"
+        if self.entry_points == "ordinal":
+            return f"%{ssa} = hal.executable.export.ordinal target({target}) : index"
+        raise ValueError(f"unknown entry point spelling {self.entry_points!r}")
 
     def inherent(self, attrs: dict[str, str], index_attrs: dict[str, int] | None = None) -> str:
         """`attrs` are spelled out already; `index_attrs` are integers of type index."""
@@ -167,6 +181,11 @@ def _group_kernels(kernels: Sequence[Kernel]) -> dict[tuple[Path, str], list[Ker
 # ------------------------------------------------------------------------- executables
 
 
+GENERIC_FORMAT = "cuda-nvptx-fb"
+# The variant IREE makes of a hal.executable.source for the generic target: its format, in a symbol.
+GENERIC_VARIANT = GENERIC_FORMAT.replace("-", "_")
+
+
 def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObjects, spelling: _Spelling) -> dict:
     variants = [
         {
@@ -184,7 +203,7 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
     # whatever the GPU (README, "How the generated MLIR is chosen").
     template = "executable_source.mlir.j2" if len(variants) == 1 else "executable_variants.mlir.j2"
     # One object keyed by the generic CUDA target, which matches any CUDA device target.
-    generic_target = '#hal.executable.target<"cuda", "cuda-nvptx-fb">'
+    generic_target = f'#hal.executable.target<"cuda", "{GENERIC_FORMAT}">'
     first_object = f'#hal.executable.object<{{path = "{variants[0]["object_path"]}"}}>'
     objects_map = f"#hal.executable.objects<{{\n    {generic_target} = [{first_object}]\n}}>"
     return {
@@ -254,7 +273,7 @@ def _needs_empty(kernel: Kernel, buffer: Buffer) -> bool:
 # --------------------------------------------------------------------------- functions
 
 
-def _function_view(kernel: Kernel, exe: dict) -> dict:
+def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
     ssa = _SsaNames()
     args = kernel.function_arguments
     arg_ssa = {p.name: ssa.take(p.name) for p in args}
@@ -279,6 +298,7 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
                         "ssa": symbol_ssa[dim],
                         "tensor": arg_ssa[b.name],
                         "index_ssa": index_constants[axis],
+                        "axis": axis,
                         "tensor_type": b.type.mlir,
                     }
                 )
@@ -335,19 +355,23 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
     targets = [f"@{exe['name']}::@{kernel.entry}"]
     if exe["template"] == "executable_variants.mlir.j2":
         targets = [f"@{exe['name']}::@{v['name']}::@{kernel.entry}" for v in exe["variants"]]
+    outputs = [(i, ssa.take(f"{b.name}_storage"), b) for i, b in enumerate(result_buffers) if b.access == "out"]
+
+    def declare(p, tensor_type: str) -> str:
+        """`p`'s function argument(s); a tensor's of type `tensor_type`."""
+        if p.name in words:
+            return ", ".join(f"%{w}: i32" for w in words[p.name])
+        return f"%{arg_ssa[p.name]}: {tensor_type if isinstance(p, Buffer) else arg_types[p.name]}"
+
+    workload = ", ".join(f"%{symbol_ssa[w]}" for w in kernel.workload)
     return {
         "doc": f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})",
         "op": "func.func",
         "name": kernel.function,
-        "args": ", ".join(
-            ", ".join(f"%{w}: i32" for w in words[p.name]) if p.name in words else f"%{arg_ssa[p.name]}: {arg_types[p.name]}"
-            for p in args
-        ),
+        "args": ", ".join(declare(p, arg_types.get(p.name)) for p in args),
         "attributes": "",
         "return_op": "return",
-        "outputs": [
-            (i, f"%{ssa.take(f'{b.name}_storage')}: {b.type.mlir}") for i, b in enumerate(result_buffers) if b.access == "out"
-        ],
+        "outputs": [(i, f"%{name}: {b.type.mlir}") for i, name, b in outputs],
         "index_constants": [{"ssa": v, "value": k} for k, v in index_constants.items()],
         "dims": dims,
         "symbol_casts": symbol_casts,
@@ -355,13 +379,51 @@ def _function_view(kernel: Kernel, exe: dict) -> dict:
         "constant_ops": constants.ops,
         "empties": empties,
         "target": targets[0] if len(targets) == 1 else "{" + ", ".join(targets) + "}",
-        "workload": ", ".join(f"%{symbol_ssa[w]}" for w in kernel.workload),
+        "workload": workload,
         "operands": ", ".join([f"%{c}" for c in constants.values] + operands),
         "operand_types": ", ".join(["i32"] * len(constants.values) + operand_types),
         "dispatch_results": ", ".join(results),
         "result_count": len(result_buffers),
         "returns": ", ".join(f"%result#{i}" for i in range(len(result_buffers))),
         "result_types": ", ".join(b.type.mlir for b in result_buffers),
+        "record": _record_view(
+            kernel, exe, spelling, ssa, [declare(p, "!hal.buffer_view") for p in args], arg_ssa, {b.name: n for _, n, b in outputs}, constants.values, workload
+        ),
+    }
+
+
+RECORDING_SUFFIX = "$record"
+# The device IREE creates for --iree-hal-target-device (one device: the kit builds for one).
+TARGET_DEVICE = "@__device_0"
+
+
+def _record_view(
+    kernel: Kernel, exe: dict, spelling: _Spelling, ssa: "_SsaNames", args: list[str], arg_ssa: dict, storage_ssa: dict, constants: list, workload: str
+) -> dict:
+    """`NAME$record`: records NAME's dispatch on given buffer views into a reusable command
+    buffer and returns it, for calls repeated on the same arrays (runtime.PreparedCall submits
+    it again without running the VM). Its arguments are NAME$async's, tensors as buffer views,
+    without the fences. Bindings follow the C order, as the export's layout does, each over its
+    whole buffer; the workgroup count comes from the export's own count region."""
+    names = {k: ssa.take(k) for k in ("zero", "any_queue", "target_device", "workgroups", "executable", "entry", "commands")}
+    view_of = {b.name: arg_ssa[b.name] if b.is_argument else storage_ssa[b.name] for b in kernel.buffers}
+    bindings = [
+        {"view": view_of[b.name], "buffer": ssa.take(f"{b.name}_buffer"), "length": ssa.take(f"{b.name}_length")}
+        for b in kernel.buffers
+    ]
+    target = f"@{exe['name']}::@{exe['variants'][0]['name'] if len(exe['variants']) > 1 else GENERIC_VARIANT}::@{kernel.entry}"
+    return {
+        **names,
+        "name": kernel.function + RECORDING_SUFFIX,
+        "doc": f"{kernel.function}{RECORDING_SUFFIX}: {kernel.function}'s dispatch on these buffers, recorded once, submitted again by the runtime",
+        "args": ", ".join(a for a in (*args, *(f"%{storage_ssa[b.name]}: !hal.buffer_view" for b in kernel.buffers if b.name in storage_ssa)) if a),
+        "device": TARGET_DEVICE,
+        "bindings": bindings,
+        "target": target,
+        "executable_symbol": exe["name"],
+        "workload": f" workload([{workload}])" if workload else "",
+        "entry_op": spelling.entry_point(names["entry"], names["executable"], target),
+        "constants": f" constants([{', '.join(f'%{c}' for c in constants)}])" if constants else "",
     }
 
 

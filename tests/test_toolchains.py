@@ -278,9 +278,10 @@ def test_installed_iree_takes_its_own_syntax_and_rejects_the_other(root, tmp_pat
     (obj,) = generate(spec, BuildOptions.create("sm_80", format="ptx"), tmp_path).objects
     objects = [ExecutableObjects(spec.kernels[0].source, "ptx", (VariantObject(sm_80, "ptx", obj.name),))]
     programs = [(str(spec.source_path(p.source)), spec.source_path(p.source).read_text()) for p in spec.programs]
-    for syntax in ("properties", "attr-dict"):
+    for release in (IREE_RELEASES[(3, 13)], IREE_RELEASES[(3, 10)]):
+        syntax = release.syntax
         mlir = tmp_path / f"{syntax}.mlir"
-        mlir.write_text(render_module(spec, objects, programs=programs, syntax=syntax).text)
+        mlir.write_text(render_module(spec, objects, programs=programs, release=release).text)
         argv = compile_args(mlir, tmp_path / f"{syntax}.vmfb", sm_80, tmp_path)
         if syntax == installed_release().syntax:
             compile_vmfb(argv, mlir)
@@ -295,8 +296,8 @@ def test_workgroup_attributes_are_spelled_per_release(tmp_path):
 
     spec = load_manifest(REPO / "tests" / "data" / "dynamic_shared")
     objects = [ExecutableObjects(k.source, "ptx", (VariantObject(Arch.parse("sm_80"), "ptx", "k.ptx"),)) for k in spec.kernels[:1]]
-    new = render_module(spec, objects, syntax="properties").text
-    old = render_module(spec, objects, syntax="attr-dict").text
+    new = render_module(spec, objects, release=IREE_RELEASES[(3, 13)]).text
+    old = render_module(spec, objects, release=IREE_RELEASES[(3, 10)]).text
     assert re.search(r"\} <workgroup_size = \[\d+ : index, 1 : index, 1 : index\], workgroup_local_memory = \d+>", new)
     assert re.search(r"\} attributes \{workgroup_size = \[\d+ : index, 1 : index, 1 : index\], workgroup_local_memory = \d+ : index\}", old)
     assert "hal.executable.source private @" in old and " attributes {objects = #hal.executable.objects<{" in old
