@@ -7,18 +7,27 @@ waits for all of them. Host copies (`to_host`, `np.asarray`) and DLPack exports 
 call launched before them, so they see what a stream would.
 
 How the order is kept: call number c signals its point on a ring of timeline semaphores
-(semaphore (c - 1) % RING, value (c - 1) // RING + 1), launched under a lock. A ring rather
-than one semaphore: with one, launching 1000 calls without waiting cost 84 us each and a
-prepared call 23 us in one H100 run, 21 and 15 us with the ring in the next (the cause is not
-established: IREE-only loops showed no difference; the ring costs nothing).
+(semaphore (c - 1) % RING, value (c - 1) // RING + 1), launched under a lock. (A ring rather
+than one semaphore: one measured slower in an earlier H100 run, 84 against 21 us a launch; the
+cause was not established, and the ring costs nothing.)
 
-On CUDA a call waits on no fence: IREE 3.13's CUDA HAL issues calls that wait on nothing in
-submission order, from one worker thread onto one CUDA stream, and completes them in that
-order (runtime/src/iree/hal/utils/deferred_work_queue.c, drivers/cuda/cuda_device.c). Making
-each call wait on the one before says the same through IREE's fences, but there a wait not yet
-issued holds the call back in the host queue: measured on an H100, 29 us to launch a call that
-way against 6 us (benchmarks/calls.py). Other devices (IREE's CPU task system runs calls
-concurrently) wait on the call before.
+On CUDA a call waits on no fence: IREE's CUDA HAL issues calls in the order they reach its
+queue, from one worker thread onto one CUDA stream, and completes them in that order
+(runtime/src/iree/hal/utils/deferred_work_queue.c). Making each call wait on the one before
+says the same through IREE's fences, but a wait not yet issued holds the call back in the
+host queue: 94 to 107 us a call on an H100 against 4 to 7 us (benchmarks/calls.py).
+
+The ring's semaphores belong to a second, idle IREE device on the same GPU (`timeline`),
+because of a race in IREE 3.13's CUDA HAL: signaling one of the device's own semaphores makes
+its completion thread issue the device's queue too (drivers/cuda/event_semaphore.c), and a call
+that thread takes out of the queue while the calling thread queues the next ones can reach the
+stream after them. Measured on an H100: within 6000 back-to-back submissions the device failed
+with "timeline already at N, cannot signal N-8" (one semaphore of its own; with a ring of them
+the same reordering goes unnoticed), and never in 60000 with the idle device's semaphores,
+which also made a submission no slower (6.7 against 7.2 us a recorded call in a loop). No
+call may wait on those semaphores on the device: their signal does not wake the device's
+queue, so the wait would never be issued. Other devices (IREE's CPU task system runs calls
+concurrently) wait on the call before, on their own semaphores.
 """
 
 from __future__ import annotations
@@ -181,11 +190,13 @@ class Device:
         self.is_cuda = uri.split("://")[0] == "cuda"
         self.ordinal = _cuda_ordinal(uri)
         self.pool = OutputPool(self._allocate, pool_bytes)
-        self._ring = [self.hal.create_semaphore(0) for _ in range(RING)]
+        self._chained = not self.is_cuda  # see the module's docstring
+        # An uncached device of the same URI owns the semaphores on CUDA (the module's docstring).
+        self.timeline = rt.get_device(uri, cache=False) if self.is_cuda else self.hal
+        self._ring = [self.timeline.create_semaphore(0) for _ in range(RING)]
         self._last = 0  # calls launched: the number of the latest
         self.order = threading.Lock()  # held from taking a value to queueing the call
-        self._no_wait_ref = rt.HalFence(0).ref
-        self._chained = not self.is_cuda  # see the module's docstring
+        self._no_wait = rt.HalFence(0)
         self._legacy_stream = None
 
     # -- memory ----------------------------------------------------------------------
@@ -279,12 +290,23 @@ class Device:
         return self._ring[(call - 1) % RING], (call - 1) // RING + 1
 
     def next_fences(self):
-        """(wait ref, signal fence) for the next call; take them, queue the call, then
+        """(wait fence, signal fence) for the next call; take them, queue the call, then
         `launched()`, all under `order`."""
         fence = self._rt.HalFence.create_at
         done = fence(*self._point(self._last + 1))
-        wait = fence(*self._point(self._last)).ref if self._chained else self._no_wait_ref
+        wait = fence(*self._point(self._last)) if self._chained else self._no_wait
         return wait, done
+
+    def submit(self, commands) -> int:
+        """Queues a recorded command buffer as the next call; returns its number."""
+        with self.order:
+            wait, done = self.next_fences()
+            try:
+                self.hal.queue_execute(commands, wait, done)
+            except (RuntimeError, ValueError) as exc:
+                self.abandon(done)
+                raise KitError(f"IREE refused to queue the call: {str(exc).strip()}", fix="see the error above") from None
+            return self.launched()
 
     def launched(self) -> int:
         self._last += 1
