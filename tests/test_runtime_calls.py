@@ -275,3 +275,56 @@ def test_cli_run_in_process_and_benchmark(vmfb):
     assert "add: 20 calls" in text and "launched, one wait" in text and "synchronous" in text
     assert main(["run", str(vmfb), "--function", "add", "--input", "4xf32=1", "--device", DEVICE], io.StringIO(), err) == 1
     assert "takes 2 arguments" in err.getvalue()
+
+
+def test_recorded_calls_record_the_second_call_and_forget_dead_arrays():
+    """The bookkeeping of `launch(..., out=)` repeated on the same arrays (RecordedCalls):
+    nothing recorded for a first call, one recording for the second, reuse after that, and
+    the entry (which holds the arrays' memory) dropped when one of its arrays is collected."""
+    import gc
+
+    from kitdispatch.runtime import RecordedCalls
+
+    class Array:  # what matters here: a weak-referenceable array with its own ref
+        def __init__(self):
+            self._ref = object()
+
+    recordings = []
+    calls = RecordedCalls(lambda refs: recordings.append(list(refs)) or f"commands {len(recordings)}")
+    x, out = Array(), Array()
+    refs = [x._ref, ("push_float", 2.0), out._ref]
+    assert calls.commands_for(refs, [x, out]) is None and recordings == []
+    assert calls.commands_for(refs, [x, out]) == "commands 1"
+    assert calls.commands_for(refs, [x, out]) == "commands 1" and len(recordings) == 1 and len(calls) == 1
+    other = [x._ref, ("push_float", 3.0), out._ref]  # another scalar: another call
+    assert calls.commands_for(other, [x, out]) is None
+    del x, refs, other
+    gc.collect()
+    assert len(calls) == 0  # x is gone, and with it the recording that held its memory
+    for _ in range(RecordedCalls.LIMIT + 5):
+        a = Array()
+        calls.commands_for([a._ref, out._ref], [a, out])
+    assert len(calls._entries) <= RecordedCalls.LIMIT
+
+
+@needs_iree_compile
+def test_repeated_calls_queue_their_recorded_command_buffer(module):
+    """NAME$record on a real IREE device: a prepared call records on its first launch and
+    queues the command buffer after that; `launch(..., out=)` on the same arrays does from
+    its second call. The recorded call runs again each time, in order with other calls."""
+    dev = module.device
+    one = dev.put(np.ones(32, np.float32))
+    x = dev.put(arange(32))
+    copied = dev.empty((32,), np.float32)
+    step = module.copy.prepare(x, out=copied)
+    assert step.launch() is copied and step._commands is not None
+    module.add.launch(x, one, out=x)  # x += 1, after the copy before and before the next
+    step.launch()
+    np.testing.assert_array_equal(copied.to_host(), arange(32) + 1)
+    again = dev.empty((32,), np.float32)
+    for k in range(5):
+        assert module.copy.launch(x, out=again) is again
+        module.add.launch(x, one, out=x)
+    assert len(module.copy._recorded) == 1
+    np.testing.assert_array_equal(again.to_host(), arange(32) + 5)
+    np.testing.assert_array_equal(x.to_host(), arange(32) + 6)

@@ -124,3 +124,37 @@ def test_prepared_inout_call_updates_its_argument_in_place(module):
         expected = expected * x
     np.testing.assert_array_equal(result.to_host(), expected)
     np.testing.assert_array_equal(acc.to_host(), expected)  # the same memory
+
+
+@pytest.mark.parametrize("how", ["prepared", "launch"])
+def test_thousands_of_dependent_calls_run_in_launch_order(module, how):
+    """Each call reads what the call before wrote (p -> q -> p ...), 2 x 3000 calls queued
+    back to back: one call out of order would miss a factor. IREE 3.13's CUDA HAL reordered
+    such submissions when they signalled the device's own semaphores (device.py)."""
+    dev = module.device
+    x = np.full(1 << 10, 1.0001, np.float32)
+    dx = dev.put(x)
+    p, q = dev.put(np.ones(1 << 10, np.float32)), dev.empty((1 << 10,), np.float32)
+    mul = module.simple_mul
+    if how == "prepared":
+        steps = (mul.prepare(p, dx, out=q).launch, mul.prepare(q, dx, out=p).launch)
+    else:
+        steps = (lambda: mul.launch(p, dx, out=q), lambda: mul.launch(q, dx, out=p))
+    expected = np.ones(1 << 10, np.float32)
+    for _ in range(3000):
+        for step in steps:
+            step()
+            expected = expected * x
+    np.testing.assert_array_equal(p.to_host(), expected)
+
+
+def test_prepared_calls_after_the_first_submit_a_recorded_command_buffer(module):
+    dev = module.device
+    a, b = random(5000, 8), random(5000, 9)
+    da, db = dev.put(a), dev.put(b)
+    step = module.simple_mul.prepare(da, db)
+    first = step.launch()
+    assert step._commands is not None  # recorded by the first launch (NAME$record)
+    again = step.launch()
+    assert again is first  # the same result array every time
+    np.testing.assert_array_equal(again.to_host(), a * b)

@@ -68,3 +68,34 @@ util.func public @negate$async(%x: tensor<?xf32>) -> tensor<?xf32> attributes {i
   %r = arith.negf %x : tensor<?xf32>
   util.return %r : tensor<?xf32>
 }
+
+// `copy` has a NAME$record form, as kernel functions do (render.py): a command buffer recorded
+// once on the given buffer views that the runtime queues again. Here it records a copy, the
+// one transfer a CPU device runs without an executable.
+func.func @copy(%x: tensor<?xf32>) -> tensor<?xf32> {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?xf32>
+  %e = tensor.empty(%n) : tensor<?xf32>
+  %r = linalg.copy ins(%x : tensor<?xf32>) outs(%e : tensor<?xf32>) -> tensor<?xf32>
+  return %r : tensor<?xf32>
+}
+util.func public @copy$async(%x: tensor<?xf32>, %out: tensor<?xf32> {iree.abi.output = 0 : index}) -> tensor<?xf32> attributes {iree.abi.model = "coarse-fences"} {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?xf32>
+  %e = tensor.empty(%n) : tensor<?xf32>
+  %r = linalg.copy ins(%x : tensor<?xf32>) outs(%e : tensor<?xf32>) -> tensor<?xf32>
+  util.return %r : tensor<?xf32>
+}
+util.func public @copy$record(%x: !hal.buffer_view, %out: !hal.buffer_view) -> !hal.command_buffer {
+  %c0 = arith.constant 0 : index
+  %any_queue = arith.constant -1 : i64
+  %device = hal.device.resolve on(#hal.device.affinity<@__device_0>) : !hal.device
+  %source = hal.buffer_view.buffer<%x : !hal.buffer_view> : !hal.buffer
+  %target = hal.buffer_view.buffer<%out : !hal.buffer_view> : !hal.buffer
+  %length = hal.buffer.length<%source : !hal.buffer> : index
+  %commands = hal.command_buffer.create device(%device : !hal.device) mode("None") categories("Transfer|Dispatch") affinity(%any_queue) bindings(%c0) : !hal.command_buffer
+  hal.command_buffer.copy_buffer<%commands : !hal.command_buffer> source(%source : !hal.buffer)[%c0] target(%target : !hal.buffer)[%c0] length(%length) flags("None")
+  hal.command_buffer.execution_barrier<%commands : !hal.command_buffer> source("Dispatch|Transfer|CommandRetire") target("CommandIssue|Dispatch|Transfer") flags("None")
+  hal.command_buffer.finalize<%commands : !hal.command_buffer>
+  util.return %commands : !hal.command_buffer
+}
