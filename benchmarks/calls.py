@@ -10,37 +10,42 @@ The library's `add` (kernels/elementwise, out = x + y) on the GPU, inputs on the
   single synchronous calls) against the kernel's device time;
 - synchronous single calls at both sizes, the call IREE's Python API made before (FunctionInvoker,
   device arrays), and IREE's caching allocator for that call;
+- prepared calls and repeated launch(out=) (recorded command buffers), IREE alone below the kit
+  (its VM call, a recorded command buffer), and whether 60000 back-to-back submissions keep
+  their order (IREE alone) and 6000 dependent kit calls compute what they should;
 - every benchmarked result compared with numpy once.
 
-Where the time goes (H100, driver 580.159.04, iree-base-runtime 3.13.0; benchmarks/results/
-calls.json, and calls-chained.json for the design before; CUPTI for device times, wall clocks
-around loops for the rest; py-spy and nsys were not available on the GPU machine, IREE's CUDA
-HAL has no native profiling in 3.13, and the runtime wheel is built without Tracy):
+Where the time goes (H100, driver 580.159.04, iree-base-runtime 3.13.0; results/calls.json,
+results/calls-recorded-h100.txt, and results/calls-investigation-h100.txt with the scripts under
+benchmarks/investigations/: per-thread CPU time from /proc, CUPTI for device times; py-spy and
+nsys are not on the GPU machine and IREE's CUDA HAL has no native profiling in 3.13):
 
 - The kernel: 1.1 us at 1K, 264 us at 64M, the same through IREE as launched directly.
-- IREE's own call, with nothing of the kit (`add$async` invoked with argument lists packed
-  beforehand): 7.5 us on the calling thread (the VM function, recording a deferred command
-  buffer, queueing it), and 11.9 us a call in a loop, which is the floor of any call through
-  IREE 3.13 from Python on this host: a worker thread replays each command buffer onto the
-  CUDA stream and a completion thread waits for its event and signals the fence
-  (runtime/src/iree/hal/utils/deferred_work_queue.c). A direct cuLaunchKernel costs 4.8 us.
-- Waits between calls: making each call wait on the one before through IREE's fences cost
-  36-39 us a launch (calls-chained.json: 40 us a call, the first design): the CUDA HAL holds
-  a call whose wait is not yet issued back in its host queue. Calls now wait on nothing and
-  keep their order through the HAL's one stream (kitdispatch/device.py), 7.5 us.
+- A call through IREE is three threads: the caller (the VM function records a deferred command
+  buffer and queues it, 7.3 us), IREE's worker (replays it onto the CUDA stream, 10-12 us of CPU
+  a call) and its completion thread (waits for the event, signals the fence, 7-8 us); a loop of
+  calls runs at the slowest of them (runtime/src/iree/hal/utils/deferred_work_queue.c).
+- A recorded call (NAME$record, queued again by PreparedCall and by repeated launch(out=)) skips
+  the VM: 1.1 us on the caller, 6.7 us a call in a loop, bound by IREE's worker.
+- The fence a call signals: signalling the device's own semaphores makes IREE's completion
+  thread issue the queue too, and calls then reach the stream out of order (the device failed
+  within 6000 submissions, submission_order section); the kit's semaphores belong to an idle
+  second device (device.py), which also took a little off every call (7.2 -> 6.7 us recorded,
+  8.1 -> 7.8 us through the VM).
+- Chaining calls by fences (each waits on the one before) costs 94-107 us a call: a wait not yet
+  issued holds the call in IREE's host queue until something wakes it.
+- IREE's graph command buffers (--cuda_use_streams=false) make a recorded call 4.3-5.5 us, but
+  every VM call 45-65 us (a CUDA graph instantiated per call), for every module in the process:
+  not used.
 - Output allocation: IREE's synchronous `add` allocates its result with cuMemAllocFromPoolAsync
   from a pool whose release threshold is 0, and frees it with a synchronizing cuMemFree when
-  Python drops it (drivers/cuda/memory_pools.c): 178 us a call at 1K, 1124 us at 64M
-  (iree-benchmark-module: 138 and 1246 us). IREE's caching allocator does not see those
-  allocations unless stream-ordered allocations are off (`--cuda_async_allocations=false`:
-  then 50 and 347 us). The kit's calls write into pooled or given buffers: 4 allocations in
-  this whole script's 1500 pooled results.
-- Python: packing a call's argument list and fences costs 4.6 us here; the kit's argument
-  checks and output handling add about 6 us to a `launch` with `out=` (20.8 us a call, all
-  of it on the calling thread: issuing 1000 launches takes 20.9 us each), pooled outputs
-  about 5 us more (26.2 us). A prepared call (checks done once) costs 14.8 us.
-- A synchronous call adds IREE's thread hand-offs to the launch: 43.5 us at 1K (IREE's own
-  invoke-and-wait: 46.6 us), 310 us at 64M (1.17x the kernel).
+  Python drops it (drivers/cuda/memory_pools.c): 178 us a call at 1K, 1124 us at 64M. The kit's
+  calls write into pooled or given buffers.
+- Python: packing a call's argument list and fences costs 4.6 us; the kit's checks and output
+  handling make a launch 22.6 us (out=) and 26.3 us (pool) through the VM; a prepared call
+  7.9 us a call in a loop (3.9 us on the caller).
+- A synchronous call adds IREE's thread hand-offs to the launch: 47 us at 1K, 327 us at 64M
+  (1.24x the kernel).
 
 Build here (a machine with iree-compile), run on the GPU machine:
 
@@ -260,84 +265,141 @@ def kit_calls(module, host: dict) -> None:
 
 @section
 def breakdown(module, host: dict) -> None:
-    """Where a launch's time goes: Python, IREE's invoke, chaining, IREE's worker thread."""
+    """Where a call's time goes, IREE alone: its VM call (NAME$async, argument lists packed
+    beforehand) and a recorded command buffer (NAME$record) queued again, signalling semaphores
+    of the device itself or of the kit's idle timeline device (device.py); chained waits."""
     import iree.runtime as rt
 
     dev = module.device
     x, y = host[SMALL]
     dx, dy = dev.put(x), dev.put(y)
     out = dev.empty((SMALL,), np.float32)
-    fn = module._vm_module.lookup_function("add$async")
-    invoke = module._context.vm_context.invoke
-    sem = dev.hal.create_semaphore(0)
+    lookup, invoke = module._vm_module.lookup_function, module._context.vm_context.invoke
+    fn = lookup("add$async")
+    no_wait = rt.HalFence(0)
+    record_args = rt.VmVariantList(3)
+    for a in (dx, dy, out):
+        record_args.push_ref(a._buffer_view.ref)
+    recorded = rt.VmVariantList(1)
+    invoke(lookup("add$record"), record_args, recorded)
+    commands = recorded.get_as_object(0, rt.HalCommandBuffer)
 
-    def packed(wait_value, signal_value):
+    def packed(wait, signal):
         args = rt.VmVariantList(5)
         for a in (dx, dy, out):
             args.push_ref(a._buffer_view.ref)
-        args.push_ref((rt.HalFence.create_at(sem, wait_value) if wait_value is not None else rt.HalFence(0)).ref)
-        args.push_ref(rt.HalFence.create_at(sem, signal_value).ref)
+        args.push_ref(wait.ref)
+        args.push_ref(signal.ref)
         return args
 
-    # IREE's invoke alone (lists packed beforehand), chained like the kit's calls.
-    base = sem.query()
-    lists = [packed(base + i, base + i + 1) for i in range(LOOP)]
+    for owner, tag in ((dev.hal, "own"), (dev.timeline, "timeline")):
+        # A ring of semaphores as the kit uses, so a reordering does not fail the device here.
+        ring = [owner.create_semaphore(0) for _ in range(64)]
+        points = [(ring[i % 64], i // 64 + 1) for i in range(LOOP)]
+        lists = [packed(no_wait, rt.HalFence.create_at(*p)) for p in points]
+        t = time.perf_counter()
+        for a in lists:
+            invoke(fn, a, rt.VmVariantList(1))
+        issue = time.perf_counter() - t
+        rt.HalFence.create_at(*points[-1]).wait()  # the last call: calls complete in order
+        total = time.perf_counter() - t
+        record(f"iree_invoke_only_{tag}_issue_us", issue / LOOP * 1e6)
+        record(f"iree_invoke_only_{tag}_per_call_us", total / LOOP * 1e6)
+        ring = [owner.create_semaphore(0) for _ in range(64)]
+        fences = [rt.HalFence.create_at(ring[i % 64], i // 64 + 1) for i in range(LOOP)]
+        t = time.perf_counter()
+        for f in fences:
+            dev.hal.queue_execute(commands, no_wait, f)
+        issue = time.perf_counter() - t
+        fences[-1].wait()
+        total = time.perf_counter() - t
+        record(f"iree_recorded_{tag}_issue_us", issue / LOOP * 1e6)
+        record(f"iree_recorded_{tag}_per_call_us", total / LOOP * 1e6)
+    # Chained: every call waits on the one before (the order said through IREE's fences). On
+    # the device's own semaphores: a wait on the timeline device's would never wake the queue.
+    sem = dev.hal.create_semaphore(0)
+    lists = [packed(rt.HalFence.create_at(sem, i), rt.HalFence.create_at(sem, i + 1)) for i in range(LOOP)]
     t = time.perf_counter()
     for a in lists:
         invoke(fn, a, rt.VmVariantList(1))
     issue = time.perf_counter() - t
-    rt.HalFence.create_at(sem, base + LOOP).wait()
-    total = time.perf_counter() - t
-    record("iree_invoke_only_issue_us", issue / LOOP * 1e6)
-    record("iree_invoke_only_chained_per_call_us", total / LOOP * 1e6)
-    # Not chained: every call waits on nothing (a signal per call on its own semaphore).
-    sems = [dev.hal.create_semaphore(0) for _ in range(LOOP)]
-    lists = []
-    for s in sems:
-        a = rt.VmVariantList(5)
-        for arr in (dx, dy, out):
-            a.push_ref(arr._buffer_view.ref)
-        a.push_ref(rt.HalFence(0).ref)
-        a.push_ref(rt.HalFence.create_at(s, 1).ref)
-        lists.append(a)
-    t = time.perf_counter()
-    for a in lists:
-        invoke(fn, a, rt.VmVariantList(1))
-    issue = time.perf_counter() - t
-    rt.HalFence.create_at(sems[-1], 1).wait()
-    for s in sems:
-        rt.HalFence.create_at(s, 1).wait()
-    total = time.perf_counter() - t
-    record("iree_invoke_only_unchained_issue_us", issue / LOOP * 1e6)
-    record("iree_invoke_only_unchained_per_call_us", total / LOOP * 1e6)
-    # Not chained, all calls signalling one semaphore (values 1, 2, ...): IREE's CUDA
-    # semaphores scan their pending timepoints, so this slows as calls pile up.
-    one = dev.hal.create_semaphore(0)
-    lists = []
-    for i in range(LOOP):
-        a = rt.VmVariantList(5)
-        for arr in (dx, dy, out):
-            a.push_ref(arr._buffer_view.ref)
-        a.push_ref(rt.HalFence(0).ref)
-        a.push_ref(rt.HalFence.create_at(one, i + 1).ref)
-        lists.append(a)
-    t = time.perf_counter()
-    for a in lists:
-        invoke(fn, a, rt.VmVariantList(1))
-    issue = time.perf_counter() - t
-    rt.HalFence.create_at(one, LOOP).wait()
-    total = time.perf_counter() - t
-    record("iree_invoke_only_one_semaphore_issue_us", issue / LOOP * 1e6)
-    record("iree_invoke_only_one_semaphore_per_call_us", total / LOOP * 1e6)
+    rt.HalFence.create_at(sem, LOOP).wait()
+    record("iree_invoke_only_chained_issue_us", issue / LOOP * 1e6)
+    record("iree_invoke_only_chained_per_call_us", (time.perf_counter() - t) / LOOP * 1e6)
     # Packing a call's argument list in Python (fences included), without invoking.
-    record("python_pack_only_us", per_call_us(lambda: packed(0, 1), LOOP, lambda: None))
+    record("python_pack_only_us", per_call_us(lambda: packed(no_wait, rt.HalFence.create_at(sem, 1)), LOOP, lambda: None))
     # Synchronous: one invoke and its wait.
     def one():
         v = sem.query()
-        invoke(fn, packed(v, v + 1), rt.VmVariantList(1))
+        invoke(fn, packed(no_wait, rt.HalFence.create_at(sem, v + 1)), rt.VmVariantList(1))
         rt.HalFence.create_at(sem, v + 1).wait()
     record("iree_invoke_and_wait_us", median_us(one, SYNC_CALLS))
     checked("breakdown out", out.to_host(), x + y)
+
+
+ORDER_CHILD = """
+import sys, numpy as np, iree.runtime as rt
+vmfb, owner_kind, loops, calls = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+config = rt.Config("cuda")
+dev = config.device
+ctx = rt.SystemContext(config=config)
+vm = rt.VmModule.mmap(config.vm_instance, vmfb); ctx.add_vm_module(vm)
+owner = dev if owner_kind == "own" else rt.get_device("cuda", cache=False)
+def put(a):
+    return dev.allocator.allocate_buffer_copy(memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
+                                              device=dev, buffer=a, element_type=rt.HalElementType.FLOAT_32)
+n = 1 << 10
+args = rt.VmVariantList(3)
+for a in (np.ones(n, np.float32), np.ones(n, np.float32), np.zeros(n, np.float32)):
+    args.push_ref(put(a).ref)
+res = rt.VmVariantList(1)
+ctx.vm_context.invoke(vm.lookup_function("add$record"), args, res)
+commands = res.get_as_object(0, rt.HalCommandBuffer)
+no_wait = rt.HalFence(0)
+for loop in range(loops):
+    sem = owner.create_semaphore(0)
+    try:
+        for v in range(1, calls + 1):
+            dev.queue_execute(commands, no_wait, rt.HalFence.create_at(sem, v))
+        rt.HalFence.create_at(sem, calls).wait()
+    except (RuntimeError, ValueError) as exc:  # the device's queue fails for good
+        print(loop * calls + v, str(exc).strip().splitlines()[-1][-100:])
+        sys.exit(0)
+print(loops * calls, "in order")
+"""
+
+
+@section
+def submission_order(vmfb: Path) -> None:
+    """Back-to-back submissions that wait on nothing, each signalling the next value of one
+    semaphore: IREE fails the device at the first one signalled out of order. Semaphores of
+    the device itself against the kit's idle timeline device (device.py), each in a process of
+    its own (a failed queue stays failed)."""
+    for owner in ("own", "timeline"):
+        res = subprocess.run([sys.executable, "-c", ORDER_CHILD, str(vmfb), owner, "20", "3000"], capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            raise RuntimeError(res.stderr[-2000:])
+        count, _, outcome = res.stdout.strip().partition(" ")
+        record(f"order_{owner}_semaphores_submissions", int(count))
+        RESULTS[f"order_{owner}_semaphores_outcome"] = outcome
+
+
+@section
+def dependent_calls_keep_order(module, host: dict) -> None:
+    """Calls that read what the call before wrote, 2 x 3000 of them, through prepared calls
+    (recorded command buffers) and through launch (NAME$async): exact against numpy."""
+    dev, add = module.device, module.add
+    one = dev.put(np.ones(SMALL, np.float32))
+    for tag in ("prepared", "launch"):
+        p, q = dev.put(np.zeros(SMALL, np.float32)), dev.empty((SMALL,), np.float32)
+        if tag == "prepared":
+            steps = (add.prepare(p, one, out=q).launch, add.prepare(q, one, out=p).launch)
+        else:
+            steps = (lambda: add.launch(p, one, out=q), lambda: add.launch(q, one, out=p))
+        for _ in range(3000):
+            for step in steps:
+                step()
+        checked(f"6000 dependent calls, {tag}", p.to_host(), np.full(SMALL, 6000.0, np.float32))
 
 
 @section
@@ -491,6 +553,8 @@ def main() -> None:
     module = kitdispatch.load_module(vmfb)
     kit_calls(module, host)
     breakdown(module, host)
+    dependent_calls_keep_order(module, host)
+    submission_order(vmfb)
     old_paths(module, host)
     direct_launch(next(build_dir.glob("*.fatbin")).read_bytes(), host)
     torch_add(host)
@@ -517,6 +581,9 @@ def summary_table() -> str:
         ("kit launch, pool outputs, loop of 1000, per call (us)", f("kit_1k_launch_pooled_per_call_us"), f("kit_1k_kernel_us")),
         ("kit launch, out=, loop of 1000, per call (us)", f("kit_1k_launch_out_per_call_us"), f("kit_1k_kernel_us")),
         ("kit prepared call, loop of 1000, per call (us)", f("kit_1k_prepared_per_call_us"), f("kit_1k_kernel_us")),
+        ("IREE alone: add$async VM call, loop, per call (us)", f("iree_invoke_only_timeline_per_call_us"), f("kit_1k_kernel_us")),
+        ("IREE alone: recorded command buffer, loop, per call (us)", f("iree_recorded_timeline_per_call_us"), f("kit_1k_kernel_us")),
+        ("IREE alone: VM call, each waiting on the one before (us)", f("iree_invoke_only_chained_per_call_us"), f("kit_1k_kernel_us")),
         ("direct cuLaunchKernel (cuda-python), loop, per call (us)", f("direct_1k_per_call_us"), f("direct_1k_kernel_us")),
         ("torch eager add (out=), loop, per call (us)", f("torch_1k_per_call_us"), f("torch_1k_kernel_us")),
         ("iree-benchmark-module add, per call (us)", f("iree_benchmark_module_1k_real_us"), f("kit_1k_kernel_us")),
@@ -538,6 +605,11 @@ def summary_table() -> str:
         f"launch, out= {f('kit_1k_overhead_out_us')}; prepared {f('kit_1k_overhead_prepared_us')}"
     )
     lines.append(f"64M whole call / device time, kit launch (pool): {r('kit_64m_whole_call_over_kernel', float('nan')):.3f} (target <= 1.10); synchronous: {r('kit_64m_sync_over_kernel', float('nan')):.3f}")
+    lines.append(
+        "back-to-back submissions in order (IREE fails the device at the first out of order): own semaphores "
+        f"{r('order_own_semaphores_submissions')} ({r('order_own_semaphores_outcome')}); timeline device's "
+        f"{r('order_timeline_semaphores_submissions')} ({r('order_timeline_semaphores_outcome')})"
+    )
     lines.append("checks against numpy: " + ", ".join(f"{k}: {v}" for k, v in CHECKS.items()))
     return "\n".join(lines)
 
