@@ -3,8 +3,11 @@ and the versions of installed toolchain packages."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -16,6 +19,30 @@ def data_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"kitdispatch data folder {name!r} is missing from the installation")
+
+
+@dataclass(frozen=True)
+class KitHeaders:
+    """The C library headers the kit gives NVRTC (kitdispatch/include), and their digest for
+    the cache key: an edit to any of them is a new key."""
+
+    folder: Path
+    prelude: Path
+    digest: str
+    names: tuple[str, ...]
+
+
+@functools.cache
+def kit_headers() -> KitHeaders:
+    folder = _PACKAGE / "include"
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".md")
+    digest = hashlib.sha256()
+    for path in files:
+        name = path.relative_to(folder).as_posix()
+        data = path.read_bytes()
+        digest.update(f"{len(name)}:{name}{len(data)}:".encode() + data)
+    names = tuple(p.relative_to(folder).as_posix() for p in files)
+    return KitHeaders(folder, folder / "kitdispatch_nvrtc_prelude.h", digest.hexdigest()[:16], names)
 
 
 def installed_version(distribution: str, package: str) -> str | None:

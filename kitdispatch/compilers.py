@@ -19,7 +19,7 @@ from typing import Literal, Protocol
 from ._files import read_regular_file
 from ._parallel import CpuSlots
 from ._proc import run_tool
-from ._resources import installed_version
+from ._resources import installed_version, kit_headers
 from ._workers import POOL, map_in_threads
 from .archs import Arch, check_supported, ptx_fallback_archs
 from .errors import CompileError, KitError, ToolError
@@ -232,19 +232,26 @@ class NvrtcCompiler:
         if install is None:
             return IncludeSearch((*options.include_dirs, str(source.parent)))
         versions = tuple((d, installed_version(d, "nvidia") or "none") for d in install.layout.header_distributions)
+        headers = kit_headers()
         return IncludeSearch(
             (*options.include_dirs, str(source.parent)),
-            tuple(str(d) for d in install.include_dirs),
-            versions or (("toolkit", install.version),),
+            (*(str(d) for d in install.include_dirs), str(headers.folder)),
+            (*(versions or (("toolkit", install.version),)), ("kitdispatch-headers", headers.digest)),
         )
 
     def _flags(self, source: Path, options: CompileOptions) -> list[str]:
         # NVRTC resolves quoted includes against the working folder, nvcc against the
         # source's folder; make NVRTC behave like nvcc. The CUDA headers (cuda_fp16.h,
-        # mma.h, ...) come from the wheels of NVRTC's CUDA major, as nvcc has its own.
+        # mma.h, ...) and CCCL come from the wheels of NVRTC's CUDA major, as nvcc has its
+        # own; the kit's C library headers come last, and its prelude gives what nvcc's
+        # implicit includes make visible (kitdispatch/include/README.md).
         install = find_nvrtc()
         headers = install.include_dirs if install is not None else ()
-        return [*options.flags(), f"-I{source.parent}", *(f"-I{h}" for h in headers)]
+        kit = kit_headers()
+        return [
+            *options.flags(), f"-I{source.parent}", *(f"-I{h}" for h in headers),
+            f"-I{kit.folder}", f"--pre-include={kit.prelude}",
+        ]
 
     def _run(self, source: Path, opts: list[str], options: CompileOptions, *, cubin: bool) -> dict:
         """One NVRTC compile in a worker: the reply, or a CompileError with NVRTC's log."""
@@ -291,7 +298,10 @@ def fatbin_note(cubins: list[ObjectCode], ptx: list[ObjectCode]) -> str:
 def rerun_command(source: Path, nvrtc_options: list[str]) -> list[str]:
     """An nvcc command that compiles like the NVRTC call (NVRTC has no command of its own)."""
     arch = [o.split("=", 1)[1] for o in nvrtc_options if o.startswith("--gpu-architecture=")]
-    rest = [o for o in nvrtc_options if not o.startswith("--gpu-architecture=")]
+    # nvcc has the host's C headers: the kit's NVRTC stand-ins would shadow them.
+    kit = kit_headers()
+    own = {f"-I{kit.folder}", f"--pre-include={kit.prelude}"}
+    rest = [o for o in nvrtc_options if not o.startswith("--gpu-architecture=") and o not in own]
     mode = ["--ptx", f"-arch={arch[0]}"] if arch and arch[0].startswith("compute_") else ["--cubin", f"-arch={arch[0]}"] if arch else ["--ptx"]
     return ["nvcc", *mode, *rest, "-o", "/dev/null", str(source)]
 

@@ -36,10 +36,19 @@ def _nvrtc_install() -> dict:
         "include_dirs": [str(d) for d in install.include_dirs],
         "missing_headers": list(install.missing_headers),
         "headers_hint": install.headers_hint,
+        "cccl": str(install.cccl_dir) if install.cccl_dir else None,
+        "kit_headers": _kit_headers(),
         "nvfatbin": install.nvfatbin_version or (str(install.nvfatbin) if install.nvfatbin else None),
         "nvfatbin_hint": install.nvfatbin_hint,
         "not_used": [other.origin for other in find_all_nvrtc()[1:]],
     }
+
+
+def _kit_headers() -> dict:
+    from ._resources import kit_headers
+
+    headers = kit_headers()
+    return {"folder": str(headers.folder), "prelude": headers.prelude.name, "files": list(headers.names), "digest": headers.digest}
 
 
 def _iree_release() -> dict:
@@ -135,6 +144,8 @@ def _warnings(report: dict) -> list[str]:
     if nvrtc.get("missing_headers"):
         out.append(f"NVRTC has no {', '.join(nvrtc['missing_headers'])} (kernels that include CUDA headers "
                    f"fail to compile): {nvrtc['headers_hint']}")
+    if "origin" in nvrtc and not nvrtc.get("cccl"):
+        out.append(f"NVRTC has no CCCL (cooperative_groups, cub and cuda::std fail to compile): {nvrtc['headers_hint']}")
     if "origin" in nvrtc and not nvrtc.get("nvfatbin"):
         out.append(f"no nvFatbin beside NVRTC, so --format fatbin (the default) fails: {nvrtc['nvfatbin_hint']}")
     if nvrtc.get("not_used"):
@@ -159,6 +170,8 @@ def format_report(report: dict) -> str:
         if "origin" in info:
             lines.append(f"  from           {info['origin']} ({info['library']})")
             lines.append(f"  headers        {', '.join(info['include_dirs']) or 'none'}")
+            kit = info["kit_headers"]
+            lines.append(f"  C headers      {kit['folder']} ({', '.join(kit['files'])}; pre-included {kit['prelude']})")
             lines.append(f"  nvfatbin       {info['nvfatbin'] or 'not installed'}")
     syntax = f" (MLIR for IREE {report['iree_release']})" if report.get("iree_release") else ""
     lines.append(f"iree compiler    {report['iree_compiler'] or 'not installed'}{syntax}")

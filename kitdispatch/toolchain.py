@@ -60,18 +60,19 @@ def _series(major: int) -> str:
 # Relative to a site-packages `nvidia` folder, in cuda-python's search order.
 _WHEEL_LAYOUTS = (
     _Layout(
-        13, "pip", "cu13/lib/libnvrtc.so.13", ("cu13/include",), "cu13/lib/libnvfatbin.so.13",
-        "nvidia-cuda-nvrtc", "nvidia-nvfatbin", ("nvidia-cuda-runtime", "nvidia-cuda-crt"),
+        13, "pip", "cu13/lib/libnvrtc.so.13", ("cu13/include", "cu13/include/cccl"), "cu13/lib/libnvfatbin.so.13",
+        "nvidia-cuda-nvrtc", "nvidia-nvfatbin", ("nvidia-cuda-runtime", "nvidia-cuda-crt", "nvidia-cuda-cccl"),
     ),
     _Layout(
-        12, "pip", "cuda_nvrtc/lib/libnvrtc.so.12", ("cuda_runtime/include", "cuda_nvcc/include"),
+        12, "pip", "cuda_nvrtc/lib/libnvrtc.so.12", ("cuda_runtime/include", "cuda_nvcc/include", "cuda_cccl/include"),
         "nvfatbin/lib/libnvfatbin.so.12",
-        "nvidia-cuda-nvrtc-cu12", "nvidia-nvfatbin-cu12", ("nvidia-cuda-runtime-cu12", "nvidia-cuda-nvcc-cu12"),
+        "nvidia-cuda-nvrtc-cu12", "nvidia-nvfatbin-cu12",
+        ("nvidia-cuda-runtime-cu12", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-cccl-cu12"),
     ),
 )
-# Relative to a CUDA toolkit's root.
+# Relative to a CUDA toolkit's root (CUDA 13 keeps CCCL in include/cccl, CUDA 12 in include).
 _TOOLKIT_LAYOUTS = tuple(
-    _Layout(major, "toolkit", f"{lib}/libnvrtc.so.{major}", ("include",), f"{lib}/libnvfatbin.so.{major}")
+    _Layout(major, "toolkit", f"{lib}/libnvrtc.so.{major}", ("include", "include/cccl"), f"{lib}/libnvfatbin.so.{major}")
     for major in (13, 12)
     for lib in ("lib64", "targets/x86_64-linux/lib")
 )
@@ -96,6 +97,11 @@ class NvrtcInstall:
     nvfatbin: Path | None
     nvfatbin_version: str | None
     layout: _Layout
+
+    @property
+    def cccl_dir(self) -> Path | None:
+        """The include folder with CCCL (cuda/std, cub, nv/target), which cooperative_groups needs."""
+        return next((d for d in self.include_dirs if (d / "cuda/std/type_traits").is_file()), None)
 
     @property
     def headers_hint(self) -> str:

@@ -1,0 +1,1 @@
+/* kitdispatch (NVRTC): NVRTC defines assert() itself, calling its device __assertfail. */
