@@ -1,0 +1,83 @@
+"""Builds, on a machine with iree-compile, every module the GPU tests run, for a GPU machine
+that has only IREE's runtime (README: "Running the GPU tests on a machine without iree-compile").
+
+    python tools/prebuild.py OUT            # then, on the GPU machine:
+    KITDISPATCH_PREBUILT=OUT python -m pytest -q -m gpu
+    python -m kitdispatch test OUT/*        # every module against its numpy reference
+
+Each project goes to OUT/<its folder's name> (what tests/conftest.py's prebuilt_or_build looks
+for): the samples, the kernel library, the test modules under tests/data, and the model samples
+that tests/test_models.py compares (OUT/<sample>_model, with their baselines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import kitdispatch as kd  # noqa: E402
+
+# The tensor-core kernels ship sm_90a code beside their sm_80 path (tests/test_kernel_library.py).
+HOPPER = {"matmul", "attention"}
+# Test modules that are not CUDA builds (tests/data/cpu_calls runs on IREE's CPU device).
+NOT_CUDA = {"cpu_calls"}
+# (sample, project) pairs tests/test_models.py compares on the GPU.
+MODELS = {
+    "onnx_softmax": ROOT / "samples" / "onnx_softmax",
+    "onnx_matmul": ROOT / "kernels" / "matmul",
+    "onnx_bias_gelu": ROOT / "kernels" / "elementwise",
+}
+
+
+def projects() -> list[Path]:
+    found = []
+    for parent in (ROOT / "samples", ROOT / "kernels", ROOT / "tests" / "data"):
+        found += sorted(p for p in parent.iterdir() if (p / "kitdispatch.toml").is_file() and p.name not in NOT_CUDA)
+    return found
+
+
+def build_projects(out: Path, failures: list[str]) -> None:
+    for project in projects():
+        archs = "sm_90a,sm_80" if project.name in HOPPER else "sm_80,sm_90"
+        try:
+            kd.build(project, kd.BuildOptions.create(archs), out / project.name)
+            print(f"built {project.relative_to(ROOT)} ({archs})", flush=True)
+        except kd.KitError as exc:
+            failures.append(f"{project.relative_to(ROOT)}: {str(exc).splitlines()[0]}")
+
+
+def build_models(out: Path, failures: list[str]) -> None:
+    for sample, project in MODELS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            model = Path(tmp) / "model.onnx"
+            maker = ROOT / "samples" / sample / "make_model.py"
+            subprocess.run([sys.executable, str(maker), str(model)], check=True, timeout=300)
+            try:
+                kd.build_model(project, model, kd.BuildOptions.create("sm_90"), out / f"{sample}_model", with_baseline=True)
+                print(f"built the {sample} model with {project.relative_to(ROOT)}", flush=True)
+            except kd.KitError as exc:
+                failures.append(f"{sample} model: {str(exc).splitlines()[0]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="folder to build into (one subfolder a project)")
+    parser.add_argument("--no-models", action="store_true", help="skip the model samples")
+    args = parser.parse_args(argv)
+    failures: list[str] = []
+    build_projects(args.out, failures)
+    if not args.no_models:
+        build_models(args.out, failures)
+    for failure in failures:
+        print(f"FAILED {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
