@@ -18,7 +18,7 @@
 namespace cg = cooperative_groups;
 
 // Per row of 256 columns (one block of 256 threads a row): the row's maximum through a
-// cooperative-groups warp reduction and shared memory, its sum through cub, and the
+// cooperative-groups warp reduction and shared memory, the sum of floor(8x) through cub, and the
 // constants C headers give.
 extern "C" __global__ void __launch_bounds__(256) row_stats(const float* x, float* row_max, float* row_sum,
                                                               float* consts, int rows) {
@@ -32,7 +32,8 @@ extern "C" __global__ void __launch_bounds__(256) row_stats(const float* x, floa
   if (warp.thread_rank() == 0) warp_max[warp.meta_group_rank()] = m;
   typedef cub::BlockReduce<float, 256> Reduce;
   __shared__ typename Reduce::TempStorage temp;
-  float s = Reduce(temp).Sum(v);
+  // Whole numbers, so that cub's order of additions and numpy's give the same sum.
+  float s = Reduce(temp).Sum(floorf(v * 8.0f));
   block.sync();
   if (threadIdx.x == 0) {
     float best = -INFINITY;
