@@ -1,7 +1,7 @@
 """Rendering IREE MLIR from kernel descriptions and compiled objects.
 
 All decisions (layouts, ordinals, variant order, operand order, which outputs need a
-tied `tensor.empty`) are made here in Python; the jinja2 templates in `mlir_templates/`
+tied `flow.tensor.alloca`) are made here in Python; the jinja2 templates in `mlir_templates/`
 only substitute the names and types computed below.
 """
 
@@ -233,7 +233,7 @@ def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
         # One per push constant: 64-bit scalars take two (abi.AbiType.words).
         "constants": sum(s.words for s in kernel.scalars),
         # IREE binds tensor operands in operand order, then untied results; the function
-        # keeps every buffer's C slot (see `_needs_empty`), so bindings follow the C order.
+        # keeps every buffer's C slot (see `_needs_storage_operand`), so bindings follow the C order.
         "bindings": ["" if not b.read_only else ", ReadOnly" for b in kernel.buffers],
         "workload": list(workload),
         "count": count,
@@ -262,8 +262,12 @@ def _describe_params(kernel: Kernel) -> str:
 
 
 
-def _needs_empty(kernel: Kernel, buffer: Buffer) -> bool:
-    """An 'out' buffer before some input must be a (tied) operand to keep its binding slot."""
+def _needs_storage_operand(kernel: Kernel, buffer: Buffer) -> bool:
+    """An 'out' buffer before some input must be a (tied) operand to keep its binding slot.
+    That operand is a `flow.tensor.alloca` of its own: IREE's flow stage folds identical
+    `tensor.empty`s into one value, so two same-shape results would share one buffer
+    (llm.c's layernorm got rstd in both mean and rstd). An alloca has an allocation effect,
+    so IREE 3.10 to 3.13 keep each one and give each its own range of the result buffer."""
     if buffer.access != "out":
         return False
     later = kernel.buffers[kernel.buffers.index(buffer) + 1 :]
@@ -335,19 +339,22 @@ def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
         dyn = [f"%{symbol_ssa[d]}" for d in t.shape if isinstance(d, str)]
         return f"{t.mlir}{{{', '.join(dyn)}}}" if dyn else t.mlir
 
+    def tied(name: str, t: TensorType) -> str:
+        """A result tied to operand `%name`; its dims in braces where it has dynamic ones."""
+        dyn = [f"%{symbol_ssa[d]}" for d in t.shape if isinstance(d, str)]
+        return f"%{name}{{{', '.join(dyn)}}}" if dyn else f"%{name}"
+
     # Tensor operands and results, keeping every buffer's binding slot.
-    empties, operands, operand_types, results = [], [], [], []
+    allocas, operands, operand_types, results = [], [], [], []
     for b in kernel.buffers:
-        if b.is_argument or _needs_empty(kernel, b):
-            name = arg_ssa[b.name] if b.is_argument else ssa.take(f"{b.name}_empty")
+        if b.is_argument or _needs_storage_operand(kernel, b):
+            name = arg_ssa[b.name] if b.is_argument else ssa.take(f"{b.name}_alloca")
             if not b.is_argument:
-                dyn = [f"%{symbol_ssa[d]}" for d in b.type.shape if isinstance(d, str)]
-                empties.append({"ssa": name, "dims": ", ".join(dyn), "type": b.type.mlir})
+                allocas.append({"ssa": name, "type": shaped(b.type)})
             operands.append(f"%{name}")
             operand_types.append(shaped(b.type))
             if b.is_result:
-                dyn = [f"%{symbol_ssa[d]}" for d in b.type.shape if isinstance(d, str)]
-                results.append(f"%{name}{{{', '.join(dyn)}}}")
+                results.append(tied(name, b.type))
         else:
             results.append(shaped(b.type))
 
@@ -377,7 +384,7 @@ def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
         "symbol_casts": symbol_casts,
         "applies": applies,
         "constant_ops": constants.ops,
-        "empties": empties,
+        "allocas": allocas,
         "target": targets[0] if len(targets) == 1 else "{" + ", ".join(targets) + "}",
         "workload": workload,
         "operands": ", ".join([f"%{c}" for c in constants.values] + operands),
