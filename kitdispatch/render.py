@@ -21,7 +21,7 @@ from .archs import Arch
 from .errors import ManifestError
 from .iree_compile import IreeRelease, target_release
 from . import abi
-from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType
+from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType, distinct_names
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,11 @@ def render_module(
     spelling = _Spelling.of(release or target_release())
     by_key = {(o.source, o.format): o for o in objects}
     groups = _group_kernels(spec.kernels)
-    sources_with_formats = [source for source, _ in groups]
+    names = _executable_names(spec, groups)
     executables, functions, records = [], [], []
     for (source, fmt), kernels in groups.items():
-        name = executable_name(spec.source_stem(source), fmt if sources_with_formats.count(source) > 1 else None)
-        exe = _executable_view(name, kernels, by_key[(source, fmt)], spelling)
+        _check_distinct_entries(source, kernels)
+        exe = _executable_view(names[(source, fmt)], kernels, by_key[(source, fmt)], spelling)
         executables.append(exe)
         for kernel in kernels:
             view = _function_view(kernel, exe, spelling)
@@ -107,16 +107,67 @@ def render_module(
     archs = sorted(set(archs) or {v.arch for o in objects for v in o.objects}, reverse=True)
     text = _environment(template_cache).get_template("module.mlir.j2").render(
         version=__version__,
-        origin=spec.name,
+        origin=mlir_comment(spec.name),
         archs=", ".join(a.name for a in archs),
         executables=executables,
         functions=functions,
         records=records,
-        programs=[{"origin": o, "text": t.strip("\n")} for o, t in programs],
+        programs=[{"origin": mlir_comment(o), "text": t.strip("\n")} for o, t in programs],
     )
     return RenderedModule(
         text, tuple(e["name"] for e in executables), tuple(f["name"] for f in functions if f["op"] == "func.func")
     )
+
+
+def _executable_names(spec: ModuleSpec, groups: dict[tuple[Path, str], list[Kernel]]) -> dict[tuple[Path, str], str]:
+    """Each executable's symbol: from its source's unique stem (and its format, where a source
+    has several), made distinct where sanitising makes two alike (`my-k.cu`, `my_k.cu`) or
+    one alike a function's name (every top-level symbol shares the module's table)."""
+    sources = [source for source, _ in groups]
+    wanted = {(s, f): executable_name(spec.source_stem(s), f if sources.count(s) > 1 else None) for s, f in groups}
+    functions = {sig.name for sig in spec.signatures}
+    functions |= {f"{k.function}{suffix}" for k in spec.kernels for suffix in (ASYNC_SUFFIX, RECORDING_SUFFIX)}
+    salts = {(s, f): f"{s}\0{f}" for s, f in groups}
+    return distinct_names(wanted, salts, join="_", taken=functions, what="executable names")
+
+
+def _check_distinct_entries(source: Path, kernels: list[Kernel]) -> None:
+    """One executable exports each entry once; IREE names the export after the object's entry."""
+    first: dict[str, Kernel] = {}
+    for k in kernels:
+        if k.entry in first:
+            raise ManifestError(
+                f"kernels {first[k.entry].name!r} and {k.name!r} of {source} are both the entry {k.entry!r}",
+                where=str(source),
+                fix="describe the kernel once; for a second launch of one entry, give it a wrapper kernel of its own",
+            )
+        first[k.entry] = k
+
+
+# ------------------------------------------------------------------- MLIR text from names
+
+_BARE_ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*\Z")
+
+
+def mlir_string(text: str) -> str:
+    """`text` as an MLIR string literal, quotes included, that IREE reads back as exactly
+    `text`: MLIR decodes a backslash and two hex digits (`\\2F` is `/`), so backslashes and
+    quotes are escaped, and so is every byte outside printable ASCII (as its UTF-8 bytes;
+    a file name's undecodable bytes as the bytes they stand for)."""
+    out = []
+    for byte in text.encode("utf-8", "surrogateescape"):
+        out.append(f"\\{byte:02X}" if byte in b'"\\' or not 0x20 <= byte < 0x7F else chr(byte))
+    return '"' + "".join(out) + '"'
+
+
+def mlir_symbol(name: str) -> str:
+    """`@name`, quoted where `name` is not a bare MLIR identifier."""
+    return f"@{name}" if _BARE_ID_RE.match(name) else f"@{mlir_string(name)}"
+
+
+def mlir_comment(text: str) -> str:
+    """`text` for a `//` comment: a line break in a name must not end it (and start MLIR)."""
+    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 @dataclass(frozen=True)
@@ -193,7 +244,7 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
             "arch": v.arch.name,
             "min_capability": v.capability_range[0],
             "max_capability": v.capability_range[1],
-            "object_path": v.path,
+            "object_path": mlir_string(v.path),
         }
         for v in objects.objects
     ]
@@ -204,7 +255,7 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
     template = "executable_source.mlir.j2" if len(variants) == 1 else "executable_variants.mlir.j2"
     # One object keyed by the generic CUDA target, which matches any CUDA device target.
     generic_target = f'#hal.executable.target<"cuda", "{GENERIC_FORMAT}">'
-    first_object = f'#hal.executable.object<{{path = "{variants[0]["object_path"]}"}}>'
+    first_object = f'#hal.executable.object<{{path = {variants[0]["object_path"]}}}>'
     objects_map = f"#hal.executable.objects<{{\n    {generic_target} = [{first_object}]\n}}>"
     return {
         "name": name,
@@ -227,8 +278,8 @@ def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
         for axis, e in zip("xyz", kernel.workgroup_count)
     ]
     return {
-        "doc": f"{kernel.name}: {_describe_params(kernel)}",
-        "name": kernel.entry,
+        "doc": mlir_comment(f"{kernel.name}: {_describe_params(kernel)}"),
+        "symbol": mlir_symbol(kernel.entry),
         "ordinal": ordinal,
         # One per push constant: 64-bit scalars take two (abi.AbiType.words).
         "constants": sum(s.words for s in kernel.scalars),
@@ -359,9 +410,9 @@ def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
             results.append(shaped(b.type))
 
     result_buffers = [b for b in kernel.buffers if b.is_result]
-    targets = [f"@{exe['name']}::@{kernel.entry}"]
+    targets = [f"{mlir_symbol(exe['name'])}::{mlir_symbol(kernel.entry)}"]
     if exe["template"] == "executable_variants.mlir.j2":
-        targets = [f"@{exe['name']}::@{v['name']}::@{kernel.entry}" for v in exe["variants"]]
+        targets = [f"{mlir_symbol(exe['name'])}::{mlir_symbol(v['name'])}::{mlir_symbol(kernel.entry)}" for v in exe["variants"]]
     outputs = [(i, ssa.take(f"{b.name}_storage"), b) for i, b in enumerate(result_buffers) if b.access == "out"]
 
     def declare(p, tensor_type: str) -> str:
@@ -372,7 +423,7 @@ def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
 
     workload = ", ".join(f"%{symbol_ssa[w]}" for w in kernel.workload)
     return {
-        "doc": f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})",
+        "doc": mlir_comment(f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})"),
         "op": "func.func",
         "name": kernel.function,
         "args": ", ".join(declare(p, arg_types.get(p.name)) for p in args),
@@ -418,7 +469,8 @@ def _record_view(
         {"view": view_of[b.name], "buffer": ssa.take(f"{b.name}_buffer"), "length": ssa.take(f"{b.name}_length")}
         for b in kernel.buffers
     ]
-    target = f"@{exe['name']}::@{exe['variants'][0]['name'] if len(exe['variants']) > 1 else GENERIC_VARIANT}::@{kernel.entry}"
+    variant = exe["variants"][0]["name"] if len(exe["variants"]) > 1 else GENERIC_VARIANT
+    target = f"{mlir_symbol(exe['name'])}::{mlir_symbol(variant)}::{mlir_symbol(kernel.entry)}"
     return {
         **names,
         "name": kernel.function + RECORDING_SUFFIX,
