@@ -89,7 +89,8 @@ def render_module(
     spelling = _Spelling.of(release or target_release())
     by_key = {(o.source, o.format): o for o in objects}
     groups = _group_kernels(spec.kernels)
-    names = _executable_names(spec, groups)
+    defined = _program_symbols(spec, programs)
+    names = _executable_names(spec, groups, set(defined))
     executables, functions, records = [], [], []
     for (source, fmt), kernels in groups.items():
         _check_distinct_entries(source, kernels)
@@ -102,8 +103,6 @@ def render_module(
                 records.append(view)
             else:
                 functions.append(view)
-    for origin, text in programs:
-        _check_program_text(origin, text)
     archs = sorted(set(archs) or {v.arch for o in objects for v in o.objects}, reverse=True)
     text = _environment(template_cache).get_template("module.mlir.j2").render(
         version=__version__,
@@ -119,16 +118,48 @@ def render_module(
     )
 
 
-def _executable_names(spec: ModuleSpec, groups: dict[tuple[Path, str], list[Kernel]]) -> dict[tuple[Path, str], str]:
+def _executable_names(spec: ModuleSpec, groups: dict[tuple[Path, str], list[Kernel]], defined: set[str]) -> dict[tuple[Path, str], str]:
     """Each executable's symbol: from its source's unique stem (and its format, where a source
     has several), made distinct where sanitising makes two alike (`my-k.cu`, `my_k.cu`) or
-    one alike a function's name (every top-level symbol shares the module's table)."""
+    one alike a function's or a program's symbol (all share the module's symbol table)."""
     sources = [source for source, _ in groups]
     wanted = {(s, f): executable_name(spec.source_stem(s), f if sources.count(s) > 1 else None) for s, f in groups}
-    functions = {sig.name for sig in spec.signatures}
-    functions |= {f"{k.function}{suffix}" for k in spec.kernels for suffix in (ASYNC_SUFFIX, RECORDING_SUFFIX)}
+    taken = defined | {sig.name for sig in spec.signatures} | set(_generated_functions(spec))
     salts = {(s, f): f"{s}\0{f}" for s, f in groups}
-    return distinct_names(wanted, salts, join="_", taken=functions, what="executable names")
+    return distinct_names(wanted, salts, join="_", taken=taken, what="executable names")
+
+
+def _generated_functions(spec: ModuleSpec) -> dict[str, Kernel]:
+    """Every function the kit generates, by name: NAME, NAME$async and NAME$record."""
+    return {f"{k.function}{suffix}": k for k in spec.kernels for suffix in ("", ASYNC_SUFFIX, RECORDING_SUFFIX)}
+
+
+# A top-level symbol a program defines: `func.func @f(`, `util.global private @g`, ...
+_DEFINITION_RE = re.compile(
+    r"^\s*(?:func\.func|util\.func|util\.global|ml_program\.global|memref\.global|hal\.executable(?:\.source)?|flow\.executable|stream\.executable)"
+    r"\s+(?:(?:public|private|nested)\s+)*@([A-Za-z_][\w$.]*)",
+    re.M,
+)
+
+
+def _program_symbols(spec: ModuleSpec, programs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The symbols the programs define, by name, with the program's origin; a function the
+    kit generates too is refused here rather than by iree-compile as a redefinition."""
+    generated = _generated_functions(spec)
+    defined: dict[str, str] = {}
+    for origin, text in programs:
+        _check_program_text(origin, text)
+        for m in _DEFINITION_RE.finditer(text):
+            name = m.group(1)
+            if name in generated:
+                line = text.count("\n", 0, m.start(1)) + 1
+                raise ManifestError(
+                    f"the program defines @{name}, which kitdispatch generates for kernel {generated[name].name!r}",
+                    where=f"{origin}:{line}",
+                    fix="rename the program's symbol, or give the kernel another `function` name",
+                )
+            defined.setdefault(name, origin)
+    return defined
 
 
 def _check_distinct_entries(source: Path, kernels: list[Kernel]) -> None:

@@ -189,3 +189,56 @@ def test_render_refuses_a_duplicate_entry_without_building():
     objects = [ExecutableObjects(Path("k.cu"), "ptx", (VariantObject(Arch.parse("sm_80"), "ptx", "k.sm_80.ptx"),))]
     with pytest.raises(KitError, match="kernels 'a' and 'b' of k.cu are both the entry 'k'"):
         render_module(spec, objects)
+
+
+PROGRAM = """func.func @twice(%x: tensor<64xf32>) -> tensor<64xf32> {
+  %y = call @k(%x) : (tensor<64xf32>) -> tensor<64xf32>
+  %z = call @HELPER(%y) : (tensor<64xf32>) -> tensor<64xf32>
+  return %z : tensor<64xf32>
+}
+func.func private @HELPER(%x: tensor<64xf32>) -> tensor<64xf32> {
+  return %x : tensor<64xf32>
+}
+"""
+
+
+def _program_project(root: Path, helper: str) -> Path:
+    project(root, [("k.cu", "k", "k")])
+    (root / "prog.mlir").write_text(PROGRAM.replace("HELPER", helper))
+    with (root / "kitdispatch.toml").open("a") as f:
+        f.write('[[programs]]\nsource = "prog.mlir"\nfunctions = [{ name = "twice", args = ["f32[64]"], results = ["f32[64]"] }]\n')
+    return root
+
+
+@needs_iree_compile
+def test_an_executable_named_like_a_programs_symbol_is_renamed(tmp_path):
+    root = _program_project(tmp_path / "src", "k_executable")
+    result = build(root, BuildOptions.create("sm_80"), tmp_path / "out")
+    text = result.mlir.read_text()
+    assert "func.func private @k_executable(" in text and "hal.executable.source private @k_executable_" in text
+    assert_every_object_embedded(result)
+
+
+@pytest.mark.parametrize("helper", ["k", "k$async", "k$record"])
+def test_a_program_defining_a_generated_function_is_refused(tmp_path, helper):
+    root = _program_project(tmp_path / "src", helper)
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["gen", str(root), "-o", str(tmp_path / "out")], out, err) == 2
+    message = err.getvalue()
+    assert f"prog.mlir:6: the program defines @{helper}, which kitdispatch generates for kernel 'k'" in message, message
+    assert "Traceback" not in message and not (tmp_path / "out").exists()
+
+
+def test_two_objects_of_one_file_name_are_an_error_not_a_loss():
+    from kitdispatch.archs import Arch
+    from kitdispatch.build import _Built, _Job, _object_files
+    from kitdispatch.compilers import ObjectCode
+
+    arch = Arch.parse("sm_80")
+    built = [
+        _Built(_Job(Path(f"/p/{d}/k.cu"), "ptx", (arch,), "k"), ObjectCode.from_ptx(f".target sm_80 // {d}".encode(), arch, Path(f"/p/{d}/k.cu"), "nvrtc"))
+        for d in ("a", "b")
+    ]
+    with pytest.raises(KitError, match="/p/a/k.cu and /p/b/k.cu would both be written as k.sm_80.ptx"):
+        _object_files(built)
+    assert list(_object_files(built[:1])) == ["k.sm_80.ptx"]
