@@ -118,6 +118,48 @@ def test_every_result_has_its_own_buffer_in_any_parameter_order(tmp_path, order,
             assert [access == "ro" for access, _, _ in bindings] == [ACCESS[p] == "in" for p in c_order]
 
 
+SOFTMAX_OUT_FIRST = """extern "C" __global__ void softmax_out_first(float* out, const float* x, int rows, int cols) {
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float m = -1e30f, s = 0.0f;
+  for (int c = 0; c < cols; ++c) m = fmaxf(m, x[r * cols + c]);
+  for (int c = 0; c < cols; ++c) s += __expf(x[r * cols + c] - m);
+  for (int c = 0; c < cols; ++c) out[r * cols + c] = __expf(x[r * cols + c] - m) / s;
+}
+"""
+SOFTMAX_MODEL = """func.func @forward(%x: tensor<64x100xf32>) -> tensor<64x100xf32> {
+  %e = tensor.empty() : tensor<64x100xf32>
+  %sm = linalg.softmax dimension(1) ins(%x : tensor<64x100xf32>) outs(%e : tensor<64x100xf32>) -> tensor<64x100xf32>
+  return %sm : tensor<64x100xf32>
+}
+"""
+
+
+@needs_iree_compile
+def test_a_model_takes_a_kernel_whose_result_precedes_its_input(tmp_path):
+    # The spec's wrapper is the kernel function's body: its result is an alloca of its own there too.
+    from kitdispatch.models import build_model
+
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "sm.cu").write_text(SOFTMAX_OUT_FIRST)
+    (root / "kitdispatch.toml").write_text(
+        'name = "smf"\n[[kernels]]\nname = "softmax_out_first"\nsource = "sm.cu"\nworkgroup_size = [64]\n'
+        'workgroup_count = ["ceildiv(rows, 64)"]\nshapes = { out = "f32[rows,cols]", x = "f32[rows,cols]" }\n'
+        'replaces = ["linalg.softmax"]\n'
+    )
+    model = tmp_path / "model.mlir"
+    model.write_text(SOFTMAX_MODEL)
+    result = build_model(root, model, kd.BuildOptions.create("sm_80"), tmp_path / "out")
+    spec = (tmp_path / "out" / "model.spec.mlir").read_text()
+    assert "flow.tensor.alloca" in spec and "tensor.empty" not in spec
+    assert result.vmfb.exists()
+    import json
+
+    [replaced] = json.loads(result.report.read_text())["replaced"]
+    assert replaced["kernel"] == "softmax_out_first"
+
+
 # ------------------------------------------------------------------------------ on a GPU
 
 
