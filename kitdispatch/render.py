@@ -89,8 +89,7 @@ def render_module(
     spelling = _Spelling.of(release or target_release())
     by_key = {(o.source, o.format): o for o in objects}
     groups = _group_kernels(spec.kernels)
-    defined = _program_symbols(spec, programs)
-    names = _executable_names(spec, groups, set(defined))
+    names = _executable_names(spec, groups, _program_symbols(spec, programs))
     executables, functions, records = [], [], []
     for (source, fmt), kernels in groups.items():
         _check_distinct_entries(source, kernels)
@@ -142,11 +141,11 @@ _DEFINITION_RE = re.compile(
 )
 
 
-def _program_symbols(spec: ModuleSpec, programs: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """The symbols the programs define, by name, with the program's origin; a function the
-    kit generates too is refused here rather than by iree-compile as a redefinition."""
+def _program_symbols(spec: ModuleSpec, programs: Sequence[tuple[str, str]]) -> set[str]:
+    """The symbols the programs define; a function the kit generates too is refused here
+    rather than by iree-compile as a redefinition."""
     generated = _generated_functions(spec)
-    defined: dict[str, str] = {}
+    defined: set[str] = set()
     for origin, text in programs:
         _check_program_text(origin, text)
         for m in _DEFINITION_RE.finditer(text):
@@ -158,7 +157,7 @@ def _program_symbols(spec: ModuleSpec, programs: Sequence[tuple[str, str]]) -> d
                     where=f"{origin}:{line}",
                     fix="rename the program's symbol, or give the kernel another `function` name",
                 )
-            defined.setdefault(name, origin)
+            defined.add(name)
     return defined
 
 
