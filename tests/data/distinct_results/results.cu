@@ -1,21 +1,22 @@
 // Kernels whose `out` pointers come before their inputs, with results of one shape: each
 // result must land in a buffer of its own (issue 21: mean and rstd came back as one).
 
-// llm.c's layernorm_forward_kernel3 signature, one thread per row.
+// llm.c's layernorm_forward_kernel3 signature, one thread per row, in double so that the
+// f32 results are the numpy reference's to the last bit or so.
 extern "C" __global__ void layernorm_forward_kernel3(float* out, float* mean, float* rstd, const float* inp,
                                                      const float* weight, const float* bias, int N, int C) {
   int row = blockIdx.x * blockDim.x + threadIdx.x;
   if (row >= N) return;
   const float* x = inp + row * C;
-  float m = 0.0f;
+  double m = 0.0;
   for (int c = 0; c < C; ++c) m += x[c];
   m /= C;
-  float v = 0.0f;
+  double v = 0.0;
   for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-  float s = rsqrtf(v / C + 1e-5f);
-  for (int c = 0; c < C; ++c) out[row * C + c] = (x[c] - m) * s * weight[c] + bias[c];
-  mean[row] = m;
-  rstd[row] = s;
+  double s = 1.0 / sqrt(v / C + 1e-5);
+  for (int c = 0; c < C; ++c) out[row * C + c] = (float)((x[c] - m) * s * weight[c] + bias[c]);
+  mean[row] = (float)m;
+  rstd[row] = (float)s;
 }
 
 // Static shapes, three same-shape results before the input.
