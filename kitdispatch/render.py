@@ -299,11 +299,14 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
 def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
     workload = kernel.workload
     symbol_index = {s: i for i, s in enumerate(workload)}
+    # The region's values: `%device`, then the workload (a size may be named `device` or `count_x`).
+    ssa = _SsaNames()
+    workload_ssa = [ssa.take(s) for s in workload]
     count = [
         {
-            "ssa": f"count_{axis}",
+            "ssa": ssa.take(f"count_{axis}"),
             "map": _affine_map(e, symbol_index),
-            "operands": ", ".join(f"%{s}" for s in workload) if e.symbols else "",
+            "operands": ", ".join(f"%{s}" for s in workload_ssa) if e.symbols else "",
         }
         for axis, e in zip("xyz", kernel.workgroup_count)
     ]
@@ -316,7 +319,7 @@ def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
         # IREE binds tensor operands in operand order, then untied results; the function
         # keeps every buffer's C slot (see `_needs_storage_operand`), so bindings follow the C order.
         "bindings": ["" if not b.read_only else ", ReadOnly" for b in kernel.buffers],
-        "workload": list(workload),
+        "workload": workload_ssa,
         "count": count,
         # Dynamic shared memory travels as the export's workgroup_local_memory attribute.
         "attributes": spelling.inherent(

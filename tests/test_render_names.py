@@ -242,3 +242,22 @@ def test_two_objects_of_one_file_name_are_an_error_not_a_loss():
     with pytest.raises(KitError, match="/p/a/k.cu and /p/b/k.cu would both be written as k.sm_80.ptx"):
         _object_files(built)
     assert list(_object_files(built[:1])) == ["k.sm_80.ptx"]
+
+
+@needs_iree_compile
+def test_sizes_and_scalars_named_like_the_kits_own_values(tmp_path):
+    # `%device` is the count region's argument; `count_x`, `result`, `zero`, `commands`,
+    # `c0`, `dim_device` name values the generated functions make themselves.
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "k.cu").write_text(
+        'extern "C" __global__ void k(const float* x, float* o, int device, int count_x, int result, int zero, int commands, int c0, int dim_device) '
+        "{ if (threadIdx.x == 0) o[0] = x[0] + zero + commands + c0; }\n"
+    )
+    (root / "kitdispatch.toml").write_text(
+        'name = "own"\n[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [64]\n'
+        'workgroup_count = ["ceildiv(device, 64) + count_x", "result + zero", "commands + c0 + dim_device"]\n'
+        'shapes = { x = "f32[device,count_x]", o = "f32[result]" }\n'
+    )
+    result = build(root, BuildOptions.create("sm_80"), tmp_path / "out")
+    assert "count(%device: !hal.device, %count_x: index, %device_2: index, %result_2: index" in result.mlir.read_text()
