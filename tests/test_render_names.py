@@ -71,10 +71,11 @@ def test_mlir_reads_back_the_kits_strings(text):
 
 
 @needs_iree_compile
-@pytest.mark.parametrize("odd", ["odd\\5Fk.cu", 'q"uote.cu', "back\\slash.cu", "line\nbreak.cu", "caf\u00e9.cu"])
+@pytest.mark.parametrize("odd", ["odd\\5Fk.cu", "odd\\2Fk.cu", 'q"uote.cu', "back\\slash.cu", "line\nbreak.cu", "caf\u00e9.cu"])
 @pytest.mark.parametrize("fmt", ["fatbin", "ptx"])
 def test_odd_source_names_embed_their_own_object(tmp_path, odd, fmt):
-    # `odd\5Fk.cu` beside `odd_k.cu`: read as an escape, the path named the other object.
+    # `odd\5Fk.cu` beside `odd_k.cu`: read as an escape, the path named the other object;
+    # `odd\2Fk.cu` named `odd/k...`, a file in another folder.
     root = project(tmp_path / "src", [(odd, "k_odd", "odd"), ("odd_k.cu", "k_plain", "plain")])
     result = build(root, BuildOptions.create("sm_80", format=fmt), tmp_path / "out")
     assert {o.name for o in result.objects} == {f"{Path(odd).stem}.sm_80.{fmt}", f"odd_k.sm_80.{fmt}"}
