@@ -286,7 +286,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     preflight_notes = _preflight(built, shared.driver)
 
     templates = shared.cache.template_dir if shared.cache is not None else None
-    objects = {b.file_name: b.obj.data for b in built}
+    objects = _object_files(built)
     rendered = render_module(
         spec, _executable_objects(spec, built), programs=programs, archs=options.archs, template_cache=templates
     )
@@ -536,6 +536,19 @@ _LOCATION_RE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:warning|erro
 def _first_location(log: str) -> str | None:
     m = _LOCATION_RE.search(log)
     return f"{m.group('file')}:{m.group('line')}" if m else None
+
+
+def _object_files(built: list[_Built]) -> dict[str, bytes]:
+    """Each object's bytes by its file name; two objects of one name would lose one unseen."""
+    files: dict[str, _Built] = {}
+    for b in built:
+        other = files.setdefault(b.file_name, b)
+        if other is not b:
+            raise KitError(
+                f"{other.job.source} and {b.job.source} would both be written as {b.file_name}",
+                fix="rename one of the two sources",
+            )
+    return {name: b.obj.data for name, b in files.items()}
 
 
 def _executable_objects(spec: ModuleSpec, built: list[_Built]) -> list[ExecutableObjects]:

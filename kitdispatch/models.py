@@ -41,7 +41,7 @@ from .build import BuildOptions, generate
 from .errors import IreeCompileError, KitError
 from .iree_compile import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_iree_compile, iree_compiler_version
 from .manifest import load_manifest
-from .render import render_template
+from .render import mlir_comment, mlir_string, render_template
 from .replace import MARK_ATTRIBUTE, Decision, OpFacts, decide, read_ops, replacing_kernels, wrapper_name
 from .spec import REPLACEABLE_OPS, Kernel, ModuleSpec, TestSpec
 
@@ -462,9 +462,9 @@ def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequ
                     adapters[first.function] = _adapter(first)
                 blocks.append(
                     {
-                        "doc": f"{kind} -> {kernel.name} ({len(ops)} op{'s' if len(ops) > 1 else ''})",
+                        "doc": mlir_comment(f"{kind} -> {kernel.name} ({len(ops)} op{'s' if len(ops) > 1 else ''})"),
                         "op": kind,
-                        "mark": mark,
+                        "mark": mlir_string(mark),
                         "function": first.function,
                         "imports": list(symbols.executables) + ([wrapper_name(kernel)] if first.batch_dims is not None else []),
                         "operands": ", ".join(str(i) for i in first.operands),
@@ -473,7 +473,7 @@ def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequ
                 )
     return render_template(
         "replace_spec.mlir.j2",
-        version=__version__, project=project, model=model, mark=MARK_ATTRIBUTE, symbols=symbols.text, blocks=blocks,
+        version=__version__, project=mlir_comment(project), model=mlir_comment(model), mark=MARK_ATTRIBUTE, symbols=symbols.text, blocks=blocks,
         adapters=list(adapters.values()),
     )
 

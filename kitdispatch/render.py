@@ -1,7 +1,7 @@
 """Rendering IREE MLIR from kernel descriptions and compiled objects.
 
 All decisions (layouts, ordinals, variant order, operand order, which outputs need a
-tied `tensor.empty`) are made here in Python; the jinja2 templates in `mlir_templates/`
+tied `flow.tensor.alloca`) are made here in Python; the jinja2 templates in `mlir_templates/`
 only substitute the names and types computed below.
 """
 
@@ -21,7 +21,7 @@ from .archs import Arch
 from .errors import ManifestError
 from .iree_compile import IreeRelease, target_release
 from . import abi
-from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType
+from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType, distinct_names
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,11 @@ def render_module(
     spelling = _Spelling.of(release or target_release())
     by_key = {(o.source, o.format): o for o in objects}
     groups = _group_kernels(spec.kernels)
-    sources_with_formats = [source for source, _ in groups]
+    names = _executable_names(spec, groups, _program_symbols(spec, programs))
     executables, functions, records = [], [], []
     for (source, fmt), kernels in groups.items():
-        name = executable_name(spec.source_stem(source), fmt if sources_with_formats.count(source) > 1 else None)
-        exe = _executable_view(name, kernels, by_key[(source, fmt)], spelling)
+        _check_distinct_entries(source, kernels)
+        exe = _executable_view(names[(source, fmt)], kernels, by_key[(source, fmt)], spelling)
         executables.append(exe)
         for kernel in kernels:
             view = _function_view(kernel, exe, spelling)
@@ -102,21 +102,102 @@ def render_module(
                 records.append(view)
             else:
                 functions.append(view)
-    for origin, text in programs:
-        _check_program_text(origin, text)
     archs = sorted(set(archs) or {v.arch for o in objects for v in o.objects}, reverse=True)
     text = _environment(template_cache).get_template("module.mlir.j2").render(
         version=__version__,
-        origin=spec.name,
+        origin=mlir_comment(spec.name),
         archs=", ".join(a.name for a in archs),
         executables=executables,
         functions=functions,
         records=records,
-        programs=[{"origin": o, "text": t.strip("\n")} for o, t in programs],
+        programs=[{"origin": mlir_comment(o), "text": t.strip("\n")} for o, t in programs],
     )
     return RenderedModule(
         text, tuple(e["name"] for e in executables), tuple(f["name"] for f in functions if f["op"] == "func.func")
     )
+
+
+def _executable_names(spec: ModuleSpec, groups: dict[tuple[Path, str], list[Kernel]], defined: set[str]) -> dict[tuple[Path, str], str]:
+    """Each executable's symbol: from its source's unique stem (and its format, where a source
+    has several), made distinct where sanitising makes two alike (`my-k.cu`, `my_k.cu`) or
+    one alike a function's or a program's symbol (all share the module's symbol table)."""
+    sources = [source for source, _ in groups]
+    wanted = {(s, f): executable_name(spec.source_stem(s), f if sources.count(s) > 1 else None) for s, f in groups}
+    taken = defined | {sig.name for sig in spec.signatures} | set(_generated_functions(spec))
+    salts = {(s, f): f"{s}\0{f}" for s, f in groups}
+    return distinct_names(wanted, salts, join="_", taken=taken, what="executable names")
+
+
+def _generated_functions(spec: ModuleSpec) -> dict[str, Kernel]:
+    """Every function the kit generates, by name: NAME, NAME$async and NAME$record."""
+    return {f"{k.function}{suffix}": k for k in spec.kernels for suffix in ("", ASYNC_SUFFIX, RECORDING_SUFFIX)}
+
+
+# A top-level symbol a program defines: `func.func @f(`, `util.global private @g`, ...
+_DEFINITION_RE = re.compile(
+    r"^\s*(?:func\.func|util\.func|util\.global|ml_program\.global|memref\.global|hal\.executable(?:\.source)?|flow\.executable|stream\.executable)"
+    r"\s+(?:(?:public|private|nested)\s+)*@([A-Za-z_][\w$.]*)",
+    re.M,
+)
+
+
+def _program_symbols(spec: ModuleSpec, programs: Sequence[tuple[str, str]]) -> set[str]:
+    """The symbols the programs define; a function the kit generates too is refused here
+    rather than by iree-compile as a redefinition."""
+    generated = _generated_functions(spec)
+    defined: set[str] = set()
+    for origin, text in programs:
+        _check_program_text(origin, text)
+        for m in _DEFINITION_RE.finditer(text):
+            name = m.group(1)
+            if name in generated:
+                line = text.count("\n", 0, m.start(1)) + 1
+                raise ManifestError(
+                    f"the program defines @{name}, which kitdispatch generates for kernel {generated[name].name!r}",
+                    where=f"{origin}:{line}",
+                    fix="rename the program's symbol, or give the kernel another `function` name",
+                )
+            defined.add(name)
+    return defined
+
+
+def _check_distinct_entries(source: Path, kernels: list[Kernel]) -> None:
+    """One executable exports each entry once; IREE names the export after the object's entry."""
+    first: dict[str, Kernel] = {}
+    for k in kernels:
+        if k.entry in first:
+            raise ManifestError(
+                f"kernels {first[k.entry].name!r} and {k.name!r} of {source} are both the entry {k.entry!r}",
+                where=str(source),
+                fix="describe the kernel once; for a second launch of one entry, give it a wrapper kernel of its own",
+            )
+        first[k.entry] = k
+
+
+# ------------------------------------------------------------------- MLIR text from names
+
+_BARE_ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*\Z")
+
+
+def mlir_string(text: str) -> str:
+    """`text` as an MLIR string literal, quotes included, that IREE reads back as exactly
+    `text`: MLIR decodes a backslash and two hex digits (`\\2F` is `/`), so backslashes and
+    quotes are escaped, and so is every byte outside printable ASCII (as its UTF-8 bytes;
+    a file name's undecodable bytes as the bytes they stand for)."""
+    out = []
+    for byte in text.encode("utf-8", "surrogateescape"):
+        out.append(f"\\{byte:02X}" if byte in b'"\\' or not 0x20 <= byte < 0x7F else chr(byte))
+    return '"' + "".join(out) + '"'
+
+
+def mlir_symbol(name: str) -> str:
+    """`@name`, quoted where `name` is not a bare MLIR identifier."""
+    return f"@{name}" if _BARE_ID_RE.match(name) else f"@{mlir_string(name)}"
+
+
+def mlir_comment(text: str) -> str:
+    """`text` for a `//` comment: a line break in a name must not end it (and start MLIR)."""
+    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 @dataclass(frozen=True)
@@ -193,7 +274,7 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
             "arch": v.arch.name,
             "min_capability": v.capability_range[0],
             "max_capability": v.capability_range[1],
-            "object_path": v.path,
+            "object_path": mlir_string(v.path),
         }
         for v in objects.objects
     ]
@@ -204,7 +285,7 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
     template = "executable_source.mlir.j2" if len(variants) == 1 else "executable_variants.mlir.j2"
     # One object keyed by the generic CUDA target, which matches any CUDA device target.
     generic_target = f'#hal.executable.target<"cuda", "{GENERIC_FORMAT}">'
-    first_object = f'#hal.executable.object<{{path = "{variants[0]["object_path"]}"}}>'
+    first_object = f'#hal.executable.object<{{path = {variants[0]["object_path"]}}}>'
     objects_map = f"#hal.executable.objects<{{\n    {generic_target} = [{first_object}]\n}}>"
     return {
         "name": name,
@@ -218,24 +299,27 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
 def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
     workload = kernel.workload
     symbol_index = {s: i for i, s in enumerate(workload)}
+    # The region's values: `%device`, then the workload (a size may be named `device` or `count_x`).
+    ssa = _SsaNames()
+    workload_ssa = [ssa.take(s) for s in workload]
     count = [
         {
-            "ssa": f"count_{axis}",
+            "ssa": ssa.take(f"count_{axis}"),
             "map": _affine_map(e, symbol_index),
-            "operands": ", ".join(f"%{s}" for s in workload) if e.symbols else "",
+            "operands": ", ".join(f"%{s}" for s in workload_ssa) if e.symbols else "",
         }
         for axis, e in zip("xyz", kernel.workgroup_count)
     ]
     return {
-        "doc": f"{kernel.name}: {_describe_params(kernel)}",
-        "name": kernel.entry,
+        "doc": mlir_comment(f"{kernel.name}: {_describe_params(kernel)}"),
+        "symbol": mlir_symbol(kernel.entry),
         "ordinal": ordinal,
         # One per push constant: 64-bit scalars take two (abi.AbiType.words).
         "constants": sum(s.words for s in kernel.scalars),
         # IREE binds tensor operands in operand order, then untied results; the function
-        # keeps every buffer's C slot (see `_needs_empty`), so bindings follow the C order.
+        # keeps every buffer's C slot (see `_needs_storage_operand`), so bindings follow the C order.
         "bindings": ["" if not b.read_only else ", ReadOnly" for b in kernel.buffers],
-        "workload": list(workload),
+        "workload": workload_ssa,
         "count": count,
         # Dynamic shared memory travels as the export's workgroup_local_memory attribute.
         "attributes": spelling.inherent(
@@ -262,8 +346,12 @@ def _describe_params(kernel: Kernel) -> str:
 
 
 
-def _needs_empty(kernel: Kernel, buffer: Buffer) -> bool:
-    """An 'out' buffer before some input must be a (tied) operand to keep its binding slot."""
+def _needs_storage_operand(kernel: Kernel, buffer: Buffer) -> bool:
+    """An 'out' buffer before some input must be a (tied) operand to keep its binding slot.
+    That operand is a `flow.tensor.alloca` of its own: IREE's flow stage folds identical
+    `tensor.empty`s into one value, so two same-shape results would share one buffer
+    (llm.c's layernorm got rstd in both mean and rstd). An alloca has an allocation effect,
+    so IREE 3.10 to 3.13 keep each one and give each its own range of the result buffer."""
     if buffer.access != "out":
         return False
     later = kernel.buffers[kernel.buffers.index(buffer) + 1 :]
@@ -335,26 +423,29 @@ def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
         dyn = [f"%{symbol_ssa[d]}" for d in t.shape if isinstance(d, str)]
         return f"{t.mlir}{{{', '.join(dyn)}}}" if dyn else t.mlir
 
+    def tied(name: str, t: TensorType) -> str:
+        """A result tied to operand `%name`; its dims in braces where it has dynamic ones."""
+        dyn = [f"%{symbol_ssa[d]}" for d in t.shape if isinstance(d, str)]
+        return f"%{name}{{{', '.join(dyn)}}}" if dyn else f"%{name}"
+
     # Tensor operands and results, keeping every buffer's binding slot.
-    empties, operands, operand_types, results = [], [], [], []
+    allocas, operands, operand_types, results = [], [], [], []
     for b in kernel.buffers:
-        if b.is_argument or _needs_empty(kernel, b):
-            name = arg_ssa[b.name] if b.is_argument else ssa.take(f"{b.name}_empty")
+        if b.is_argument or _needs_storage_operand(kernel, b):
+            name = arg_ssa[b.name] if b.is_argument else ssa.take(f"{b.name}_alloca")
             if not b.is_argument:
-                dyn = [f"%{symbol_ssa[d]}" for d in b.type.shape if isinstance(d, str)]
-                empties.append({"ssa": name, "dims": ", ".join(dyn), "type": b.type.mlir})
+                allocas.append({"ssa": name, "type": shaped(b.type)})
             operands.append(f"%{name}")
             operand_types.append(shaped(b.type))
             if b.is_result:
-                dyn = [f"%{symbol_ssa[d]}" for d in b.type.shape if isinstance(d, str)]
-                results.append(f"%{name}{{{', '.join(dyn)}}}")
+                results.append(tied(name, b.type))
         else:
             results.append(shaped(b.type))
 
     result_buffers = [b for b in kernel.buffers if b.is_result]
-    targets = [f"@{exe['name']}::@{kernel.entry}"]
+    targets = [f"{mlir_symbol(exe['name'])}::{mlir_symbol(kernel.entry)}"]
     if exe["template"] == "executable_variants.mlir.j2":
-        targets = [f"@{exe['name']}::@{v['name']}::@{kernel.entry}" for v in exe["variants"]]
+        targets = [f"{mlir_symbol(exe['name'])}::{mlir_symbol(v['name'])}::{mlir_symbol(kernel.entry)}" for v in exe["variants"]]
     outputs = [(i, ssa.take(f"{b.name}_storage"), b) for i, b in enumerate(result_buffers) if b.access == "out"]
 
     def declare(p, tensor_type: str) -> str:
@@ -365,7 +456,7 @@ def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
 
     workload = ", ".join(f"%{symbol_ssa[w]}" for w in kernel.workload)
     return {
-        "doc": f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})",
+        "doc": mlir_comment(f"{kernel.function}: dispatches {kernel.name} ({_describe_params(kernel)})"),
         "op": "func.func",
         "name": kernel.function,
         "args": ", ".join(declare(p, arg_types.get(p.name)) for p in args),
@@ -377,7 +468,7 @@ def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
         "symbol_casts": symbol_casts,
         "applies": applies,
         "constant_ops": constants.ops,
-        "empties": empties,
+        "allocas": allocas,
         "target": targets[0] if len(targets) == 1 else "{" + ", ".join(targets) + "}",
         "workload": workload,
         "operands": ", ".join([f"%{c}" for c in constants.values] + operands),
@@ -411,7 +502,8 @@ def _record_view(
         {"view": view_of[b.name], "buffer": ssa.take(f"{b.name}_buffer"), "length": ssa.take(f"{b.name}_length")}
         for b in kernel.buffers
     ]
-    target = f"@{exe['name']}::@{exe['variants'][0]['name'] if len(exe['variants']) > 1 else GENERIC_VARIANT}::@{kernel.entry}"
+    variant = exe["variants"][0]["name"] if len(exe["variants"]) > 1 else GENERIC_VARIANT
+    target = f"{mlir_symbol(exe['name'])}::{mlir_symbol(variant)}::{mlir_symbol(kernel.entry)}"
     return {
         **names,
         "name": kernel.function + RECORDING_SUFFIX,

@@ -384,6 +384,8 @@ class Function:
                 want = self.signature.results[k]
                 check_tensor(f"{self.name} result {k} ({want}) out=", want, array.shape, array.dtype, bound)
             arrays.append(array)
+        if len(arrays) > 1:
+            _check_distinct_outputs(self.name, given, arrays)
         return arrays, (given if len(given) > 1 else given[0])
 
     # -- the fallback: IREE's synchronous call ---------------------------------------
@@ -537,6 +539,18 @@ def _stored_results(vm_function) -> tuple[int, ...]:
     arguments, in order); the others are inout, updated in their argument."""
     declaration = vm_function.reflection.get("iree.abi.declaration", "")
     return tuple(int(k) for k in re.findall(r"iree\.abi\.output = (\d+)", declaration))
+
+
+def _check_distinct_outputs(name: str, given: tuple, arrays: list) -> None:
+    """Two results written into one array would leave it holding only one of them: one
+    object given twice (a torch tensor), or one IREE buffer view."""
+    for k in range(1, len(arrays)):
+        for j in range(k):
+            if given[k] is given[j] or arrays[k]._buffer_view is arrays[j]._buffer_view:
+                raise KitError(
+                    f"{name} out: results {j} and {k} are given one array; each result needs an array of its own",
+                    fix="pass a separate array per result, e.g. module.device.empty(shape, dtype) for each",
+                )
 
 
 def _is_device_value(value) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import hashlib
 import math
 import re
@@ -76,6 +77,24 @@ def default_function_name(kernel: str) -> str:
     """`scale<float>` -> `scale_float`: an identifier for a C++ name expression."""
     text = re.sub(r"\W+", "_", kernel.replace("::", "_"), flags=re.ASCII).strip("_")
     return text if _IDENT_RE.match(text) else f"k_{text}"
+
+
+def distinct_names(wanted: dict, salts: dict[object, str], *, join: str, fold=lambda s: s, taken=frozenset(), what: str) -> dict:
+    """`wanted` names made distinct (after `fold`) from each other and from `taken`: every name
+    that two keys share, or that is taken, gets a short hash of the key's salt appended after
+    `join`, until none is shared. Deterministic: a name changes only where it collides."""
+    names = dict(wanted)
+    for _ in range(4):
+        holders: dict[str, list] = {}
+        for key, name in names.items():
+            holders.setdefault(fold(name), []).append(key)
+        colliding = [key for keys in holders.values() for key in keys if len(keys) > 1 or fold(names[key]) in taken]
+        if not colliding:
+            return names
+        for key in colliding:
+            names[key] = f"{names[key]}{join}{hashlib.sha256(salts[key].encode()).hexdigest()[:8]}"
+    keys = sorted(salts[k] for k in colliding)
+    raise ManifestError(f"{what} stay the same after renaming: {', '.join(keys)}", fix="rename one of these files")
 
 
 def _shown(name: object) -> str:
@@ -971,13 +990,18 @@ class ModuleSpec:
 
     def source_stem(self, source: Path) -> str:
         """The name of a source's objects and executable: its file stem, made unique in the
-        module where two sources share one (`a/k.cu`, `b/k.cu` -> `k-1c2d3e4f`, `k-5a6b7c8d`)."""
-        path = self.source_path(Path(source))
-        sharing = {self.source_path(k.source) for k in self.kernels if Path(k.source).stem == path.stem}
-        if len(sharing) <= 1:
-            return path.stem
-        digest = hashlib.sha256(str(Path(source)).encode()).hexdigest()[:8]
-        return f"{path.stem}-{digest}"
+        module where two sources share one (`a/k.cu`, `b/k.cu` -> `k-1c2d3e4f`, `k-5a6b7c8d`),
+        also where they differ only in case (`K.cu`, `k.cu`: one file on some file systems)
+        or a source is named like a stem so derived."""
+        return self._source_stems[self.source_path(Path(source))]
+
+    @functools.cached_property
+    def _source_stems(self) -> dict[Path, str]:
+        # Each source is hashed by its path as the manifest wrote it (the first spelling).
+        written = {}
+        for k in self.kernels:
+            written.setdefault(self.source_path(k.source), str(Path(k.source)))
+        return distinct_names({p: p.stem for p in written}, written, join="-", fold=str.casefold, what="source file names")
 
     @property
     def signatures(self) -> tuple[FunctionSignature, ...]:
@@ -998,7 +1022,6 @@ class ModuleSpec:
                 )
 
     def _check_unique_functions(self, where: str) -> None:
-        seen: set[str] = set()
         for k in self.kernels:
             if k.name in {o.name for o in self.kernels if o is not k and o.source == k.source}:
                 raise ManifestError(
@@ -1006,11 +1029,16 @@ class ModuleSpec:
                     where=where,
                     fix="describe each kernel once; give variants their own C name",
                 )
-        for sig in self.signatures:
-            if sig.name in seen:
+        # Who defines each function: kernels (whose function name may be derived from a C++
+        # name, `scale<float>` -> scale_float) and programs.
+        owners = [(k.function, f"kernel {k.name!r} ({k.source})") for k in self.kernels]
+        owners += [(f.name, f"program {p.source}") for p in self.programs for f in p.functions]
+        seen: dict[str, str] = {}
+        for name, owner in owners:
+            if name in seen:
                 raise ManifestError(
-                    f"function {sig.name!r} is defined twice",
+                    f"function {name!r} is defined twice: by {seen[name]} and by {owner}",
                     where=where,
                     fix="give the kernel a distinct 'function' name",
                 )
-            seen.add(sig.name)
+            seen[name] = owner

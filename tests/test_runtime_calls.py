@@ -194,6 +194,14 @@ def test_out_is_checked(module):
         module.add(x, x, out=dev.empty((4,), np.int32))
     with pytest.raises(KitError, match="out= takes device arrays"):
         module.add(x, x, out=np.empty(4, np.float32))
+    # Results never share an array: one given twice, or one IREE buffer view in two wrappers.
+    a = module.device.put(arange(8, np.int32).reshape(2, 4))
+    same = dev.empty((2, 4), np.int32)
+    for outs in ((same, same), (same, kd.DeviceArray(dev, same.buffer_view, (2, 4), np.dtype(np.int32)))):
+        with pytest.raises(KitError, match="results 0 and 1 are given one array; each result needs an array of its own"):
+            module.sum_diff(a, a, out=outs)
+        with pytest.raises(KitError, match="results 0 and 1 are given one array"):
+            module.sum_diff.prepare(a, a, out=outs)
     # A refused call leaves the device usable: later calls still run and finish.
     np.testing.assert_array_equal(module.add(x, x).to_host(), arange(4) * 2)
 
