@@ -420,33 +420,23 @@ def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Call
 
 
 def _resolve_entries(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> ModuleSpec:
-    """C++ kernels get their entries (mangled names) from the build's own compile: NVRTC
-    reports them for the name expressions it was given. nvcc's objects do not say them, so
-    those come from one NVRTC name lookup."""
+    """C++ kernels get their entries (mangled names) from the build's own objects: NVRTC
+    reports them for its name expressions, nvcc's entries unit names them in its PTX
+    (compilers.entries_unit); either compiler alone, the other need not compile the source."""
     kernels = []
     for k in spec.kernels:
         if k.cpp_name and k.symbol is None:
             src = spec.source_path(k.source)
-            lowered = next((dict(b.obj.lowered).get(k.name) for b in built if b.obj.source == src and dict(b.obj.lowered).get(k.name)), None)
+            lowered = next((dict(b.obj.lowered)[k.name] for b in built if b.obj.source == src and k.name in dict(b.obj.lowered)), None)
             if lowered is None:
-                lowered = _lowered_by_nvrtc(src, k.name, compiler, options)
+                raise KitError(
+                    f"the compiled objects of {src} do not say the entry of C++ kernel {k.name!r}",
+                    where=str(src),
+                    fix="report this to kitdispatch; meanwhile give the kernel's `symbol` (its mangled name)",
+                )
             k = dataclasses.replace(k, symbol=lowered)
         kernels.append(k)
     return dataclasses.replace(spec, kernels=tuple(kernels))
-
-
-def _lowered_by_nvrtc(source: Path, name: str, compiler, options: BuildOptions) -> str:
-    from .compilers import NvrtcCompiler
-
-    lookup = compiler if compiler.name == "nvrtc" else NvrtcCompiler(timeout=options.compile_timeout)
-    try:
-        return lookup.lowered_names(source, (name,), options.compile_options)[name]
-    except KitError as exc:
-        raise ManifestError(
-            f"cannot find the mangled name of C++ kernel {name!r}: {exc.what}",
-            where=str(source),
-            fix='declare the kernel extern "C", or make the source compile with NVRTC too',
-        ) from None
 
 
 def _ptx_with_lines(spec: ModuleSpec, source: Path, arch: Arch, compiler, options: BuildOptions) -> bytes:

@@ -6,8 +6,9 @@ object cache and the build wrap them once.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import hashlib
+import os
 import re
 import shlex
 import shutil
@@ -39,8 +40,8 @@ class CompileOptions:
     fast_math: bool = False
     line_info: bool = False
     extra_flags: tuple[str, ...] = ()
-    # C++ kernel names (`scale<float>`) NVRTC must instantiate and name in the object; nvcc
-    # has no such switch, so there a template kernel needs an explicit instantiation.
+    # C++ kernel names (`scale<float>`) the compiler must instantiate and name in the object:
+    # NVRTC's name expressions; nvcc compiles the source through `entries_unit`.
     name_expressions: tuple[str, ...] = ()
     # Entries to adapt to IREE's parameter passing, (kernel name, pointer positions) each;
     # applied by bridge.BridgingCompiler, not by the compiler itself (no flag).
@@ -64,7 +65,7 @@ class ObjectCode:
     `archs` holds one architecture for PTX and cubin, every SASS architecture for a fatbin.
     `ptx` is the PTX the object was made from, when the compiler gave it: the build reads
     kernel entries and the PTX ISA version from it. `lowered` maps C++ kernel names to their
-    entries in the object (NVRTC name expressions); `diagnostics` holds what the compiler
+    entries in the object (NVRTC name expressions, nvcc's entries unit); `diagnostics` holds what the compiler
     printed on success (warnings).
     """
 
@@ -221,12 +222,6 @@ class NvrtcCompiler:
             return ObjectCode.from_ptx(reply["ptx"], arch, source, self.name, **extra)
         return ObjectCode.from_cubin(reply["cubin"], arch, source, self.name, ptx=reply["ptx"], **extra)
 
-    def lowered_names(self, source: Path, names: tuple[str, ...], options: CompileOptions) -> dict[str, str]:
-        """The mangled entry names of C++ kernels (`scale`, `scale<float>`) through NVRTC
-        name expressions; for nvcc builds, whose objects do not say them."""
-        named = dataclasses.replace(options, name_expressions=tuple(names))
-        return self._run(source, self._flags(source, named), named, cubin=False)["lowered"]
-
     def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
         install = find_nvrtc()
         if install is None:
@@ -353,7 +348,10 @@ class NvccCompiler:
         self.path = found
 
     def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
-        return IncludeSearch(tuple(options.include_dirs))  # nvcc's own headers: its version
+        # nvcc's own headers: its version. C++ names compile through the entries unit, a
+        # function of the names (in the key) and of how the kit writes it (its digest here).
+        unit = (("kitdispatch-entries-unit", ENTRIES_UNIT_DIGEST),) if options.name_expressions else ()
+        return IncludeSearch(tuple(options.include_dirs), header_versions=unit)
 
     def version(self) -> str:
         out = run_tool([self.path, "--version"], timeout=30).stdout
@@ -371,31 +369,56 @@ class NvccCompiler:
     def compile(self, source: Path, arch: Arch, fmt: ObjectFormat, options: CompileOptions) -> ObjectCode:
         check_archs(self, (arch,))
         read_source(source)  # a clear error for a missing file before nvcc's own
-        with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
-            out = Path(tmp) / f"out.{fmt}"
-            arch_flag = f"-arch={arch.compute_name}" if fmt == "ptx" else f"-arch={arch.name}"
-            argv = [self.path, f"--{fmt}", arch_flag, *options.flags(), "-o", str(out), str(source)]
-            self._run(argv, source, arch.name)
-            data = out.read_bytes()
+        arch_flag = f"-arch={arch.compute_name}" if fmt == "ptx" else f"-arch={arch.name}"
+        data, extra = self._compile([f"--{fmt}", arch_flag], f"out.{fmt}", source, arch.name, options)
         make = ObjectCode.from_ptx if fmt == "ptx" else ObjectCode.from_cubin
-        return make(data, arch, source, self.name, commands=(_shown_command(argv, out),))
+        return make(data, arch, source, self.name, **extra)
 
     def compile_fatbin(self, source: Path, archs: tuple[Arch, ...], options: CompileOptions) -> ObjectCode:
         check_archs(self, archs)
         read_source(source)
         gencode = [f"-gencode=arch={a.compute_name},code={a.name}" for a in archs]
         gencode += [f"-gencode=arch={a.compute_name},code={a.compute_name}" for a in ptx_fallback_archs(archs)]
-        with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
-            out = Path(tmp) / "out.fatbin"
-            argv = [self.path, "--fatbin", *gencode, *options.flags(), "-o", str(out), str(source)]
-            self._run(argv, source, ", ".join(a.name for a in archs))
-            return ObjectCode.from_fatbin(out.read_bytes(), tuple(archs), source, self.name, commands=(_shown_command(argv, out),))
+        what = ", ".join(a.name for a in archs)
+        data, extra = self._compile(["--fatbin", *gencode], "out.fatbin", source, what, options)
+        return ObjectCode.from_fatbin(data, tuple(archs), source, self.name, **extra)
 
-    def _run(self, argv: list[str], source: Path, what: str) -> None:
+    def _compile(self, mode: list[str], out_name: str, source: Path, what: str, options: CompileOptions) -> tuple[bytes, dict]:
+        """One nvcc run in a temporary folder: the object's bytes and ObjectCode's `lowered`
+        and `commands`. A source with C++ kernel names compiles through its entries unit
+        (`entries_unit`), and the PTX nvcc made says each name's entry."""
+        with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
+            folder = Path(tmp)
+            out, unit, keep = folder / out_name, source, []
+            names = options.name_expressions
+            if names:
+                unit = folder / ENTRIES_UNIT
+                unit.write_text(entries_unit(source, names))
+                # A cubin or fatbin does not carry the PTX that names the entries: keep nvcc's.
+                keep = [] if out_name.endswith(".ptx") else ["--keep", f"--keep-dir={folder / 'kept'}"]
+                (folder / "kept").mkdir()
+            argv = [self.path, *mode, *options.flags(), *keep, "-o", str(out), str(unit)]
+            self._run(argv, source, what, names)
+            data = out.read_bytes()
+            lowered = _entries_named(_kept_ptx(folder, out), source, names) if names else {}
+            commands = ((f"# {ENTRIES_UNIT}: {_one_line(unit.read_text())}",) if names else ()) + (_shown_command(argv, folder),)
+            return data, {"lowered": tuple(lowered.items()), "commands": commands}
+
+    def _run(self, argv: list[str], source: Path, what: str, names: tuple[str, ...] = ()) -> None:
         with self._slots:
             res = run_tool(argv, timeout=self.timeout)
         if res.returncode != 0:
             log = res.stderr + res.stdout
+            named = _name_in_error(log, names)
+            if named is not None:
+                raise CompileError(
+                    f"nvcc cannot find kernel {named!r} in {source}",
+                    where=str(source),
+                    argv=argv,
+                    returncode=res.returncode,
+                    log=log,
+                    fix=_NAME_FIX,
+                )
             raise CompileError(
                 f"nvcc failed to compile {source} for {what}",
                 where=_first_error_location(log) or str(source),
@@ -406,9 +429,79 @@ class NvccCompiler:
             )
 
 
-def _shown_command(argv: list[str], out: Path) -> str:
-    """nvcc's command with its temporary output named by its file name alone."""
-    return shlex.join(out.name if a == str(out) else a for a in argv)
+# The unit nvcc compiles for a source with C++ kernel names, and the variables that name them.
+ENTRIES_UNIT = "kitdispatch_entries.cu"
+_ENTRY_VARIABLE = "__kitdispatch_entry_"
+_UNIT_HEAD_LINES = 2  # the #include and the #pragma before the first variable
+_NAME_FIX = (
+    "name a __global__ function of the source as C++ spells it (`scale<float>`, `ns::scale`); "
+    "a template needs its arguments and an overloaded kernel a `symbol` (its mangled name)"
+)
+
+
+def entries_unit(source: Path, names: tuple[str, ...]) -> str:
+    """The translation unit nvcc compiles for a source with C++ kernel names: the source,
+    included by its absolute path (its own quoted includes still resolve beside it), then a
+    `__device__` variable holding each named kernel's address. Taking the address makes nvcc
+    instantiate a template kernel (no explicit instantiation needed) and emit its entry, and
+    the variable's initializer in the PTX is that entry's mangled name: the object itself
+    says each name's entry, as NVRTC's name expressions do."""
+    path = os.path.abspath(source)  # as given, as nvcc resolves the source's own includes
+    if any(c in path for c in '"\\\n\r'):
+        raise KitError(
+            f"nvcc cannot include the kernel source {source!r}: its path holds a quote, backslash or line break",
+            fix="move the source to a path without them",
+        )
+    lines = [f'#include "{path}"', "#pragma nv_diag_suppress 177  /* the variables below are read from the PTX */"]
+    lines += [f"__device__ void* const {_ENTRY_VARIABLE}{i} = (void*)&{name};" for i, name in enumerate(names)]
+    return "\n".join(lines) + "\n"
+
+
+# What the unit is for given names, without its path: part of the object's cache key.
+ENTRIES_UNIT_DIGEST = hashlib.sha256(entries_unit(Path("/source.cu"), ("k<T>", "ns::k")).encode()).hexdigest()[:16]
+_ENTRY_VARIABLE_RE = re.compile(rf"^\s*\.global\b[^=\n]*\s{_ENTRY_VARIABLE}(\d+)\s*=\s*(?:generic\()?([\w$.]+)\)?\s*;", re.M)
+
+
+def _entries_named(ptx: bytes, source: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """Each name's entry, read from the initializers `entries_unit`'s variables get in the PTX."""
+    found = {int(m.group(1)): m.group(2) for m in _ENTRY_VARIABLE_RE.finditer(ptx.decode(errors="replace"))}
+    missing = [n for i, n in enumerate(names) if i not in found]
+    if missing:
+        raise CompileError(
+            f"nvcc's PTX for {source} does not say the entry of {', '.join(map(repr, missing))}",
+            where=str(source),
+            fix="report this to kitdispatch with the nvcc version; meanwhile declare the kernel extern \"C\" or give its `symbol`",
+        )
+    return {n: found[i] for i, n in enumerate(names)}
+
+
+def _kept_ptx(folder: Path, out: Path) -> bytes:
+    """The PTX of this nvcc run: the output itself, or what `--keep` left (any architecture's:
+    mangled names do not depend on it)."""
+    if out.suffix == ".ptx":
+        return out.read_bytes()
+    kept = sorted((folder / "kept").glob("*.ptx"))
+    if not kept:
+        raise KitError("nvcc kept no PTX for the kernels' entries", fix="report this to kitdispatch with the nvcc version")
+    return kept[0].read_bytes()
+
+
+def _name_in_error(log: str, names: tuple[str, ...]) -> str | None:
+    """The kernel name whose line of the entries unit nvcc rejected, if its first error is there."""
+    m = _LOCATION_RE.search(log)
+    if not names or m is None or Path(m.group("file")).name != ENTRIES_UNIT:
+        return None
+    index = int(m.group("line")) - _UNIT_HEAD_LINES - 1
+    return names[index] if 0 <= index < len(names) else None
+
+
+def _one_line(text: str) -> str:
+    return text.strip().replace("\n", " \\n ")
+
+
+def _shown_command(argv: list[str], folder: Path) -> str:
+    """nvcc's command with the paths in its temporary folder named relative to it."""
+    return shlex.join(a.replace(f"{folder}/", "") for a in argv)
 
 
 # ------------------------------------------------------------------------------- shared
