@@ -261,6 +261,9 @@ class NvrtcCompiler:
         with self._slots:
             reply = POOL.call("nvrtc_compile", request, timeout=self.timeout, what=f"NVRTC compiling {source}", argv=argv)
         if not reply["ok"]:
+            named = _nvrtc_name_in_error(reply["log"], options.name_expressions)
+            if named is not None:
+                raise unknown_kernel_error("NVRTC", named, source, log=reply["log"], argv=argv)
             raise CompileError(
                 f"NVRTC failed to compile {source}" + (f" for {target}" if target else ""),
                 where=_first_error_location(reply["log"]) or str(source),
@@ -350,7 +353,7 @@ class NvccCompiler:
     def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
         # nvcc's own headers: its version. C++ names compile through the entries unit, a
         # function of the names (in the key) and of how the kit writes it (its digest here).
-        unit = (("kitdispatch-entries-unit", ENTRIES_UNIT_DIGEST),) if options.name_expressions else ()
+        unit = (("kitdispatch-entries-unit", entries_unit_digest()),) if options.name_expressions else ()
         return IncludeSearch(tuple(options.include_dirs), header_versions=unit)
 
     def version(self) -> str:
@@ -398,31 +401,27 @@ class NvccCompiler:
                 keep = [] if out_name.endswith(".ptx") else ["--keep", f"--keep-dir={folder / 'kept'}"]
                 (folder / "kept").mkdir()
             argv = [self.path, *mode, *options.flags(), *keep, "-o", str(out), str(unit)]
-            self._run(argv, source, what, names)
+            self._run(argv, source, what, names, folder)
             data = out.read_bytes()
             lowered = _entries_named(_kept_ptx(folder, out), source, names) if names else {}
-            commands = ((f"# {ENTRIES_UNIT}: {_one_line(unit.read_text())}",) if names else ()) + (_shown_command(argv, folder),)
+            commands = ((f"# {ENTRIES_UNIT}: {_one_line(unit.read_text())}",) if names else ()) + (shlex.join(_shown_argv(argv, folder)),)
             return data, {"lowered": tuple(lowered.items()), "commands": commands}
 
-    def _run(self, argv: list[str], source: Path, what: str, names: tuple[str, ...] = ()) -> None:
+    def _run(self, argv: list[str], source: Path, what: str, names: tuple[str, ...], folder: Path) -> None:
         with self._slots:
             res = run_tool(argv, timeout=self.timeout)
         if res.returncode != 0:
             log = res.stderr + res.stdout
-            named = _name_in_error(log, names)
+            if names:  # the unit is gone with its folder: the log says what to write to re-run
+                log = f"{ENTRIES_UNIT}, the unit nvcc compiled:\n{(folder / ENTRIES_UNIT).read_text()}\n{log}"
+            shown = _shown_argv(argv, folder)
+            named = _nvcc_name_in_error(log, names)
             if named is not None:
-                raise CompileError(
-                    f"nvcc cannot find kernel {named!r} in {source}",
-                    where=str(source),
-                    argv=argv,
-                    returncode=res.returncode,
-                    log=log,
-                    fix=_NAME_FIX,
-                )
+                raise unknown_kernel_error("nvcc", named, source, log=log, argv=shown, returncode=res.returncode)
             raise CompileError(
                 f"nvcc failed to compile {source} for {what}",
                 where=_first_error_location(log) or str(source),
-                argv=argv,
+                argv=shown,
                 returncode=res.returncode,
                 log=log,
                 fix="fix the error in the kernel source shown in the log",
@@ -433,10 +432,17 @@ class NvccCompiler:
 ENTRIES_UNIT = "kitdispatch_entries.cu"
 _ENTRY_VARIABLE = "__kitdispatch_entry_"
 _UNIT_HEAD_LINES = 2  # the #include and the #pragma before the first variable
-_NAME_FIX = (
-    "name a __global__ function of the source as C++ spells it (`scale<float>`, `ns::scale`); "
-    "a template needs its arguments and an overloaded kernel a `symbol` (its mangled name)"
-)
+
+
+def unknown_kernel_error(compiler: str, name: str, source: Path, **tool) -> CompileError:
+    """A C++ kernel name of the manifest that the compiler cannot resolve to one kernel."""
+    return CompileError(
+        f"{compiler} finds no single kernel {name!r} in {source}",
+        where=str(source),
+        fix="name a __global__ function of the source as C++ spells it (`scale<float>`, `ns::scale`), "
+        "a template with its arguments; an overloaded kernel by its mangled entry, with `params`",
+        **tool,
+    )
 
 
 def entries_unit(source: Path, names: tuple[str, ...]) -> str:
@@ -457,8 +463,11 @@ def entries_unit(source: Path, names: tuple[str, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# What the unit is for given names, without its path: part of the object's cache key.
-ENTRIES_UNIT_DIGEST = hashlib.sha256(entries_unit(Path("/source.cu"), ("k<T>", "ns::k")).encode()).hexdigest()[:16]
+def entries_unit_digest() -> str:
+    """What the unit is for given names, without its path: part of the object's cache key."""
+    return hashlib.sha256(entries_unit(Path("/source.cu"), ("k<T>", "ns::k")).encode()).hexdigest()[:16]
+
+
 _ENTRY_VARIABLE_RE = re.compile(rf"^\s*\.global\b[^=\n]*\s{_ENTRY_VARIABLE}(\d+)\s*=\s*(?:generic\()?([\w$.]+)\)?\s*;", re.M)
 
 
@@ -470,7 +479,7 @@ def _entries_named(ptx: bytes, source: Path, names: tuple[str, ...]) -> dict[str
         raise CompileError(
             f"nvcc's PTX for {source} does not say the entry of {', '.join(map(repr, missing))}",
             where=str(source),
-            fix="report this to kitdispatch with the nvcc version; meanwhile declare the kernel extern \"C\" or give its `symbol`",
+            fix="report this to kitdispatch with the nvcc version; meanwhile declare the kernel extern \"C\"",
         )
     return {n: found[i] for i, n in enumerate(names)}
 
@@ -486,7 +495,7 @@ def _kept_ptx(folder: Path, out: Path) -> bytes:
     return kept[0].read_bytes()
 
 
-def _name_in_error(log: str, names: tuple[str, ...]) -> str | None:
+def _nvcc_name_in_error(log: str, names: tuple[str, ...]) -> str | None:
     """The kernel name whose line of the entries unit nvcc rejected, if its first error is there."""
     m = _LOCATION_RE.search(log)
     if not names or m is None or Path(m.group("file")).name != ENTRIES_UNIT:
@@ -495,13 +504,25 @@ def _name_in_error(log: str, names: tuple[str, ...]) -> str | None:
     return names[index] if 0 <= index < len(names) else None
 
 
+_NVRTC_NAME_RE = re.compile(r"^__nv_name_map\(\d+\): error: .*\n\s*#pragma nv_mangled_name (?P<name>.+?)\s*$", re.M)
+
+
+def _nvrtc_name_in_error(log: str, names: tuple[str, ...]) -> str | None:
+    """The name expression NVRTC rejected, if its first error is in one (NVRTC echoes it as
+    `#pragma nv_mangled_name NAME` in its `__nv_name_map`)."""
+    m, first = _NVRTC_NAME_RE.search(log), _LOCATION_RE.search(log)
+    if m is None or first is None or first.start() != m.start():
+        return None
+    return next((n for n in names if n == m.group("name")), m.group("name"))
+
+
 def _one_line(text: str) -> str:
     return text.strip().replace("\n", " \\n ")
 
 
-def _shown_command(argv: list[str], folder: Path) -> str:
+def _shown_argv(argv: list[str], folder: Path) -> list[str]:
     """nvcc's command with the paths in its temporary folder named relative to it."""
-    return shlex.join(a.replace(f"{folder}/", "") for a in argv)
+    return [a.replace(f"{folder}/", "") for a in argv]
 
 
 # ------------------------------------------------------------------------------- shared
