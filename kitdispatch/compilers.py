@@ -434,9 +434,15 @@ _ENTRY_VARIABLE = "__kitdispatch_entry_"
 _UNIT_HEAD_LINES = 2  # the #include and the #pragma before the first variable
 
 
-def unknown_kernel_error(compiler: str, name: str, source: Path, **tool) -> CompileError:
+class KernelNameError(CompileError):
+    """The manifest names a C++ kernel the source does not define once: bad input."""
+
+    exit_code = 2
+
+
+def unknown_kernel_error(compiler: str, name: str, source: Path, **tool) -> KernelNameError:
     """A C++ kernel name of the manifest that the compiler cannot resolve to one kernel."""
-    return CompileError(
+    return KernelNameError(
         f"{compiler} finds no single kernel {name!r} in {source}",
         where=str(source),
         fix="name a __global__ function of the source as C++ spells it (`scale<float>`, `ns::scale`), "
