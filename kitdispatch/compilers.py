@@ -397,9 +397,9 @@ class NvccCompiler:
             if names:
                 unit = folder / ENTRIES_UNIT
                 unit.write_text(entries_unit(source, names))
-                # A cubin or fatbin does not carry the PTX that names the entries: keep nvcc's.
-                keep = [] if out_name.endswith(".ptx") else ["--keep", f"--keep-dir={folder / 'kept'}"]
-                (folder / "kept").mkdir()
+                if not out_name.endswith(".ptx"):  # a cubin or fatbin lacks the PTX that names the entries: keep nvcc's
+                    (folder / "kept").mkdir()
+                    keep = ["--keep", f"--keep-dir={folder / 'kept'}"]
             argv = [self.path, *mode, *options.flags(), *keep, "-o", str(out), str(unit)]
             self._run(argv, source, what, names, folder)
             data = out.read_bytes()
@@ -415,7 +415,7 @@ class NvccCompiler:
             if names:  # the unit is gone with its folder: the log says what to write to re-run
                 log = f"{ENTRIES_UNIT}, the unit nvcc compiled:\n{(folder / ENTRIES_UNIT).read_text()}\n{log}"
             shown = _shown_argv(argv, folder)
-            named = _nvcc_name_in_error(log, names)
+            named = _nvcc_name_in_error(log, names, folder / ENTRIES_UNIT)
             if named is not None:
                 raise unknown_kernel_error("nvcc", named, source, log=log, argv=shown, returncode=res.returncode)
             raise CompileError(
@@ -501,10 +501,10 @@ def _kept_ptx(folder: Path, out: Path) -> bytes:
     return kept[0].read_bytes()
 
 
-def _nvcc_name_in_error(log: str, names: tuple[str, ...]) -> str | None:
+def _nvcc_name_in_error(log: str, names: tuple[str, ...], unit: Path) -> str | None:
     """The kernel name whose line of the entries unit nvcc rejected, if its first error is there."""
     m = _LOCATION_RE.search(log)
-    if not names or m is None or Path(m.group("file")).name != ENTRIES_UNIT:
+    if not names or m is None or m.group("file") != str(unit):
         return None
     index = int(m.group("line")) - _UNIT_HEAD_LINES - 1
     return names[index] if 0 <= index < len(names) else None

@@ -209,6 +209,23 @@ def test_quoted_includes_resolve_beside_the_source(tmp_path):
     assert dict(obj.lowered) == {"k<3>": "_Z1kILi3EEvPi"} and b"mov.u32 \t%r1, 10;" in obj.data
 
 
+@pytest.mark.nvcc
+def test_an_error_in_the_source_stays_the_sources(tmp_path):
+    """Only an error on a line of the entries unit is the manifest's name; one in the source,
+    even a source of the unit's file name, is the source's, with the unit in the log."""
+    source = tmp_path / compilers.ENTRIES_UNIT
+    source.write_text("template <typename T>\n__global__ void k(T* x) { x[0] = 1; }\nint broken = ;\n")
+    with pytest.raises(CompileError) as failed:
+        NvccCompiler().compile(source, SM80, "ptx", CompileOptions(name_expressions=("k<int>",)))
+    assert type(failed.value) is CompileError and failed.value.where == f"{source}:3"
+    assert failed.value.log.startswith(f"{compilers.ENTRIES_UNIT}, the unit nvcc compiled:\n#include \"{source}\"\n")
+
+
+def test_a_source_path_the_unit_cannot_include_is_refused():
+    with pytest.raises(KitError, match="its path holds a quote, backslash or line break"):
+        compilers.entries_unit(Path('/tmp/a"b/k.cu'), ("k<int>",))
+
+
 # ------------------------------------------------------------------------------- GPU
 
 
