@@ -283,7 +283,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     # After the compile, which refuses an architecture the compiler cannot target with the
     # list of those it can: a better first message for `--arch sm_50` than IREE's targets.
     codegen = choose_codegen_target(options.archs, options.codegen_target)
-    spec = _resolve_entries(spec, built, compiler, options)
+    spec = _resolve_entries(spec, built)
     abi_warnings = _check_objects(spec, built, compiler, options, source_options, shared.cache)
     preflight_notes = _preflight(built, shared.driver)
 
@@ -422,7 +422,7 @@ def _compile_all(
     return [_Built(job, found[job]) for job in jobs]
 
 
-def _resolve_entries(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> ModuleSpec:
+def _resolve_entries(spec: ModuleSpec, built: list[_Built]) -> ModuleSpec:
     """C++ kernels get their entries (mangled names) from the build's own objects: NVRTC
     reports them for its name expressions, nvcc's entries unit names them in its PTX
     (compilers.entries_unit); either compiler alone, the other need not compile the source."""

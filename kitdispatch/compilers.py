@@ -7,8 +7,6 @@ object cache and the build wrap them once.
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 import re
 import shlex
 import shutil
@@ -23,6 +21,7 @@ from ._proc import run_tool
 from ._resources import installed_version, kit_headers
 from ._workers import POOL, map_in_threads
 from .archs import Arch, check_supported, ptx_fallback_archs
+from .cxx_names import ENTRIES_UNIT, entries_named, entries_unit, entries_unit_digest, name_in_nvrtc_error, name_in_unit_error, unknown_kernel_error
 from .errors import CompileError, KitError, ToolError
 from .toolchain import find_nvrtc, load_nvfatbin, not_installed_error
 
@@ -261,7 +260,7 @@ class NvrtcCompiler:
         with self._slots:
             reply = POOL.call("nvrtc_compile", request, timeout=self.timeout, what=f"NVRTC compiling {source}", argv=argv)
         if not reply["ok"]:
-            named = _nvrtc_name_in_error(reply["log"], options.name_expressions)
+            named = name_in_nvrtc_error(reply["log"], _LOCATION_RE.search(reply["log"]))
             if named is not None:
                 raise unknown_kernel_error("NVRTC", named, source, log=reply["log"], argv=argv)
             raise CompileError(
@@ -403,7 +402,7 @@ class NvccCompiler:
             argv = [self.path, *mode, *options.flags(), *keep, "-o", str(out), str(unit)]
             self._run(argv, source, what, names, folder)
             data = out.read_bytes()
-            lowered = _entries_named(_kept_ptx(folder, out), source, names) if names else {}
+            lowered = entries_named(_kept_ptx(folder, out), source, names) if names else {}
             commands = ((f"# {ENTRIES_UNIT}: {_one_line(unit.read_text())}",) if names else ()) + (shlex.join(_shown_argv(argv, folder)),)
             return data, {"lowered": tuple(lowered.items()), "commands": commands}
 
@@ -415,7 +414,7 @@ class NvccCompiler:
             if names:  # the unit is gone with its folder: the log says what to write to re-run
                 log = f"{ENTRIES_UNIT}, the unit nvcc compiled:\n{(folder / ENTRIES_UNIT).read_text()}\n{log}"
             shown = _shown_argv(argv, folder)
-            named = _nvcc_name_in_error(log, names, folder / ENTRIES_UNIT)
+            named = name_in_unit_error(_LOCATION_RE.search(log), names, folder / ENTRIES_UNIT)
             if named is not None:
                 raise unknown_kernel_error("nvcc", named, source, log=log, argv=shown, returncode=res.returncode)
             raise CompileError(
@@ -428,68 +427,6 @@ class NvccCompiler:
             )
 
 
-# The unit nvcc compiles for a source with C++ kernel names, and the variables that name them.
-ENTRIES_UNIT = "kitdispatch_entries.cu"
-_ENTRY_VARIABLE = "__kitdispatch_entry_"
-_UNIT_HEAD_LINES = 2  # the #include and the #pragma before the first variable
-
-
-class KernelNameError(CompileError):
-    """The manifest names a C++ kernel the source does not define once: bad input."""
-
-    exit_code = 2
-
-
-def unknown_kernel_error(compiler: str, name: str, source: Path, **tool) -> KernelNameError:
-    """A C++ kernel name of the manifest that the compiler cannot resolve to one kernel."""
-    return KernelNameError(
-        f"{compiler} finds no single kernel {name!r} in {source}",
-        where=str(source),
-        fix="name a __global__ function of the source as C++ spells it (`scale<float>`, `ns::scale`), "
-        "a template with its arguments; an overloaded kernel by its mangled entry, with `params`",
-        **tool,
-    )
-
-
-def entries_unit(source: Path, names: tuple[str, ...]) -> str:
-    """The translation unit nvcc compiles for a source with C++ kernel names: the source,
-    included by its absolute path (its own quoted includes still resolve beside it), then a
-    `__device__` variable holding each named kernel's address. Taking the address makes nvcc
-    instantiate a template kernel (no explicit instantiation needed) and emit its entry, and
-    the variable's initializer in the PTX is that entry's mangled name: the object itself
-    says each name's entry, as NVRTC's name expressions do."""
-    path = os.path.abspath(source)  # as given, as nvcc resolves the source's own includes
-    if any(c in path for c in '"\\\n\r'):
-        raise KitError(
-            f"nvcc cannot include the kernel source {source!r}: its path holds a quote, backslash or line break",
-            fix="move the source to a path without them",
-        )
-    lines = [f'#include "{path}"', "#pragma nv_diag_suppress 177  /* the variables below are read from the PTX */"]
-    lines += [f"__device__ void* const {_ENTRY_VARIABLE}{i} = (void*)&{name};" for i, name in enumerate(names)]
-    return "\n".join(lines) + "\n"
-
-
-def entries_unit_digest() -> str:
-    """What the unit is for given names, without its path: part of the object's cache key."""
-    return hashlib.sha256(entries_unit(Path("/source.cu"), ("k<T>", "ns::k")).encode()).hexdigest()[:16]
-
-
-_ENTRY_VARIABLE_RE = re.compile(rf"^\s*\.global\b[^=\n]*\s{_ENTRY_VARIABLE}(\d+)\s*=\s*(?:generic\()?([\w$.]+)\)?\s*;", re.M)
-
-
-def _entries_named(ptx: bytes, source: Path, names: tuple[str, ...]) -> dict[str, str]:
-    """Each name's entry, read from the initializers `entries_unit`'s variables get in the PTX."""
-    found = {int(m.group(1)): m.group(2) for m in _ENTRY_VARIABLE_RE.finditer(ptx.decode(errors="replace"))}
-    missing = [n for i, n in enumerate(names) if i not in found]
-    if missing:
-        raise CompileError(
-            f"nvcc's PTX for {source} does not say the entry of {', '.join(map(repr, missing))}",
-            where=str(source),
-            fix="report this to kitdispatch with the nvcc version; meanwhile declare the kernel extern \"C\"",
-        )
-    return {n: found[i] for i, n in enumerate(names)}
-
-
 def _kept_ptx(folder: Path, out: Path) -> bytes:
     """The PTX of this nvcc run: the output itself, or what `--keep` left (any architecture's:
     mangled names do not depend on it)."""
@@ -499,27 +436,6 @@ def _kept_ptx(folder: Path, out: Path) -> bytes:
     if not kept:
         raise KitError("nvcc kept no PTX for the kernels' entries", fix="report this to kitdispatch with the nvcc version")
     return kept[0].read_bytes()
-
-
-def _nvcc_name_in_error(log: str, names: tuple[str, ...], unit: Path) -> str | None:
-    """The kernel name whose line of the entries unit nvcc rejected, if its first error is there."""
-    m = _LOCATION_RE.search(log)
-    if not names or m is None or m.group("file") != str(unit):
-        return None
-    index = int(m.group("line")) - _UNIT_HEAD_LINES - 1
-    return names[index] if 0 <= index < len(names) else None
-
-
-_NVRTC_NAME_RE = re.compile(r"^__nv_name_map\(\d+\): error: .*\n\s*#pragma nv_mangled_name (?P<name>.+?)\s*$", re.M)
-
-
-def _nvrtc_name_in_error(log: str, names: tuple[str, ...]) -> str | None:
-    """The name expression NVRTC rejected, if its first error is in one (NVRTC echoes it as
-    `#pragma nv_mangled_name NAME` in its `__nv_name_map`)."""
-    m, first = _NVRTC_NAME_RE.search(log), _LOCATION_RE.search(log)
-    if m is None or first is None or first.start() != m.start():
-        return None
-    return next((n for n in names if n == m.group("name")), m.group("name"))
 
 
 def _one_line(text: str) -> str:

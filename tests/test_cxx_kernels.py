@@ -1,6 +1,6 @@
 """C++ kernels (names as C++ spells them, templates, namespaces, bridged entries) with NVRTC
 and nvcc alike: a template named in the manifest needs no explicit instantiation with either
-compiler, nvcc's objects name their own entries (its entries unit, compilers.entries_unit), so
+compiler, nvcc's objects name their own entries (its entries unit, cxx_names.entries_unit), so
 an nvcc build never needs NVRTC. Real NVRTC, nvcc, ptxas and iree-compile; the GPU tests run
 tests/data/cxx_kernels built by each compiler."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import kitdispatch as kd
-from kitdispatch import compilers
+from kitdispatch import compilers, cxx_names
 from kitdispatch.archs import Arch
 from kitdispatch.bridge import rewrite_entry
 from kitdispatch.cache import object_key
@@ -63,7 +63,7 @@ def test_nvcc_objects_name_their_entries_as_nvrtc_does(tmp_path, fmt):
         for entry in want.values():
             assert entry.encode() in obj.data
     # The unit the object came from is in the commands, to re-run by hand.
-    assert obj.commands[0].startswith(f"# {compilers.ENTRIES_UNIT}: #include ")
+    assert obj.commands[0].startswith(f"# {cxx_names.ENTRIES_UNIT}: #include ")
 
 
 @pytest.fixture
@@ -193,8 +193,8 @@ def test_the_entries_unit_is_in_the_object_key(tmp_path, monkeypatch):
 
     before = key(named)
     assert key(named) == before and key(CompileOptions()) != before
-    unit = compilers.entries_unit
-    monkeypatch.setattr(compilers, "entries_unit", lambda path, names: unit(path, names) + "// another unit\n")
+    unit = cxx_names.entries_unit
+    monkeypatch.setattr(cxx_names, "entries_unit", lambda path, names: unit(path, names) + "// another unit\n")
     assert key(named) != before
     assert key(CompileOptions()) == key(CompileOptions())  # a source without C++ names compiles as it is
 
@@ -213,17 +213,17 @@ def test_quoted_includes_resolve_beside_the_source(tmp_path):
 def test_an_error_in_the_source_stays_the_sources(tmp_path):
     """Only an error on a line of the entries unit is the manifest's name; one in the source,
     even a source of the unit's file name, is the source's, with the unit in the log."""
-    source = tmp_path / compilers.ENTRIES_UNIT
+    source = tmp_path / cxx_names.ENTRIES_UNIT
     source.write_text("template <typename T>\n__global__ void k(T* x) { x[0] = 1; }\nint broken = ;\n")
     with pytest.raises(CompileError) as failed:
         NvccCompiler().compile(source, SM80, "ptx", CompileOptions(name_expressions=("k<int>",)))
     assert type(failed.value) is CompileError and failed.value.where == f"{source}:3"
-    assert failed.value.log.startswith(f"{compilers.ENTRIES_UNIT}, the unit nvcc compiled:\n#include \"{source}\"\n")
+    assert failed.value.log.startswith(f"{cxx_names.ENTRIES_UNIT}, the unit nvcc compiled:\n#include \"{source}\"\n")
 
 
 def test_a_source_path_the_unit_cannot_include_is_refused():
     with pytest.raises(KitError, match="its path holds a quote, backslash or line break"):
-        compilers.entries_unit(Path('/tmp/a"b/k.cu'), ("k<int>",))
+        cxx_names.entries_unit(Path('/tmp/a"b/k.cu'), ("k<int>",))
 
 
 # ------------------------------------------------------------------------------- GPU
