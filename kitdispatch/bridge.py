@@ -91,7 +91,16 @@ def rewrite_entry(ptx: str, entry: str, pointers: tuple[int, ...]) -> str:
     body, temps = _rewrite_loads(ptx[body_start:body_end], split, entry)
     declare = f"\n\t.reg .b32 \t%kdw<{temps}>;" if temps else ""
     head = ptx[m.start() : m.start("params")] + "\n\t" + header + "\n)" + m.group("directives") + "{"
-    return ptx[: m.start()] + head + declare + body + ptx[body_end:]
+    before, after = _redeclared(ptx[: m.start()], entry, header), _redeclared(ptx[body_end:], entry, header)
+    return before + head + declare + body + after
+
+
+def _redeclared(ptx: str, entry: str, header: str) -> str:
+    """`ptx` with the entry's declarations (nvcc writes one before a variable holding the
+    kernel's address, e.g. the entries unit's) taking the rewritten parameters: ptxas
+    refuses a declaration that differs from the definition."""
+    declaration = re.compile(rf"(\.entry\s+{re.escape(entry)}\s*\()[^)]*(\)\s*;)")
+    return declaration.sub(lambda d: d.group(1) + "\n\t" + header + "\n" + d.group(2), ptx)
 
 
 def _param(decl: str) -> _Param:
@@ -259,9 +268,6 @@ class BridgingCompiler:
         if not options.bridges:
             return search
         return dataclasses.replace(search, header_versions=search.header_versions + (assembler_version(self.name),))
-
-    def lowered_names(self, source: Path, names, options: CompileOptions):
-        return self.inner.lowered_names(source, names, options)
 
     def compile(self, source: Path, arch: Arch, fmt: str, options: CompileOptions) -> ObjectCode:
         if not options.bridges:

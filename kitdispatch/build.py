@@ -277,12 +277,14 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     reference = _reference_path(spec)
     label = f"{spec.name}: " if shared.modules > 1 else ""  # whose step it is, when there are several
 
-    built = _compile_all(spec, options, compiler, lambda what, secs: shared.report(label + what, secs))
+    # Fixed before the entries are resolved: the resolved spec names C++ kernels by their entries.
+    source_options = {s: compile_options_for(spec, s, options) for s in dict.fromkeys(spec.source_path(k.source) for k in spec.kernels)}
+    built = _compile_all(spec, options, source_options, compiler, lambda what, secs: shared.report(label + what, secs))
     # After the compile, which refuses an architecture the compiler cannot target with the
     # list of those it can: a better first message for `--arch sm_50` than IREE's targets.
     codegen = choose_codegen_target(options.archs, options.codegen_target)
-    spec = _resolve_entries(spec, built, compiler, options)
-    abi_warnings = _check_objects(spec, built, compiler, options, shared.cache)
+    spec = _resolve_entries(spec, built)
+    abi_warnings = _check_objects(spec, built, compiler, options, source_options, shared.cache)
     preflight_notes = _preflight(built, shared.driver)
 
     templates = shared.cache.template_dir if shared.cache is not None else None
@@ -391,11 +393,12 @@ def compile_options_for(spec: ModuleSpec, source: Path, options: BuildOptions) -
     return dataclasses.replace(options.compile_options, name_expressions=names, bridges=bridges)
 
 
-def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Callable[[str, float], None]) -> list[_Built]:
+def _compile_all(
+    spec: ModuleSpec, options: BuildOptions, source_options: dict[Path, CompileOptions], compiler, report: Callable[[str, float], None]
+) -> list[_Built]:
     """Cached objects first, in this thread; then what is left, each on a thread of its own
     (the compiler's slots bound how many run at once)."""
     jobs = _jobs(spec, options)
-    source_options = {job.source: compile_options_for(spec, job.source, options) for job in jobs}
     found = {job: compiler.lookup(job.source, job.archs, job.format, source_options[job.source]) for job in jobs}
     for job, obj in found.items():
         if obj is not None:
@@ -419,43 +422,35 @@ def _compile_all(spec: ModuleSpec, options: BuildOptions, compiler, report: Call
     return [_Built(job, found[job]) for job in jobs]
 
 
-def _resolve_entries(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> ModuleSpec:
-    """C++ kernels get their entries (mangled names) from the build's own compile: NVRTC
-    reports them for the name expressions it was given. nvcc's objects do not say them, so
-    those come from one NVRTC name lookup."""
+def _resolve_entries(spec: ModuleSpec, built: list[_Built]) -> ModuleSpec:
+    """C++ kernels get their entries (mangled names) from the build's own objects: NVRTC
+    reports them for its name expressions, nvcc's entries unit names them in its PTX
+    (compilers.entries_unit); either compiler alone, the other need not compile the source."""
     kernels = []
     for k in spec.kernels:
         if k.cpp_name and k.symbol is None:
             src = spec.source_path(k.source)
-            lowered = next((dict(b.obj.lowered).get(k.name) for b in built if b.obj.source == src and dict(b.obj.lowered).get(k.name)), None)
+            lowered = next((dict(b.obj.lowered)[k.name] for b in built if b.obj.source == src and k.name in dict(b.obj.lowered)), None)
             if lowered is None:
-                lowered = _lowered_by_nvrtc(src, k.name, compiler, options)
+                raise KitError(
+                    f"the compiled objects of {src} do not say the entry of C++ kernel {k.name!r}",
+                    where=str(src),
+                    fix="report this to kitdispatch; meanwhile name the kernel by its mangled entry, with `params`",
+                )
             k = dataclasses.replace(k, symbol=lowered)
         kernels.append(k)
     return dataclasses.replace(spec, kernels=tuple(kernels))
 
 
-def _lowered_by_nvrtc(source: Path, name: str, compiler, options: BuildOptions) -> str:
-    from .compilers import NvrtcCompiler
-
-    lookup = compiler if compiler.name == "nvrtc" else NvrtcCompiler(timeout=options.compile_timeout)
-    try:
-        return lookup.lowered_names(source, (name,), options.compile_options)[name]
-    except KitError as exc:
-        raise ManifestError(
-            f"cannot find the mangled name of C++ kernel {name!r}: {exc.what}",
-            where=str(source),
-            fix='declare the kernel extern "C", or make the source compile with NVRTC too',
-        ) from None
-
-
-def _ptx_with_lines(spec: ModuleSpec, source: Path, arch: Arch, compiler, options: BuildOptions) -> bytes:
+def _ptx_with_lines(source: Path, arch: Arch, compiler, source_options: dict[Path, CompileOptions]) -> bytes:
     """The source's PTX with -lineinfo, for an error that names the source line."""
-    with_lines = dataclasses.replace(compile_options_for(spec, source, options), line_info=True)
+    with_lines = dataclasses.replace(source_options[source], line_info=True)
     return compiler.compile(source, arch, "ptx", with_lines).data
 
 
-def _check_objects(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, cache: Cache | None) -> tuple[Diagnostic, ...]:
+def _check_objects(
+    spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, source_options: dict[Path, CompileOptions], cache: Cache | None
+) -> tuple[Diagnostic, ...]:
     """The objects against the kernels (ABI, stores to inputs, architecture features); the
     verdict is cached under both, so a rebuild with nothing new does not re-read megabytes of
     PTX. A failing check raises, so only passing verdicts (with their warnings) are stored."""
@@ -466,14 +461,14 @@ def _check_objects(spec: ModuleSpec, built: list[_Built], compiler, options: Bui
         hit = cache.get("checks", key)
         if hit is not None:
             return tuple(Diagnostic(**d) for d in hit[0].get("warnings", []))
-    warnings = _check_abi(spec, built, compiler, options)
-    check_arch_features([b.obj for b in built], lambda src, arch: _ptx_with_lines(spec, src, arch, compiler, options))
+    warnings = _check_abi(spec, built, compiler, options, source_options)
+    check_arch_features([b.obj for b in built], lambda src, arch: _ptx_with_lines(src, arch, compiler, source_options))
     if key is not None:
         cache.put("checks", key, {"warnings": [dataclasses.asdict(w) for w in warnings]}, b"")
     return warnings
 
 
-def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> tuple[Diagnostic, ...]:
+def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, source_options: dict[Path, CompileOptions]) -> tuple[Diagnostic, ...]:
     """Every kernel against the PTX of its source: entry name, parameters, block size; and a
     warning for each `in` buffer the kernel stores through (it would write IREE's read-only
     input). nvcc's cubins and fatbins carry no PTX, so those sources get one PTX compile."""
@@ -486,7 +481,7 @@ def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOp
         src = spec.source_path(kernel.source)
         if src not in ptx_by_source:
             oldest = min(options.archs)
-            probe = compiler.compile(src, oldest, "ptx", compile_options_for(spec, src, options))
+            probe = compiler.compile(src, oldest, "ptx", source_options[src])
             ptx_by_source[src] = (probe.ptx, oldest.name)
         ptx, arch = ptx_by_source[src]
         text = ptx.decode(errors="replace")

@@ -472,9 +472,6 @@ class CachedCompiler:
     def include_search(self, source: Path, options: CompileOptions):
         return self.inner.include_search(source, options)
 
-    def lowered_names(self, source: Path, names: tuple[str, ...], options: CompileOptions) -> dict[str, str]:
-        return self.inner.lowered_names(source, names, options)
-
     def compile(self, source: Path, arch: Arch, fmt: str, options: CompileOptions) -> ObjectCode:
         return self._cached(source, (arch,), fmt, options, lambda: self.inner.compile(source, arch, fmt, options))
 

@@ -6,7 +6,6 @@ object cache and the build wrap them once.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 import shlex
@@ -22,6 +21,7 @@ from ._proc import run_tool
 from ._resources import installed_version, kit_headers
 from ._workers import POOL, map_in_threads
 from .archs import Arch, check_supported, ptx_fallback_archs
+from .cxx_names import ENTRIES_UNIT, entries_named, entries_unit, entries_unit_digest, name_in_nvrtc_error, name_in_unit_error, unknown_kernel_error
 from .errors import CompileError, KitError, ToolError
 from .toolchain import find_nvrtc, load_nvfatbin, not_installed_error
 
@@ -39,8 +39,8 @@ class CompileOptions:
     fast_math: bool = False
     line_info: bool = False
     extra_flags: tuple[str, ...] = ()
-    # C++ kernel names (`scale<float>`) NVRTC must instantiate and name in the object; nvcc
-    # has no such switch, so there a template kernel needs an explicit instantiation.
+    # C++ kernel names (`scale<float>`) the compiler must instantiate and name in the object:
+    # NVRTC's name expressions; nvcc compiles the source through `entries_unit`.
     name_expressions: tuple[str, ...] = ()
     # Entries to adapt to IREE's parameter passing, (kernel name, pointer positions) each;
     # applied by bridge.BridgingCompiler, not by the compiler itself (no flag).
@@ -64,7 +64,7 @@ class ObjectCode:
     `archs` holds one architecture for PTX and cubin, every SASS architecture for a fatbin.
     `ptx` is the PTX the object was made from, when the compiler gave it: the build reads
     kernel entries and the PTX ISA version from it. `lowered` maps C++ kernel names to their
-    entries in the object (NVRTC name expressions); `diagnostics` holds what the compiler
+    entries in the object (NVRTC name expressions, nvcc's entries unit); `diagnostics` holds what the compiler
     printed on success (warnings).
     """
 
@@ -221,12 +221,6 @@ class NvrtcCompiler:
             return ObjectCode.from_ptx(reply["ptx"], arch, source, self.name, **extra)
         return ObjectCode.from_cubin(reply["cubin"], arch, source, self.name, ptx=reply["ptx"], **extra)
 
-    def lowered_names(self, source: Path, names: tuple[str, ...], options: CompileOptions) -> dict[str, str]:
-        """The mangled entry names of C++ kernels (`scale`, `scale<float>`) through NVRTC
-        name expressions; for nvcc builds, whose objects do not say them."""
-        named = dataclasses.replace(options, name_expressions=tuple(names))
-        return self._run(source, self._flags(source, named), named, cubin=False)["lowered"]
-
     def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
         install = find_nvrtc()
         if install is None:
@@ -266,6 +260,9 @@ class NvrtcCompiler:
         with self._slots:
             reply = POOL.call("nvrtc_compile", request, timeout=self.timeout, what=f"NVRTC compiling {source}", argv=argv)
         if not reply["ok"]:
+            named = name_in_nvrtc_error(reply["log"], _LOCATION_RE.search(reply["log"]))
+            if named is not None:
+                raise unknown_kernel_error("NVRTC", named, source, log=reply["log"], argv=argv)
             raise CompileError(
                 f"NVRTC failed to compile {source}" + (f" for {target}" if target else ""),
                 where=_first_error_location(reply["log"]) or str(source),
@@ -353,7 +350,10 @@ class NvccCompiler:
         self.path = found
 
     def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
-        return IncludeSearch(tuple(options.include_dirs))  # nvcc's own headers: its version
+        # nvcc's own headers: its version. C++ names compile through the entries unit, a
+        # function of the names (in the key) and of how the kit writes it (its digest here).
+        unit = (("kitdispatch-entries-unit", entries_unit_digest()),) if options.name_expressions else ()
+        return IncludeSearch(tuple(options.include_dirs), header_versions=unit)
 
     def version(self) -> str:
         out = run_tool([self.path, "--version"], timeout=30).stdout
@@ -371,44 +371,80 @@ class NvccCompiler:
     def compile(self, source: Path, arch: Arch, fmt: ObjectFormat, options: CompileOptions) -> ObjectCode:
         check_archs(self, (arch,))
         read_source(source)  # a clear error for a missing file before nvcc's own
-        with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
-            out = Path(tmp) / f"out.{fmt}"
-            arch_flag = f"-arch={arch.compute_name}" if fmt == "ptx" else f"-arch={arch.name}"
-            argv = [self.path, f"--{fmt}", arch_flag, *options.flags(), "-o", str(out), str(source)]
-            self._run(argv, source, arch.name)
-            data = out.read_bytes()
+        arch_flag = f"-arch={arch.compute_name}" if fmt == "ptx" else f"-arch={arch.name}"
+        data, extra = self._compile([f"--{fmt}", arch_flag], f"out.{fmt}", source, arch.name, options)
         make = ObjectCode.from_ptx if fmt == "ptx" else ObjectCode.from_cubin
-        return make(data, arch, source, self.name, commands=(_shown_command(argv, out),))
+        return make(data, arch, source, self.name, **extra)
 
     def compile_fatbin(self, source: Path, archs: tuple[Arch, ...], options: CompileOptions) -> ObjectCode:
         check_archs(self, archs)
         read_source(source)
         gencode = [f"-gencode=arch={a.compute_name},code={a.name}" for a in archs]
         gencode += [f"-gencode=arch={a.compute_name},code={a.compute_name}" for a in ptx_fallback_archs(archs)]
-        with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
-            out = Path(tmp) / "out.fatbin"
-            argv = [self.path, "--fatbin", *gencode, *options.flags(), "-o", str(out), str(source)]
-            self._run(argv, source, ", ".join(a.name for a in archs))
-            return ObjectCode.from_fatbin(out.read_bytes(), tuple(archs), source, self.name, commands=(_shown_command(argv, out),))
+        what = ", ".join(a.name for a in archs)
+        data, extra = self._compile(["--fatbin", *gencode], "out.fatbin", source, what, options)
+        return ObjectCode.from_fatbin(data, tuple(archs), source, self.name, **extra)
 
-    def _run(self, argv: list[str], source: Path, what: str) -> None:
+    def _compile(self, mode: list[str], out_name: str, source: Path, what: str, options: CompileOptions) -> tuple[bytes, dict]:
+        """One nvcc run in a temporary folder: the object's bytes and ObjectCode's `lowered`
+        and `commands`. A source with C++ kernel names compiles through its entries unit
+        (`entries_unit`), and the PTX nvcc made says each name's entry."""
+        with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
+            folder = Path(tmp)
+            out, unit, keep = folder / out_name, source, []
+            names = options.name_expressions
+            if names:
+                unit = folder / ENTRIES_UNIT
+                unit.write_text(entries_unit(source, names))
+                if not out_name.endswith(".ptx"):  # a cubin or fatbin lacks the PTX that names the entries: keep nvcc's
+                    (folder / "kept").mkdir()
+                    keep = ["--keep", f"--keep-dir={folder / 'kept'}"]
+            argv = [self.path, *mode, *options.flags(), *keep, "-o", str(out), str(unit)]
+            self._run(argv, source, what, names, folder)
+            data = out.read_bytes()
+            lowered = entries_named(_kept_ptx(folder, out), source, names) if names else {}
+            commands = ((f"# {ENTRIES_UNIT}: {_one_line(unit.read_text())}",) if names else ()) + (shlex.join(_shown_argv(argv, folder)),)
+            return data, {"lowered": tuple(lowered.items()), "commands": commands}
+
+    def _run(self, argv: list[str], source: Path, what: str, names: tuple[str, ...], folder: Path) -> None:
         with self._slots:
             res = run_tool(argv, timeout=self.timeout)
         if res.returncode != 0:
             log = res.stderr + res.stdout
+            if names:  # the unit is gone with its folder: the log says what to write to re-run
+                log = f"{ENTRIES_UNIT}, the unit nvcc compiled:\n{(folder / ENTRIES_UNIT).read_text()}\n{log}"
+            shown = _shown_argv(argv, folder)
+            named = name_in_unit_error(_LOCATION_RE.search(log), names, folder / ENTRIES_UNIT)
+            if named is not None:
+                raise unknown_kernel_error("nvcc", named, source, log=log, argv=shown, returncode=res.returncode)
             raise CompileError(
                 f"nvcc failed to compile {source} for {what}",
                 where=_first_error_location(log) or str(source),
-                argv=argv,
+                argv=shown,
                 returncode=res.returncode,
                 log=log,
                 fix="fix the error in the kernel source shown in the log",
             )
 
 
-def _shown_command(argv: list[str], out: Path) -> str:
-    """nvcc's command with its temporary output named by its file name alone."""
-    return shlex.join(out.name if a == str(out) else a for a in argv)
+def _kept_ptx(folder: Path, out: Path) -> bytes:
+    """The PTX of this nvcc run: the output itself, or what `--keep` left (any architecture's:
+    mangled names do not depend on it)."""
+    if out.suffix == ".ptx":
+        return out.read_bytes()
+    kept = sorted((folder / "kept").glob("*.ptx"))
+    if not kept:
+        raise KitError("nvcc kept no PTX for the kernels' entries", fix="report this to kitdispatch with the nvcc version")
+    return kept[0].read_bytes()
+
+
+def _one_line(text: str) -> str:
+    return text.strip().replace("\n", " \\n ")
+
+
+def _shown_argv(argv: list[str], folder: Path) -> list[str]:
+    """nvcc's command with the paths in its temporary folder named relative to it."""
+    return [a.replace(f"{folder}/", "") for a in argv]
 
 
 # ------------------------------------------------------------------------------- shared

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from .errors import AbiError
 from .spec import Buffer, Kernel
 
+# An entry's definition; a declaration (`.entry k (...);`, before a variable that holds the
+# kernel's address) ends at its `;` and is no match.
 ENTRY_RE = re.compile(
-    r"\.entry\s+(?P<name>[\w$.]+)\s*\((?P<params>[^)]*)\)(?P<directives>[^{]*)\{", re.S
+    r"\.entry\s+(?P<name>[\w$.]+)\s*\((?P<params>[^)]*)\)(?P<directives>[^{;]*)\{", re.S
 )
 _PARAM_RE = re.compile(
     r"\.param\s+(?:\.align\s+(?P<align>\d+)\s+)?(?:\.ptr\s+(?:\.\w+\s+)*)?\.(?P<type>[usfb]\d+)"

@@ -57,17 +57,20 @@ def prebuilt_dir():
     return Path(path) if path else None
 
 
-def prebuilt_or_build(source: Path, tmp_path_factory, prebuilt_dir, archs: str = "sm_80,sm_90") -> Path:
+def prebuilt_or_build(source: Path, tmp_path_factory, prebuilt_dir, archs: str = "sm_80,sm_90", *, compiler: str = "nvrtc") -> Path:
     """A project built for `archs` here, or its prebuilt copy on a GPU machine (named after
-    the project's folder) where there is no iree-compile."""
+    the project's folder, `NAME.nvcc` for an nvcc build) where there is no iree-compile."""
+    name = source.name if compiler == "nvrtc" else f"{source.name}.{compiler}"
     if prebuilt_dir is not None:
-        return prebuilt_dir / source.name
+        return prebuilt_dir / name
     if not HAVE_IREE_COMPILE:
         pytest.skip("neither iree-compile nor KITDISPATCH_PREBUILT is available")
+    if compiler == "nvcc" and not HAVE_NVCC:
+        pytest.skip("nvcc is not on PATH")
     from kitdispatch import BuildOptions, build
 
-    out = tmp_path_factory.mktemp(source.name)
-    build(source, BuildOptions.create(archs), out)
+    out = tmp_path_factory.mktemp(name)
+    build(source, BuildOptions.create(archs, compiler=compiler), out)
     return out
 
 

@@ -235,16 +235,22 @@ def test_a_cpp_kernel_missing_from_the_object_lists_the_entries(tmp_path):
     root = write_kernel_project(tmp_path / "src", cu, toml)
     result = build(root, BuildOptions.create("sm_80"), tmp_path / "out")
     assert "hal.executable.export public @_Z1aPii ordinal(0)" in result.mlir.read_text()
-    # A template without an explicit instantiation: NVRTC instantiates it from the name
-    # expression; nvcc cannot, and the error lists the entries there are.
+    # A template without an explicit instantiation: the name instantiates it, with NVRTC (a
+    # name expression) and with nvcc (the entries unit); tests/test_cxx_kernels.py has more.
     cu += "template <typename T> __global__ void t(T* out, T v) { out[0] = v; }\n"
     toml += toml.replace('name = "a"', 'name = "t<int>"') + 'scalars = { v = "i32" }\n'
     root = write_kernel_project(tmp_path / "src2", cu, toml)
     result = build(root, BuildOptions.create("sm_80"), tmp_path / "out2")
     assert "hal.executable.export public @_Z1tIiEvPT_S0_" in result.mlir.read_text()
     if shutil.which("nvcc"):
-        with pytest.raises(KitError, match=r"'t<int> \(_Z1tIiEvPT_S0_\)' is not in the compiled object \(entries found: _Z1aPii, _Z1bPii\)"):
-            build(root, BuildOptions.create("sm_80", compiler="nvcc"), tmp_path / "out3")
+        result = build(root, BuildOptions.create("sm_80", compiler="nvcc"), tmp_path / "out3")
+        assert "hal.executable.export public @_Z1tIiEvPT_S0_" in result.mlir.read_text()
+    # An entry the object lacks (a mangled name, with its params) is refused with the entries there are.
+    toml = ('[[kernels]]\nname = "_Z1tIlEvPT_S0_"\nsource = "k.cu"\nworkgroup_size = [32]\nworkgroup_count = [1]\n'
+            'params = [{ name = "out", out = "i32[32]" }, { name = "v", scalar = "i32" }]\n')
+    root = write_kernel_project(tmp_path / "src3", cu, toml)
+    with pytest.raises(KitError, match=r"'_Z1tIlEvPT_S0_' is not in the compiled object \(entries found: _Z1aPii, _Z1bPii\)"):
+        build(root, BuildOptions.create("sm_80"), tmp_path / "out4")
 
 
 # ---------------------------------------------------------------------------- headers
