@@ -13,6 +13,7 @@ that tests/test_models.py compares (OUT/<sample>_model, with their baselines).
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,8 @@ import kitdispatch as kd  # noqa: E402
 HOPPER = {"matmul", "attention"}
 # Test modules that are not CUDA builds (tests/data/cpu_calls runs on IREE's CPU device).
 NOT_CUDA = {"cpu_calls"}
+# Projects the GPU tests also run as built by nvcc (OUT/NAME.nvcc), where nvcc is installed.
+NVCC_TOO = {"cxx_kernels"}
 # (sample, project) pairs tests/test_models.py compares on the GPU.
 MODELS = {
     "onnx_softmax": ROOT / "samples" / "onnx_softmax",
@@ -45,11 +48,14 @@ def projects() -> list[Path]:
 def build_projects(out: Path, failures: list[str]) -> None:
     for project in projects():
         archs = "sm_90a,sm_80" if project.name in HOPPER else "sm_80,sm_90"
-        try:
-            kd.build(project, kd.BuildOptions.create(archs), out / project.name)
-            print(f"built {project.relative_to(ROOT)} ({archs})", flush=True)
-        except kd.KitError as exc:
-            failures.append(f"{project.relative_to(ROOT)}: {str(exc).splitlines()[0]}")
+        compilers = ["nvrtc"] + (["nvcc"] if project.name in NVCC_TOO and shutil.which("nvcc") else [])
+        for compiler in compilers:
+            name = project.name if compiler == "nvrtc" else f"{project.name}.{compiler}"
+            try:
+                kd.build(project, kd.BuildOptions.create(archs, compiler=compiler), out / name)
+                print(f"built {project.relative_to(ROOT)} ({archs}, {compiler})", flush=True)
+            except kd.KitError as exc:
+                failures.append(f"{project.relative_to(ROOT)} ({compiler}): {str(exc).splitlines()[0]}")
 
 
 def build_models(out: Path, failures: list[str]) -> None:
