@@ -261,10 +261,10 @@ def _shared_memory_check(kernel: Kernel, index: IndexOps) -> None:
     index.check_at_most(
         value,
         kernel.dynamic_shared_memory,
-        f"kernel {kernel.name}: this call needs dynamic_shared_memory = {need} bytes (with its {sizes}), "
-        f"more than the {kernel.dynamic_shared_memory} bytes each launch reserves (dynamic_shared_memory_max); "
-        f"raise dynamic_shared_memory_max (at most the device's opt-in limit per block, 227 KiB on sm_90) "
-        f"or call with smaller sizes",
+        f"kernel {kernel.name}: dynamic_shared_memory = {need} bytes for this call's {sizes} is more than the "
+        f"{kernel.dynamic_shared_memory} bytes each launch reserves (dynamic_shared_memory_max); raise "
+        f"dynamic_shared_memory_max (up to the GPU's opt-in limit per block: 227 KiB on sm_90 and sm_100, "
+        f"163 KiB on sm_80, 99 KiB on sm_86, sm_89 and sm_120) or call with smaller sizes",
     )
 
 
