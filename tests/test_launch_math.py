@@ -286,3 +286,45 @@ def test_grid_stride_kernel_gets_min_of_its_count(launch_math_build, n, blocks):
     y, got_blocks = (r.to_host() if hasattr(r, "to_host") else np.asarray(r) for r in module.scale_grid_stride(x))
     np.testing.assert_array_equal(y, x * np.float32(2.0))
     assert int(got_blocks[0]) == blocks
+
+
+TILES_CU = r"""
+extern "C" __global__ void tiles(const float* __restrict__ x, float* __restrict__ y, int n, int tile, int total) {
+  extern __shared__ float buffer[];
+  int i = blockIdx.x * tile + threadIdx.x;
+  if (threadIdx.x < tile && i < n) { buffer[threadIdx.x] = x[i]; y[i] = buffer[threadIdx.x] + total; }
+}
+"""
+TILES_TOML = """
+name = "tiles"
+[[kernels]]
+name = "tiles"
+source = "k.cu"
+workgroup_size = [256]
+workgroup_count = ["ceildiv(n, tile)"]
+shapes = { x = "f32[n]", y = "f32[n]" }
+values = { total = "ceildiv(n, tile) * tile" }
+dynamic_shared_memory = "tile * sizeof(float)"
+"""
+
+
+@needs_iree_compile
+@needs_nvrtc
+def test_integer_scalar_arguments_in_counts_values_and_shared_memory(tmp_path):
+    """`tile` is an argument of the function: the grid divides by it, `total` multiplies by it,
+    the shared memory grows with it. The function checks tile != 0 and the need against the
+    48 KiB default before the dispatch; the whole module compiles."""
+    from conftest import write_kernel_project
+
+    root = write_kernel_project(tmp_path / "src", TILES_CU, TILES_TOML)
+    result = build(root, BuildOptions.create("sm_80"), tmp_path / "out")
+    mlir = result.mlir.read_text()
+    assert "func.func @tiles(%x: tensor<?xf32>, %tile: i32) -> (tensor<?xf32>)" in mlir
+    assert "count(%device: !hal.device, %n: index, %tile: index)" in mlir
+    assert "%count_x = arith.ceildivsi %n, %tile : index" in mlir
+    body = mlir[mlir.index("func.func @tiles"):]
+    body = body[: body.index("flow.dispatch")]
+    assert "tiles: workgroup_count x 'ceildiv(n, tile)' divides by a value that is 0 in this call" in body
+    assert "%total_index = arith.muli" in body and "workgroup_local_memory = 49152>" in mlir
+    assert "kernel tiles: dynamic_shared_memory = tile * sizeof(float) bytes for this call's tile is more than the 49152 bytes" in body
+    assert result.vmfb.is_file()
