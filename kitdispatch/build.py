@@ -390,7 +390,29 @@ def compile_options_for(spec: ModuleSpec, source: Path, options: BuildOptions) -
     mine = [k for k in spec.kernels if spec.source_path(k.source) == source]
     names = tuple(k.name for k in mine if k.cpp_name and k.symbol is None)
     bridges = tuple(entry_bridge(k) for k in mine if k.needs_bridge)
-    return dataclasses.replace(options.compile_options, name_expressions=names, bridges=bridges)
+    base = _with_manifest_flags(spec, source, options.compile_options)
+    return dataclasses.replace(base, name_expressions=names, bridges=bridges)
+
+
+def _with_manifest_flags(spec: ModuleSpec, source: Path, options: CompileOptions) -> CompileOptions:
+    """The manifest's include_dirs and defines for `source` before the build's own (-I, -D:
+    the command line has the last word). Each folder must exist: a typo would otherwise
+    show up as a missing header, far from its cause."""
+    dirs, defines = spec.source_flags(source)
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise ManifestError(
+                f"include directory {d} (for {source.name}) is not a folder",
+                where=f"module {spec.name!r}",
+                fix="fix include_dirs; relative folders are relative to the manifest's folder",
+            )
+    if not dirs and not defines:
+        return options
+    return dataclasses.replace(
+        options,
+        include_dirs=(*dirs, *(d for d in options.include_dirs if d not in dirs)),
+        defines=(*defines, *options.defines),
+    )
 
 
 def _compile_all(

@@ -38,7 +38,7 @@ else:  # the same parser, as a package (kitdispatch depends on it there)
 
 MANIFEST_NAME = "kitdispatch.toml"
 
-_TOP_KEYS = {"name": False, "kernels": True, "programs": False, "test": False}
+_TOP_KEYS = {"name": False, "kernels": True, "programs": False, "test": False, "include_dirs": False, "defines": False}
 _KERNEL_KEYS = {
     "name": True,
     "source": True,
@@ -53,8 +53,11 @@ _KERNEL_KEYS = {
     "function": False,
     "format": False,
     "dynamic_shared_memory": False,
+    "dynamic_shared_memory_max": False,
     "replaces": False,
     "replace_when": False,
+    "include_dirs": False,
+    "defines": False,
 }
 _REPLACE_WHEN_KEYS = {"multiple_of": False, "max": False, "dimension": False, "pattern": False}
 _PROGRAM_KEYS = {"source": True, "functions": True}
@@ -100,7 +103,10 @@ def parse_manifest(data: dict[str, Any], *, root: Path, where: str) -> ModuleSpe
         for i, p in enumerate(_list_of_tables(data.get("programs", []), f"{where}: programs"))
     ]
     test = _parse_test(data.get("test", {}), root, f"{where}: test")
-    return ModuleSpec.create(name, kernels, root=root, programs=programs, test=test, where=where)
+    return ModuleSpec.create(
+        name, kernels, root=root, programs=programs, test=test,
+        include_dirs=data.get("include_dirs", ()), defines=data.get("defines", ()), where=where,
+    )
 
 
 def _default_name(root: Path) -> str:
@@ -121,9 +127,12 @@ def kernel_from_source(
     values: dict[str, int | float | str] | None = None,
     function: str | None = None,
     format: str | None = None,
-    dynamic_shared_memory: int = 0,
+    dynamic_shared_memory: int | str = 0,
+    dynamic_shared_memory_max: int | None = None,
     replaces: list[str] | None = None,
     replace_when: dict[str, Any] | None = None,
+    include_dirs: list[str] | tuple[str, ...] = (),
+    defines: list[str] | tuple[str, ...] = (),
     root: str | Path = ".",
 ) -> Kernel:
     """The Python API's twin of a manifest entry without `params`: the layout comes from the
@@ -144,8 +153,11 @@ def kernel_from_source(
         "function": function,
         "format": format,
         "dynamic_shared_memory": dynamic_shared_memory,
+        "dynamic_shared_memory_max": dynamic_shared_memory_max,
         "replaces": replaces,
         "replace_when": replace_when,
+        "include_dirs": list(include_dirs),
+        "defines": list(defines),
     }
     data.update({k: v for k, v in optional.items() if v})
     return _parse_kernel(data, Path(root), f"kernel {name!r}")
@@ -183,9 +195,12 @@ def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
         function=_string(data["function"], f"{where}: function") if "function" in data else None,
         format=data.get("format"),
         dynamic_shared_memory=data.get("dynamic_shared_memory", 0),
+        dynamic_shared_memory_max=data.get("dynamic_shared_memory_max"),
         # A C++ kernel's entry (its mangled name) comes from the build's own compile.
         cpp_name=sig is not None and not sig.extern_c,
         replaces=_parse_replaces(data, root, where),
+        include_dirs=data.get("include_dirs", ()),
+        defines=data.get("defines", ()),
         where=where,
     )
 

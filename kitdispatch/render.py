@@ -21,6 +21,7 @@ from .archs import Arch
 from .errors import ManifestError
 from .iree_compile import IreeRelease, target_release
 from . import abi
+from .index_ops import IndexOps
 from .spec import Buffer, IndexExpr, Kernel, ModuleSpec, Scalar, ScalarType, TensorType, distinct_names
 
 
@@ -298,16 +299,12 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
 
 def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
     workload = kernel.workload
-    symbol_index = {s: i for i, s in enumerate(workload)}
     # The region's values: `%device`, then the workload (a size may be named `device` or `count_x`).
-    ssa = _SsaNames()
-    workload_ssa = [ssa.take(s) for s in workload]
+    names = _SsaNames()
+    workload_ssa = [names.take(s) for s in workload]
+    index = IndexOps(names.take, dict(zip(workload, workload_ssa)), checked=False)
     count = [
-        {
-            "ssa": ssa.take(f"count_{axis}"),
-            "map": _affine_map(e, symbol_index),
-            "operands": ", ".join(f"%{s}" for s in workload_ssa) if e.symbols else "",
-        }
+        index.value(e, names.take(f"count_{axis}"), symbols=workload)
         for axis, e in zip("xyz", kernel.workgroup_count)
     ]
     return {
@@ -321,7 +318,10 @@ def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
         "bindings": ["" if not b.read_only else ", ReadOnly" for b in kernel.buffers],
         "workload": workload_ssa,
         "count": count,
-        # Dynamic shared memory travels as the export's workgroup_local_memory attribute.
+        "count_ops": index.ops,
+        # Dynamic shared memory travels as the export's workgroup_local_memory attribute: the
+        # bytes every launch gets (with an expression, the most a call may need; each call
+        # checks its own need against it, `_shared_memory_check`).
         "attributes": spelling.inherent(
             {"workgroup_size": "[" + ", ".join(f"{n} : index" for n in kernel.workgroup_size) + "]"},
             {"workgroup_local_memory": kernel.dynamic_shared_memory} if kernel.dynamic_shared_memory else {},
@@ -329,12 +329,25 @@ def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
     }
 
 
-def _affine_map(expr: IndexExpr, symbol_index: dict[str, int]) -> str:
-    """A map over every workload symbol, so operands are the same for each axis."""
-    symbols = ", ".join(f"s{i}" for i in range(len(symbol_index)))
-    used = symbol_index if expr.symbols else {}
-    head = f"()[{symbols}]" if used else "()"
-    return f"affine_map<{head} -> ({expr.affine(symbol_index)})>"
+def _shared_memory_check(kernel: Kernel, index: IndexOps) -> None:
+    """A call whose dynamic shared memory need (an expression over its sizes) exceeds what
+    each launch reserves fails before the dispatch, naming the kernel, the expression, its
+    sizes and the limit: IREE launches every call with the export's fixed size."""
+    need = kernel.dynamic_shared_memory_need
+    if need is None:
+        return
+    what = f"{kernel.name}: dynamic_shared_memory '{need}'"
+    index.check_divisors(need, what)
+    value = index.value(need, index.take("shared_memory"), what=what)
+    sizes = ", ".join(need.symbols)
+    index.check_at_most(
+        value,
+        kernel.dynamic_shared_memory,
+        f"kernel {kernel.name}: dynamic_shared_memory = {need} bytes for this call's {sizes} is more than the "
+        f"{kernel.dynamic_shared_memory} bytes each launch reserves (dynamic_shared_memory_max); raise "
+        f"dynamic_shared_memory_max (up to the GPU's opt-in limit per block: 227 KiB on sm_90 and sm_100, "
+        f"163 KiB on sm_80, 99 KiB on sm_86, sm_89 and sm_120) or call with smaller sizes",
+    )
 
 
 def _describe_params(kernel: Kernel) -> str:
@@ -398,19 +411,14 @@ def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
 
     # Push constant values, in C order: one i32 per constant (two for 64-bit scalars).
     constants = _Constants(ssa)
-    applies = []
+    index = IndexOps(ssa.take, symbol_ssa, checked=True)
+    for axis, e in zip("xyz", kernel.workgroup_count):
+        index.check_divisors(e, f"{kernel.name}: workgroup_count {axis} '{e}'")
+    _shared_memory_check(kernel, index)
     for s in kernel.scalars:
         value = s.value if s.value is not None or kernel.is_function_argument(s) else IndexExpr.parse(s.name, "")
         if isinstance(value, IndexExpr):
-            idx = ssa.take(f"{s.name}_index")
-            symbols = value.symbols
-            applies.append(
-                {
-                    "ssa": idx,
-                    "map": _affine_map(value, {sym: i for i, sym in enumerate(symbols)}),
-                    "operands": ", ".join(f"%{symbol_ssa[sym]}" for sym in symbols),
-                }
-            )
+            idx = index.value(value, ssa.take(f"{s.name}_index"), what=f"{kernel.name}: the value of {s.name} '{value}'")
             constants.from_index(s, idx)
         elif isinstance(value, float):
             constants.from_literal(s, value)
@@ -466,7 +474,7 @@ def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
         "index_constants": [{"ssa": v, "value": k} for k, v in index_constants.items()],
         "dims": dims,
         "symbol_casts": symbol_casts,
-        "applies": applies,
+        "applies": index.ops,
         "constant_ops": constants.ops,
         "allocas": allocas,
         "target": targets[0] if len(targets) == 1 else "{" + ", ".join(targets) + "}",

@@ -39,6 +39,9 @@ MAX_CONSTANT = 2**64  # u64 values fit; anything larger is a mistake
 # kernel's MAX_DYNAMIC_SHARED_SIZE_BYTES to the export's value and checks the device's own
 # limit when it loads the module (runtime/src/iree/hal/drivers/cuda/native_executable.c).
 MAX_DYNAMIC_SHARED_MEMORY = 227 * 1024
+# What each launch reserves for a dynamic_shared_memory expression unless
+# dynamic_shared_memory_max says otherwise: what every CUDA GPU gives a block without opting in.
+DEFAULT_DYNAMIC_SHARED_MEMORY_MAX = 48 * 1024
 OBJECT_FORMATS = ("ptx", "cubin", "fatbin")
 # Ops of an imported model a kernel may stand in for (`replaces`; replace.py decides per op).
 REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic", "iree_linalg_ext.attention")
@@ -193,9 +196,17 @@ def parse_value_type(text: object, where: str) -> TensorType | ScalarType:
 # ----------------------------------------------------------------------- expressions
 
 
+# Functions an index expression may call, with how many arguments each takes (min, max).
+INDEX_FUNCTIONS = {"ceildiv": (2, 2), "min": (2, 16), "max": (2, 16), "sizeof": (1, 1)}
+
+
 @dataclass(frozen=True)
 class IndexExpr:
-    """An affine expression over symbols: + - * by constants, // % ceildiv by constants."""
+    """An integer expression over symbols (sizes and integer scalars), as host code states
+    launch math: + - *, // % and ceildiv(a, b), min(a, b, ...), max(a, b, ...), and
+    sizeof(TYPE) (a C or kit type: sizeof(float) is 4). Division and % round as Python's do
+    (floor). Affine ones (products and divisors by constants) render as affine maps, others
+    as index arithmetic (render.py)."""
 
     text: str
     tree: ast.expr = field(compare=False, repr=False)
@@ -223,7 +234,7 @@ class IndexExpr:
             raise ManifestError(
                 f"cannot parse index expression {_shown(text)}: {getattr(exc, 'msg', None) or type(exc).__name__}",
                 where=where,
-                fix="use integers, dimension names, + - *, // and % by integers, and ceildiv(a, b)",
+                fix=EXPRESSION_HELP,
             ) from None
         expr = cls(text, tree)
         expr._check(tree, where)
@@ -231,10 +242,9 @@ class IndexExpr:
 
     @property
     def symbols(self) -> tuple[str, ...]:
-        callees = {id(n.func) for n in ast.walk(self.tree) if isinstance(n, ast.Call)}
         seen: dict[str, None] = {}
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Name) and id(node) not in callees:
+        for node in _walk_values(self.tree):
+            if isinstance(node, ast.Name):
                 seen.setdefault(node.id, None)
         return tuple(seen)
 
@@ -242,15 +252,21 @@ class IndexExpr:
     def constant(self) -> int | None:
         return None if self.symbols else self._fold(self.tree)
 
+    @property
+    def is_affine(self) -> bool:
+        """Whether an affine map can say it: symbols multiplied and divided only by constants
+        (divisors positive), no min or max."""
+        return _affine_node(self, self.tree)
+
     def affine(self, symbol_index: dict[str, int]) -> str:
-        """Renders this expression in MLIR affine syntax with symbols s0, s1, ..."""
+        """Renders this (affine) expression in MLIR affine syntax with symbols s0, s1, ..."""
         return self._affine(self.tree, symbol_index)
 
     def _check(self, node: ast.expr, where: str) -> None:
         bad = lambda why: ManifestError(  # noqa: E731
-            f"index expression {self.text!r} is not affine: {why}",
+            f"index expression {self.text!r} is not an integer expression the kit can compute: {why}",
             where=where,
-            fix="multiply only by integers; divide (//, ceildiv) and take % only by positive integers",
+            fix=EXPRESSION_HELP,
         )
         if isinstance(node, ast.Constant):
             if isinstance(node.value, bool) or not isinstance(node.value, int):
@@ -261,36 +277,34 @@ class IndexExpr:
             check_identifier(node.id, "symbol", where)
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             self._check(node.operand, where)
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
             self._check(node.left, where)
             self._check(node.right, where)
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            self._check(node.left, where)
-            self._check(node.right, where)
-            if not (self._is_const(node.left) or self._is_const(node.right)):
-                raise bad("a product of two symbols")
         elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod)):
             self._check_divisor(node.left, node.right, where, bad)
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "ceildiv"
-            and len(node.args) == 2
-            and not node.keywords
-        ):
-            self._check_divisor(node.args[0], node.args[1], where, bad)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in INDEX_FUNCTIONS and not node.keywords:
+            low, high = INDEX_FUNCTIONS[node.func.id]
+            if not low <= len(node.args) <= high:
+                raise bad(f"{node.func.id}() takes {low if low == high else f'{low} to {high}'} arguments, got {len(node.args)}")
+            if node.func.id == "sizeof":
+                _sizeof(node, bad)
+            elif node.func.id == "ceildiv":
+                self._check_divisor(node.args[0], node.args[1], where, bad)
+            else:
+                for arg in node.args:
+                    self._check(arg, where)
         else:
             raise bad(f"unsupported syntax {ast.unparse(node)!r}")
 
     def _check_divisor(self, lhs: ast.expr, rhs: ast.expr, where: str, bad) -> None:
+        """A constant divisor must be positive; one over symbols is checked at each call."""
         self._check(lhs, where)
         self._check(rhs, where)
-        if not self._is_const(rhs) or self._fold(rhs) <= 0:
+        if self._is_const(rhs) and self._fold(rhs) <= 0:
             raise bad(f"divisor {ast.unparse(rhs)!r} is not a positive integer")
 
     def _is_const(self, node: ast.expr) -> bool:
-        callees = {id(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
-        return not any(isinstance(n, ast.Name) and id(n) not in callees for n in ast.walk(node))
+        return not any(isinstance(n, ast.Name) for n in _walk_values(node))
 
     def _fold(self, node: ast.expr) -> int:
         return self.evaluate({}, node)
@@ -305,6 +319,11 @@ class IndexExpr:
         if isinstance(node, ast.UnaryOp):
             return -ev(node.operand)
         if isinstance(node, ast.Call):
+            name = node.func.id
+            if name == "sizeof":
+                return _sizeof(node)
+            if name in ("min", "max"):
+                return (min if name == "min" else max)(ev(a) for a in node.args)
             return -(-ev(node.args[0]) // ev(node.args[1]))
         ops = {
             ast.Add: lambda a, b: a + b,
@@ -323,6 +342,8 @@ class IndexExpr:
         if isinstance(node, ast.UnaryOp):
             return f"-({self._affine(node.operand, idx)})"
         if isinstance(node, ast.Call):
+            if node.func.id == "sizeof":
+                return str(_sizeof(node))
             return f"({self._affine(node.args[0], idx)}) ceildiv ({self._affine(node.args[1], idx)})"
         op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "floordiv", ast.Mod: "mod"}[
             type(node.op)
@@ -331,6 +352,58 @@ class IndexExpr:
 
     def __str__(self) -> str:
         return self.text
+
+
+EXPRESSION_HELP = (
+    "use integers, names of sizes and integer scalars, + - * // %, ceildiv(a, b), min(a, b, ...), "
+    "max(a, b, ...) and sizeof(TYPE), e.g. 'ceildiv(B * T, 256)' or '(2 + block_y) * C * sizeof(float)'"
+)
+
+
+def _walk_values(node: ast.expr):
+    """The nodes of an expression that are values, breadth first as ast.walk (symbol order
+    is the workload's): not callees, not sizeof's type name."""
+    queue = [node]
+    while queue:
+        node = queue.pop(0)
+        if isinstance(node, ast.Call):
+            sizeof = isinstance(node.func, ast.Name) and node.func.id == "sizeof"
+            queue += [] if sizeof else node.args
+            continue
+        yield node
+        queue += [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr)]
+
+
+def _sizeof(node: ast.Call, bad=None) -> int:
+    """sizeof(float), sizeof(f16), sizeof(int64_t): a type name of abi.py, C's or the kit's."""
+    arg = node.args[0]
+    row = (abi.BY_C_NAME.get(arg.id) or abi.BY_NAME.get(arg.id)) if isinstance(arg, ast.Name) else None
+    if row is None:
+        if bad is None:
+            raise ValueError(ast.unparse(node))
+        raise bad(f"{ast.unparse(node)!r} names no type the kit knows (one word: float, int, double, f16, i64 ...)")
+    return row.size
+
+
+def _affine_node(expr: IndexExpr, node: ast.expr) -> bool:
+    if isinstance(node, (ast.Constant, ast.Name)):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return _affine_node(expr, node.operand)
+    if isinstance(node, ast.Call):
+        if node.func.id == "sizeof":
+            return True
+        if node.func.id != "ceildiv":
+            return False
+        lhs, rhs = node.args
+    elif isinstance(node.op, (ast.FloorDiv, ast.Mod)):
+        lhs, rhs = node.left, node.right
+    elif isinstance(node.op, ast.Mult):
+        sides = (node.left, node.right)
+        return all(_affine_node(expr, s) for s in sides) and any(expr._is_const(s) for s in sides)
+    else:
+        return _affine_node(expr, node.left) and _affine_node(expr, node.right)
+    return _affine_node(expr, lhs) and expr._is_const(rhs) and expr._fold(rhs) > 0
 
 
 # ----------------------------------------------------------------------------- params
@@ -503,6 +576,14 @@ class Kernel:
     cpp_name: bool = False
     # The ops of an imported model this kernel may stand in for (`replaces`); None: none.
     replaces: Replaces | None = None
+    # The bytes of dynamic shared memory a call needs, as an expression over its sizes (then
+    # `dynamic_shared_memory` is what each launch reserves, and each call checks its need
+    # against it); None: the need is `dynamic_shared_memory` itself, a constant.
+    dynamic_shared_memory_need: IndexExpr | None = None
+    # Compile options of this kernel's source (with the module's and every other kernel of
+    # that source's): include folders, relative to the manifest's folder, and NAME[=VALUE].
+    include_dirs: tuple[str, ...] = ()
+    defines: tuple[str, ...] = ()
 
     @classmethod
     def create(
@@ -516,9 +597,12 @@ class Kernel:
         function: str | None = None,
         format: str | None = None,
         symbol: str | None = None,
-        dynamic_shared_memory: int = 0,
+        dynamic_shared_memory: int | str | IndexExpr = 0,
+        dynamic_shared_memory_max: int | None = None,
         cpp_name: bool = False,
         replaces: Replaces | Sequence[str] | None = None,
+        include_dirs: Sequence[str | Path] = (),
+        defines: Sequence[str] = (),
         where: str | None = None,
     ) -> "Kernel":
         where = where or f"kernel {_shown(name)}"
@@ -535,15 +619,7 @@ class Kernel:
                     where=where,
                     fix="give the CUDA block size, e.g. [256] or [16, 16]",
                 )
-        if isinstance(dynamic_shared_memory, bool) or not isinstance(dynamic_shared_memory, int) or not (
-            0 <= dynamic_shared_memory <= MAX_DYNAMIC_SHARED_MEMORY
-        ):
-            raise ManifestError(
-                f"dynamic_shared_memory {dynamic_shared_memory!r} is not a byte count from 0 to "
-                f"{MAX_DYNAMIC_SHARED_MEMORY}",
-                where=where,
-                fix="give the bytes of `extern __shared__` memory a block needs",
-            )
+        dynamic_shared_memory, need = _shared_memory(dynamic_shared_memory, dynamic_shared_memory_max, where)
         if math.prod(size) > MAX_WORKGROUP_THREADS:
             raise ManifestError(
                 f"workgroup_size {list(size)} has {math.prod(size)} threads, over CUDA's "
@@ -562,7 +638,8 @@ class Kernel:
         if replaces is not None and not isinstance(replaces, Replaces):
             replaces = Replaces.create(replaces, where=f"{where}: replaces")
         kernel = cls(
-            name, Path(source), tuple(params), size, count, function, format, symbol, dynamic_shared_memory, cpp_name, replaces
+            name, Path(source), tuple(params), size, count, function, format, symbol, dynamic_shared_memory, cpp_name, replaces,
+            need, check_include_dirs(include_dirs, where), check_defines(defines, where),
         )
         kernel._validate(where)
         return kernel
@@ -695,6 +772,8 @@ class Kernel:
         self._check_symbols(
             (s for e in self.workgroup_count for s in e.symbols), known, where, "workgroup_count"
         )
+        if self.dynamic_shared_memory_need is not None:
+            self._check_symbols(self.dynamic_shared_memory_need.symbols, known, where, "dynamic_shared_memory")
         for s in self.scalars:
             if isinstance(s.value, IndexExpr):
                 if s.abi.kind == "float":
@@ -703,7 +782,7 @@ class Kernel:
                         where=where,
                         fix="give a float scalar a number as value, or leave value out",
                     )
-                self._check_symbols(s.value.symbols, set(self.dimension_symbols), where, f"the value of {s.name!r}")
+                self._check_symbols(s.value.symbols, known, where, f"the value of {s.name!r}")
         if self.replaces is not None:
             self._check_symbols(self.replaces.limited_symbols, set(self.dimension_symbols), where, "replace_when")
 
@@ -717,6 +796,66 @@ class Kernel:
                     where=where,
                     fix=f"use a dimension of an 'in'/'inout' buffer or an integer scalar (known: {names})",
                 )
+
+
+def _byte_count(value: object, key: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DYNAMIC_SHARED_MEMORY:
+        raise ManifestError(
+            f"{key} {value!r} is not a byte count from 0 to {MAX_DYNAMIC_SHARED_MEMORY}",
+            where=where,
+            fix="give the bytes of `extern __shared__` memory a block needs: an integer, or an expression "
+            "over sizes and integer scalars such as '(2 + block_y) * C * sizeof(float)'",
+        )
+    return value
+
+
+def _shared_memory(value: object, most: object, where: str) -> tuple[int, IndexExpr | None]:
+    """(bytes each launch reserves, the need per call as an expression or None). IREE 3.13
+    launches a kernel with its export's fixed size (CUDA HAL, native_executable.c), so an
+    expression reserves `most` (default 48 KiB) and each call checks its own need against it."""
+    if isinstance(value, (str, IndexExpr)):
+        expr = value if isinstance(value, IndexExpr) else IndexExpr.parse(value, f"{where}: dynamic_shared_memory")
+        if expr.constant is not None:
+            value = expr.constant
+        else:
+            reserved = DEFAULT_DYNAMIC_SHARED_MEMORY_MAX if most is None else most
+            return _byte_count(reserved, "dynamic_shared_memory_max", where), expr
+    if most is not None:
+        raise ManifestError(
+            "dynamic_shared_memory_max is for a dynamic_shared_memory that depends on sizes",
+            where=where,
+            fix="leave it out: a constant dynamic_shared_memory is what each launch gets",
+        )
+    return _byte_count(value, "dynamic_shared_memory", where), None
+
+
+_DEFINE_RE = re.compile(r"^[A-Za-z_]\w*(=[^\x00-\x1f]*)?\Z", re.ASCII)
+
+
+def check_include_dirs(dirs: object, where: str) -> tuple[str, ...]:
+    """Include folders as written (relative ones are resolved against the manifest's folder
+    at build time)."""
+    if isinstance(dirs, (str, Path)) or not isinstance(dirs, (list, tuple)) or not all(
+        isinstance(d, (str, Path)) and str(d) and "\0" not in str(d) for d in dirs
+    ):
+        raise ManifestError(
+            f"include_dirs must be a list of folder names, got {_shown(dirs)}",
+            where=where,
+            fix='e.g. include_dirs = ["include", "../common"] (relative to the manifest\'s folder)',
+        )
+    return tuple(str(d) for d in dirs)
+
+
+def check_defines(defines: object, where: str) -> tuple[str, ...]:
+    if isinstance(defines, str) or not isinstance(defines, (list, tuple)) or not all(
+        isinstance(d, str) and _DEFINE_RE.match(d) for d in defines
+    ):
+        raise ManifestError(
+            f"defines must be a list of NAME or NAME=VALUE strings, got {_shown(defines)}",
+            where=where,
+            fix='e.g. defines = ["BLOCK=256", "USE_FAST_PATH"] (a NAME is a C identifier; no control characters)',
+        )
+    return tuple(defines)
 
 
 def _pad3(values, fill, where: str) -> tuple:
@@ -964,6 +1103,9 @@ class ModuleSpec:
     kernels: tuple[Kernel, ...]
     programs: tuple[Program, ...] = ()
     test: TestSpec = TestSpec()
+    # Compile options of every source (Kernel.include_dirs/defines add per kernel).
+    include_dirs: tuple[str, ...] = ()
+    defines: tuple[str, ...] = ()
 
     @classmethod
     def create(
@@ -974,19 +1116,43 @@ class ModuleSpec:
         root: str | Path = ".",
         programs: list[Program] | tuple[Program, ...] = (),
         test: TestSpec | None = None,
+        include_dirs: Sequence[str | Path] = (),
+        defines: Sequence[str] = (),
         where: str | None = None,
     ) -> "ModuleSpec":
         where = where or f"module {name!r}"
         check_identifier(name, "module name", where)
         if not kernels:
             raise ManifestError("no kernels described", where=where, fix="add at least one [[kernels]] entry")
-        spec = cls(name, Path(root), tuple(kernels), tuple(programs), test or TestSpec())
+        spec = cls(
+            name, Path(root), tuple(kernels), tuple(programs), test or TestSpec(),
+            check_include_dirs(include_dirs, where), check_defines(defines, where),
+        )
         spec._check_unique_functions(where)
         spec._check_test_scalars(where)
         return spec
 
     def source_path(self, path: Path) -> Path:
         return path if path.is_absolute() else self.root / path
+
+    def source_flags(self, source: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(include folders, defines) of one source: the module's, then each of its kernels'
+        in order; folders resolved against the module's root. Its kernels compile together,
+        so two that define one macro differently are refused."""
+        kernels = [k for k in self.kernels if self.source_path(k.source) == source]
+        dirs = (*self.include_dirs, *(d for k in kernels for d in k.include_dirs))
+        defines = (*self.defines, *(d for k in kernels for d in k.defines))
+        values: dict[str, str] = {}
+        for d in defines:
+            name = d.split("=", 1)[0]
+            if values.setdefault(name, d) != d:
+                raise ManifestError(
+                    f"{source.name}: defines {values[name]!r} and {d!r} disagree, and its kernels compile together",
+                    where=f"module {self.name!r}",
+                    fix="give the macro one value for the source (module-level defines), or put the kernels in separate sources",
+                )
+        resolved = (str(self.source_path(Path(d))) for d in dirs)
+        return tuple(dict.fromkeys(resolved)), tuple(dict.fromkeys(defines))
 
     def source_stem(self, source: Path) -> str:
         """The name of a source's objects and executable: its file stem, made unique in the
