@@ -14,6 +14,7 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .mlir_text import mlir_string
 from .spec import IndexExpr
 
 _ARITH = {ast.Add: "arith.addi", ast.Sub: "arith.subi", ast.Mult: "arith.muli", ast.FloorDiv: "arith.floordivsi"}
@@ -82,7 +83,7 @@ class IndexOps:
     def check_at_most(self, value: str, limit: int, message: str) -> None:
         """Fails the call with `message` unless value <= limit."""
         ok = self._op("fits", f"arith.cmpi sle, %{value}, %{self.constant(limit)} : index")
-        self.ops.append(IndexOp(None, f'cf.assert %{ok}, "{_escaped(message)}"'))
+        self.ops.append(IndexOp(None, f"cf.assert %{ok}, {mlir_string(message)}"))
 
     def constant(self, value: int) -> str:
         if value not in self._constants:
@@ -124,7 +125,7 @@ class IndexOps:
             return
         ok = self._op("nonzero", f"arith.cmpi ne, %{divisor}, %{self.constant(0)} : index")
         message = f"{self._what} divides by a value that is 0 in this call"
-        self.ops.append(IndexOp(None, f'cf.assert %{ok}, "{_escaped(message)}"'))
+        self.ops.append(IndexOp(None, f"cf.assert %{ok}, {mlir_string(message)}"))
 
     def _op(self, stem: str, rhs: str) -> str:
         ssa = self.take(stem)
@@ -144,6 +145,3 @@ def _constant(node: ast.expr) -> bool:
     return not IndexExpr("", node).symbols
 
 
-def _escaped(text: str) -> str:
-    """An MLIR string literal's contents: quotes and backslashes escaped, no control bytes."""
-    return "".join(c if c.isprintable() and c not in '"\\' else f"\\{ord(c):02X}" for c in text)

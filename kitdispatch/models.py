@@ -41,7 +41,8 @@ from .build import BuildOptions, generate
 from .errors import IreeCompileError, KitError
 from .iree_compile import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_iree_compile, iree_compiler_version
 from .manifest import load_manifest
-from .render import mlir_comment, mlir_string, render_template
+from .mlir_text import mlir_comment, mlir_string
+from .render import render_template
 from .replace import MARK_ATTRIBUTE, Decision, OpFacts, decide, read_ops, replacing_kernels, wrapper_name
 from .spec import REPLACEABLE_OPS, Kernel, ModuleSpec, TestSpec
 

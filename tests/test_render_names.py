@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kitdispatch import BuildOptions, KitError, build
 from kitdispatch.cli import main
-from kitdispatch.render import mlir_comment, mlir_string, mlir_symbol
+from kitdispatch.mlir_text import mlir_comment, mlir_string, mlir_symbol
 
 from conftest import needs_iree_compile
 
