@@ -184,6 +184,7 @@ class Function:
             self._stored_checks = [self._results[k] for k in self._storage]
             self._all_stored = len(self._storage) == len(signature.results)
             self._list_size = sum(len(a.mlir_types) for a in signature.args) + len(self._storage) + 2
+            self._sizes = sizing_scalars(signature)
             self._returned = None  # made on first use: needs iree.runtime
 
     def __repr__(self) -> str:
@@ -254,6 +255,8 @@ class Function:
                 refs.append(value._ref)
             elif check.__class__ is str:  # a scalar's dtype
                 number = scalar_argument(check, value, self._where(i))
+                if i in self._sizes:  # a result's size: the value, as the MLIR's index_cast reads it
+                    bound[self._sizes[i]] = result_size(value, self._where(i))
                 if isinstance(number, tuple):  # a struct: one i32 per word
                     refs += [("push_int", word) for word in number]
                 else:
@@ -356,10 +359,10 @@ class Function:
             arrays = []
             for r in stored:
                 shape = r.shape_from(bound)
-                if shape is None:
+                if shape is None:  # a module whose record has no argument names (older builds)
                     raise KitError(
-                        f"{self.name}: a result size depends on a scalar argument, so the kit cannot size it",
-                        fix="pass out= with arrays of the result shapes",
+                        f"{self.name}: a result size depends on a scalar argument, and the build record does not name the arguments",
+                        fix="rebuild the module with this kitdispatch, or pass out= with arrays of the result shapes",
                     )
                 arrays.append(self._device.pooled_array(shape, r))
             return arrays, None
@@ -530,6 +533,25 @@ class _TensorCheck:
             return tuple([d if d.__class__ is int else bound[d] for d in self.dims])
         except KeyError:
             return None
+
+
+def sizing_scalars(sig: FunctionSignature) -> dict[int, str]:
+    """Integer scalar arguments that size a result (`out = "i64[n]"` with `n` an argument):
+    their positions and names. The generated function casts them to the result's dimension."""
+    used = {d for r in sig.results if isinstance(r, TensorType) for d in r.symbols}
+    return {
+        i: name
+        for i, (t, name) in enumerate(zip(sig.args, sig.arg_names))
+        if isinstance(t, ScalarType) and abi.lookup(t.dtype).is_integer and name in used
+    }
+
+
+def result_size(value, where: str) -> int:
+    """A scalar argument (range-checked already) as the size of a result dimension."""
+    size = int(value)
+    if size < 0:
+        raise KitError(f"{where}: {size} sizes a result and cannot be negative", fix="pass a size of 0 or more")
+    return size
 
 
 def _stored_results(vm_function) -> tuple[int, ...]:

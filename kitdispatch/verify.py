@@ -14,7 +14,7 @@ import numpy as np
 from .errors import KitError
 from .manifest import MANIFEST_NAME
 from .record import RECORD_SUFFIX, read_record
-from .runtime import Module, cuda_status, numpy_dtype
+from .runtime import Module, cuda_status, numpy_dtype, sizing_scalars
 from . import abi
 from .spec import FunctionSignature, ScalarType, TensorType
 
@@ -144,6 +144,11 @@ def _verify_record(record_path: Path, available: bool, reason: str, device: str,
 def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, rng, scalars=None) -> CaseResult:
     symbols = {s: sizes.get(s, DEFAULT_SIZE) for t in sig.args + sig.results if isinstance(t, TensorType) for s in t.symbols}
     fixed = [(scalars or {}).get(n) for n in sig.arg_names] if sig.arg_names else [None] * len(sig.args)
+    for i, name in sizing_scalars(sig).items():  # a scalar that sizes a result: that size
+        if fixed[i] is None:
+            fixed[i] = symbols[name]
+        else:
+            symbols[name] = int(fixed[i])
     try:
         args = [_make_input(t, symbols, rng) if v is None else _fixed_scalar(t, v) for t, v in zip(sig.args, fixed)]
     except (ValueError, MemoryError) as exc:
