@@ -742,6 +742,8 @@ def _record(spec, options, compiler, codegen: Arch, built: list[_Built], outputs
             sizes=dict(spec.test.sizes),
             seed=spec.test.seed,
             scalars=dict(getattr(spec.test, "scalars", ())),
+            ranges={name: r.to_json() for name, r in spec.test.ranges},
+            tolerances={name: dataclasses.asdict(t) for name, t in spec.test.tolerances},
         ),
         files={name: sha256(data) for name, data in outputs.items()},
         names={
