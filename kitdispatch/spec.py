@@ -1147,7 +1147,8 @@ def _check_range_fits(r: InputRange, dtype: str, kernel: Kernel, where: str) -> 
         top = 1 if row.kind == "bool" else info.max
         if r.low < info.min or r.high - 1 > top:
             raise ManifestError(f"[{r.low}, {r.high}) does not fit {dtype}", where=where, fix=f"keep it within [{info.min}, {top + 1})")
-    sizes = {d for t in (*kernel.signature().args, *kernel.signature().results) if isinstance(t, TensorType) for d in t.symbols}
+    sig = kernel.signature()
+    sizes = {d for t in (*sig.args, *sig.results) if isinstance(t, TensorType) for d in t.symbols}
     for symbol in r.symbols:
         if symbol not in sizes:
             raise ManifestError(
