@@ -35,7 +35,9 @@ too much for every call. A later call checks the tensor still has the same memor
 strides and dtype, and orders itself after torch's current stream once per call: IREE 3.13's
 CUDA HAL can neither wait on a CUDA event nor give its stream (created non-blocking), so the
 order is kept on the host, by a wait that happens only when torch still has work queued
-(cuStreamQuery first).
+(cuStreamQuery first). (iree.runtime 3.13 has `HalSemaphore.import_timepoint` with a
+CUDA_EVENT type, but its runtime library holds the import messages of HIP's semaphores only;
+CUDA's take the generic "timepoint import is not yet implemented".)
 """
 
 from __future__ import annotations
