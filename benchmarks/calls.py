@@ -553,8 +553,26 @@ def torch_calls(module, host: dict) -> None:
     checked("torch add then kit add, in order", to.cpu().numpy(), x + y + y)
     record("torch_1k_two_adds_per_pair_us", per_call_us(lambda: (torch.add(tx, ty, out=tz), torch.add(tz, ty, out=to)), LOOP, torch.cuda.synchronize))
     RESULTS["kit_1k_torch_imports_kept"] = len(dev.torch_imports)
+    RESULTS["iree_cuda_semaphore_imports_cuda_event"] = cuda_event_import(dev, torch)
     RESULTS["kit_1k_torch_overhead_us"] = RESULTS["kit_1k_torch_launch_per_call_us"] - RESULTS["kit_1k_torch_kernel_us"]
     RESULTS["kit_1k_torch_prepared_overhead_us"] = RESULTS["kit_1k_torch_prepared_per_call_us"] - RESULTS["kit_1k_torch_kernel_us"]
+
+
+def cuda_event_import(dev, torch) -> str:
+    """Whether IREE's CUDA semaphores take a CUDA event as a timepoint (what would let a call
+    wait for torch on the GPU instead of the host): IREE's answer."""
+    import iree.runtime as rt
+
+    event = torch.cuda.Event()
+    event.record()
+    timepoint = rt.HalExternalTimepoint()
+    try:
+        timepoint.type = rt.ExternalTimepointType.CUDA_EVENT
+        timepoint.cuda_event = event.cuda_event
+        dev.hal.create_semaphore(0).import_timepoint(1, timepoint)
+    except Exception as exc:  # IREE's status text is the answer
+        return f"no: {type(exc).__name__}: {str(exc).strip()[:300]}"
+    return "yes"
 
 
 @section
@@ -681,6 +699,7 @@ def summary_table() -> str:
         f"1K torch tensors in and out, above device time (target <= 10 us): launch {f('kit_1k_torch_overhead_us')}; "
         f"prepared {f('kit_1k_torch_prepared_overhead_us')} (torch eager {f('torch_1k_eager_per_call_us')} a call, direct launch {f('direct_1k_per_call_us')})"
     )
+    lines.append(f"IREE's CUDA semaphores import a CUDA event as a timepoint: {r('iree_cuda_semaphore_imports_cuda_event')}")
     lines.append(f"64M whole call / device time, kit launch (pool): {r('kit_64m_whole_call_over_kernel', float('nan')):.3f} (target <= 1.10); synchronous: {r('kit_64m_sync_over_kernel', float('nan')):.3f}")
     lines.append(
         "back-to-back submissions in order (IREE fails the device at the first out of order): own semaphores "

@@ -36,8 +36,9 @@ strides and dtype, and orders itself after torch's current stream once per call:
 CUDA HAL can neither wait on a CUDA event nor give its stream (created non-blocking), so the
 order is kept on the host, by a wait that happens only when torch still has work queued
 (cuStreamQuery first). (iree.runtime 3.13 has `HalSemaphore.import_timepoint` with a
-CUDA_EVENT type, but its runtime library holds the import messages of HIP's semaphores only;
-CUDA's take the generic "timepoint import is not yet implemented".)
+CUDA_EVENT type, but its runtime library holds the import messages of HIP's semaphores only,
+which suggests CUDA's fall to the generic "timepoint import is not yet implemented";
+benchmarks/calls.py tries it on the GPU and records the answer.)
 """
 
 from __future__ import annotations
