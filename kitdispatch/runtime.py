@@ -370,7 +370,13 @@ class Function:
                         f"{self.name}: a result size depends on a scalar argument, and the build record does not name the arguments",
                         fix="rebuild the module with this kitdispatch, or pass out= with arrays of the result shapes",
                     )
-                arrays.append(self._device.pooled_array(shape, r))
+                try:
+                    arrays.append(self._device.pooled_array(shape, r))
+                except (RuntimeError, ValueError) as exc:  # IREE's allocator: sizes from scalars may be anything
+                    raise KitError(
+                        f"{self.name}: cannot allocate a result of shape {shape} ({r.name}): {str(exc).strip()}",
+                        fix="check the sizes passed as scalar arguments; free memory with module.device.pool.trim()",
+                    ) from None
             return arrays, None
         given = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         if len(given) != len(stored):

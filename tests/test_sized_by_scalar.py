@@ -88,6 +88,9 @@ def test_sizes_from_scalars_are_checked(cpu_module):
         cpu_module.iota(-3)
     with pytest.raises(KitError, match="out of range"):
         cpu_module.rows(np.ones(2, np.float32), -1)  # u32
+    # 2^32 - 1 rows of 2^20: 16 PiB, beyond any address space, refused by IREE's allocator.
+    with pytest.raises(KitError, match=r"rows: cannot allocate a result of shape \(4294967295, 1048576\) \(f32\)"):
+        cpu_module.rows(np.ones(1 << 20, np.float32), 2**32 - 1)
 
 
 @needs_iree_compile
