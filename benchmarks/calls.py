@@ -13,6 +13,9 @@ The library's `add` (kernels/elementwise, out = x + y) on the GPU, inputs on the
 - prepared calls and repeated launch(out=) (recorded command buffers), IREE alone below the kit
   (its VM call, a recorded command buffer), and whether 60000 back-to-back submissions keep
   their order (IREE alone) and 6000 dependent kit calls compute what they should;
+- torch CUDA tensors in and out through the kit (`torch_calls`): first calls on new tensors,
+  repeated launches and prepared calls (imports kept per tensor), and a torch add queued before
+  each kit call (the host wait for torch's stream), against torch eager and the kernel;
 - every benchmarked result compared with numpy once.
 
 Where the time goes (H100, driver 580.159.04, iree-base-runtime 3.13.0; results/calls.json,
@@ -51,6 +54,7 @@ Build here (a machine with iree-compile), run on the GPU machine:
 
     kitdispatch build kernels/elementwise --arch sm_90 -o build/elementwise
     python benchmarks/calls.py build/elementwise OUTDIR   # writes calls.json and calls.txt
+    python benchmarks/calls.py build/elementwise OUTDIR --torch-only   # the torch sections alone
 """
 
 from __future__ import annotations
@@ -512,6 +516,66 @@ def dlpack_round_trip(module, host: dict) -> None:
 
 
 @section
+def torch_calls(module, host: dict) -> None:
+    """torch CUDA tensors in and out through the kit (device.TorchImports): first calls on new
+    tensors (each imported through DLPack), repeated calls (imports kept, the recorded path),
+    and calls after torch work still queued (the host wait IREE 3.13 cannot avoid: it cannot
+    wait on a CUDA event), against torch eager, a direct launch and the kernel's device time."""
+    import torch
+
+    add, dev = module.add, module.device
+    x, y = host[SMALL]
+    tx, ty = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+    to, tz = torch.empty_like(tx), torch.empty_like(tx)
+    fresh = [(tx.clone(), ty.clone(), torch.empty_like(tx)) for _ in range(100)]
+    torch.cuda.synchronize()
+    samples = []
+    for a, b, o in fresh:
+        t = time.perf_counter()
+        add(a, b, out=o)
+        samples.append(time.perf_counter() - t)
+    record("kit_1k_torch_first_call_sync_us", statistics.median(samples) * 1e6)
+    checked("torch first calls", fresh[-1][2].cpu().numpy(), x + y)
+    del fresh
+    record("kit_1k_torch_kernel_us", kernel_us(lambda: add.launch(tx, ty, out=to), dev.synchronize))
+    record("kit_1k_torch_launch_per_call_us", per_call_us(lambda: add.launch(tx, ty, out=to), LOOP, dev.synchronize))
+    issue = per_call_us(lambda: add.launch(tx, ty, out=to), LOOP, lambda: None)
+    dev.synchronize()
+    record("kit_1k_torch_launch_issue_only_us", issue)
+    record("kit_1k_torch_sync_us", median_us(lambda: add(tx, ty, out=to), SYNC_CALLS))
+    prepared = add.prepare(tx, ty, out=to)
+    record("kit_1k_torch_prepared_per_call_us", per_call_us(prepared.launch, LOOP, dev.synchronize))
+    checked("torch repeated calls", to.cpu().numpy(), x + y)
+    record("torch_1k_eager_per_call_us", per_call_us(lambda: torch.add(tx, ty, out=to), LOOP, torch.cuda.synchronize))
+    both = lambda: (dev.synchronize(), torch.cuda.synchronize())  # noqa: E731
+    pair = lambda: (torch.add(tx, ty, out=tz), add.launch(tz, ty, out=to))  # noqa: E731
+    record("kit_1k_torch_after_torch_add_per_pair_us", per_call_us(pair, LOOP, both))
+    checked("torch add then kit add, in order", to.cpu().numpy(), x + y + y)
+    record("torch_1k_two_adds_per_pair_us", per_call_us(lambda: (torch.add(tx, ty, out=tz), torch.add(tz, ty, out=to)), LOOP, torch.cuda.synchronize))
+    RESULTS["kit_1k_torch_imports_kept"] = len(dev.torch_imports)
+    RESULTS["iree_cuda_semaphore_imports_cuda_event"] = cuda_event_import(dev, torch)
+    RESULTS["kit_1k_torch_overhead_us"] = RESULTS["kit_1k_torch_launch_per_call_us"] - RESULTS["kit_1k_torch_kernel_us"]
+    RESULTS["kit_1k_torch_prepared_overhead_us"] = RESULTS["kit_1k_torch_prepared_per_call_us"] - RESULTS["kit_1k_torch_kernel_us"]
+
+
+def cuda_event_import(dev, torch) -> str:
+    """Whether IREE's CUDA semaphores take a CUDA event as a timepoint (what would let a call
+    wait for torch on the GPU instead of the host): IREE's answer."""
+    import iree.runtime as rt
+
+    event = torch.cuda.Event()
+    event.record()
+    timepoint = rt.HalExternalTimepoint()
+    try:
+        timepoint.type = rt.ExternalTimepointType.CUDA_EVENT
+        timepoint.cuda_event = event.cuda_event
+        dev.hal.create_semaphore(0).import_timepoint(1, timepoint)
+    except Exception as exc:  # IREE's status text is the answer
+        return f"no: {type(exc).__name__}: {str(exc).strip()[:300]}"
+    return "yes"
+
+
+@section
 def cli_benchmark(vmfb: Path) -> None:
     from kitdispatch.cli import main
     import io
@@ -540,10 +604,21 @@ def environment() -> dict:
     }
 
 
+def parse_args():
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Build BUILD first: kitdispatch build kernels/elementwise --arch sm_90 -o BUILD")
+    parser.add_argument("build_dir", type=Path, metavar="BUILD", help="a build of kernels/elementwise (elementwise.vmfb and its fatbin)")
+    parser.add_argument("out_dir", type=Path, metavar="OUT", help="where calls.json and calls.txt go")
+    parser.add_argument("--torch-only", action="store_true", help="only the torch sections (torch eager, DLPack, torch tensors through the kit)")
+    return parser.parse_args()
+
+
 def main() -> None:
     import kitdispatch
 
-    build_dir, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    args = parse_args()
+    build_dir, out_dir = args.build_dir, args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     env = environment()
     print(json.dumps(env), flush=True)
@@ -551,6 +626,11 @@ def main() -> None:
     host = {n: (rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)) for n in (SMALL, LARGE)}
     vmfb = build_dir / "elementwise.vmfb"
     module = kitdispatch.load_module(vmfb)
+    if args.torch_only:
+        torch_add(host)
+        dlpack_round_trip(module, host)
+        torch_calls(module, host)
+        return finish(env, out_dir)
     kit_calls(module, host)
     breakdown(module, host)
     dependent_calls_keep_order(module, host)
@@ -559,9 +639,14 @@ def main() -> None:
     direct_launch(next(build_dir.glob("*.fatbin")).read_bytes(), host)
     torch_add(host)
     dlpack_round_trip(module, host)
+    torch_calls(module, host)
     cli_benchmark(vmfb)
     iree_benchmark_module(vmfb, host)
     iree_caching_allocator(vmfb)
+    finish(env, out_dir)
+
+
+def finish(env: dict, out_dir: Path) -> None:
     summary = {"environment": env, "results": RESULTS, "checks": CHECKS}
     (out_dir / "calls.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = summary_table()
@@ -588,6 +673,12 @@ def summary_table() -> str:
         ("torch eager add (out=), loop, per call (us)", f("torch_1k_per_call_us"), f("torch_1k_kernel_us")),
         ("iree-benchmark-module add, per call (us)", f("iree_benchmark_module_1k_real_us"), f("kit_1k_kernel_us")),
         ("kit synchronous call, pool outputs (us)", f("kit_1k_sync_pooled_us"), f("kit_1k_kernel_us")),
+        ("kit, torch tensors in and out: launch, loop, per call (us)", f("kit_1k_torch_launch_per_call_us"), f("kit_1k_torch_kernel_us")),
+        ("kit, torch tensors: prepared call, loop, per call (us)", f("kit_1k_torch_prepared_per_call_us"), f("kit_1k_torch_kernel_us")),
+        ("kit, torch tensors: synchronous call (us)", f("kit_1k_torch_sync_us"), f("kit_1k_torch_kernel_us")),
+        ("kit, torch tensors: first call on new tensors, sync (us)", f("kit_1k_torch_first_call_sync_us"), f("kit_1k_torch_kernel_us")),
+        ("torch add then kit add (torch work queued), per pair (us)", f("kit_1k_torch_after_torch_add_per_pair_us"), ""),
+        ("torch add then torch add, per pair (us)", f("torch_1k_two_adds_per_pair_us"), ""),
         ("IREE FunctionInvoker, device arrays, sync (us)", f("iree_invoker_1k_sync_us"), f("kit_1k_kernel_us")),
         ("64M add", "", ""),
         ("kit launch, pool outputs, loop of 50, per call (us)", f("kit_64m_launch_pooled_per_call_us"), f("kit_64m_kernel_us")),
@@ -604,6 +695,11 @@ def summary_table() -> str:
         f"1K overhead above device time (target <= 10 us): launch, pool {f('kit_1k_overhead_pooled_us')}; "
         f"launch, out= {f('kit_1k_overhead_out_us')}; prepared {f('kit_1k_overhead_prepared_us')}"
     )
+    lines.append(
+        f"1K torch tensors in and out, above device time (target <= 10 us): launch {f('kit_1k_torch_overhead_us')}; "
+        f"prepared {f('kit_1k_torch_prepared_overhead_us')} (torch eager {f('torch_1k_eager_per_call_us')} a call, direct launch {f('direct_1k_per_call_us')})"
+    )
+    lines.append(f"IREE's CUDA semaphores import a CUDA event as a timepoint: {r('iree_cuda_semaphore_imports_cuda_event')}")
     lines.append(f"64M whole call / device time, kit launch (pool): {r('kit_64m_whole_call_over_kernel', float('nan')):.3f} (target <= 1.10); synchronous: {r('kit_64m_sync_over_kernel', float('nan')):.3f}")
     lines.append(
         "back-to-back submissions in order (IREE fails the device at the first out of order): own semaphores "

@@ -273,6 +273,10 @@ def _remove_if_empty(folder: Path) -> None:
 def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Shared, *, make_vmfb: bool) -> BuildResult:
     folder = OutputFolder(out_dir, spec.name)  # what the folder's previous build wrote
     compiler = _counting(shared.compiler, shared.cache)
+    if not make_vmfb:
+        # gen's MLIR is spliced into the user's own program, and nothing tests it: the
+        # [[programs]] and the reference file are neither read nor copied.
+        spec = dataclasses.replace(spec, programs=(), test=dataclasses.replace(spec.test, reference=None))
     programs = [_read_program(spec, p.source) for p in spec.programs]
     reference = _reference_path(spec)
     label = f"{spec.name}: " if shared.modules > 1 else ""  # whose step it is, when there are several
@@ -768,6 +772,8 @@ def _record(spec, options, compiler, codegen: Arch, built: list[_Built], outputs
             sizes=dict(spec.test.sizes),
             seed=spec.test.seed,
             scalars=dict(getattr(spec.test, "scalars", ())),
+            ranges={name: r.to_json() for name, r in spec.test.ranges},
+            tolerances={name: dataclasses.asdict(t) for name, t in spec.test.tolerances},
         ),
         files={name: sha256(data) for name, data in outputs.items()},
         names={

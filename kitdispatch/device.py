@@ -28,14 +28,28 @@ which also made a submission no slower (6.7 against 7.2 us a recorded call in a 
 call may wait on those semaphores on the device: their signal does not wake the device's
 queue, so the wait would never be issued. Other devices (IREE's CPU task system runs calls
 concurrently) wait on the call before, on their own semaphores.
+
+torch CUDA tensors are imported once and kept per tensor (`TorchImports`): DLPack's export
+costs 22 us a tensor on an H100 and the producer's synchronization 5 us (benchmarks/calls.py),
+too much for every call. A later call checks the tensor still has the same memory, shape,
+strides and dtype, and orders itself after torch's current stream once per call: IREE 3.13's
+CUDA HAL can neither wait on a CUDA event nor give its stream (created non-blocking), so the
+order is kept on the host, by a wait that happens only when torch still has work queued
+(cuStreamQuery first). (iree.runtime 3.13 has `HalSemaphore.import_timepoint` with a
+CUDA_EVENT type, but its runtime library holds the import messages of HIP's semaphores only,
+which suggests CUDA's fall to the generic "timepoint import is not yet implemented";
+benchmarks/calls.py tries it on the GPU and records the answer.)
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
+import sys
 import threading
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -175,6 +189,68 @@ class DeviceArray(_iree_device_array()):
         return f"<kitdispatch DeviceArray shape={self._shape} dtype={self._np_dtype} on {self.device.uri}>"
 
 
+# ------------------------------------------------------------------------ torch imports
+
+
+class TorchImports:
+    """torch tensors imported once: tensor -> its DeviceArray, while the tensor lives.
+
+    An entry serves a call only while the tensor has the memory, shape, strides and dtype it
+    was imported with (`set_`, `resize_` or an in-place transpose make a new import). It goes
+    when the tensor is garbage-collected, and with it the import, which holds the tensor's
+    storage (a detached view's, so that the tensor itself can die); the oldest go beyond LIMIT."""
+
+    LIMIT = 4096
+
+    def __init__(self):
+        self._entries: dict[int, tuple] = {}  # id(tensor) -> (weakref, ptr, shape, strides, dtype, array, token)
+        self._tokens = itertools.count()
+
+    def get(self, tensor) -> DeviceArray | None:
+        entry = self._entries.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return None
+        if tensor.data_ptr() != entry[1] or tensor.shape != entry[2] or tensor.stride() != entry[3] or tensor.dtype != entry[4]:
+            return None
+        return entry[5]
+
+    def add(self, tensor, array: DeviceArray) -> None:
+        key, token = id(tensor), next(self._tokens)
+        entries = self._entries
+        entries.pop(key, None)
+        if len(entries) >= self.LIMIT:
+            entries.pop(next(iter(entries)))
+        entries[key] = (weakref.ref(tensor), tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, array, token)
+        weakref.finalize(tensor, _forget_import, weakref.ref(self), key, token)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _forget_import(imports_ref, key: int, token: int) -> None:
+    imports = imports_ref()
+    entry = imports._entries.get(key) if imports is not None else None
+    if entry is not None and entry[6] == token:  # not a later tensor's entry under the same id
+        del imports._entries[key]
+
+
+def _is_torch_tensor(value) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _torch_raw_stream():
+    """device index -> torch's current CUDA stream as a raw handle (0: the default stream)."""
+    import torch
+
+    try:
+        from torch._C import _cuda_getCurrentRawStream
+
+        return _cuda_getCurrentRawStream
+    except ImportError:  # the documented, slower way
+        return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
 # ------------------------------------------------------------------------------ device
 
 
@@ -198,6 +274,8 @@ class Device:
         self.order = threading.Lock()  # held from taking a value to queueing the call
         self._no_wait = rt.HalFence(0)
         self._legacy_stream = None
+        self.torch_imports = TorchImports()
+        self._torch_stream = None  # torch's current raw stream of a device index, once torch is used
 
     # -- memory ----------------------------------------------------------------------
 
@@ -251,6 +329,10 @@ class Device:
             return DeviceArray(self, view, tuple(view.shape), np.dtype(value.dtype))
         if isinstance(value, rt.HalBufferView):
             return DeviceArray(self, value, tuple(value.shape), np.dtype(rt.HalElementType.map_to_dtype(value.element_type)))
+        view = self.torch_imports.get(value)
+        if view is not None:  # imported before: ordered after torch's work as an import is
+            self.order_after_torch()
+            return view
         if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack_device__"):
             kind, index = value.__dlpack_device__()
             if int(kind) == KDL_CUDA:
@@ -263,8 +345,12 @@ class Device:
                 f"a CUDA tensor on device {index} cannot go to {self.uri}",
                 fix="move it to the module's device, or load the module with device='cuda://N'",
             )
+        torch_tensor = _is_torch_tensor(tensor)
         try:
-            capsule = tensor.__dlpack__(stream=None)  # we read on the legacy default stream...
+            # A torch tensor is exported as a detached view: the import then holds its storage,
+            # not the tensor itself, which can die and take its cache entry with it.
+            exported = tensor.detach() if torch_tensor else tensor
+            capsule = exported.__dlpack__(stream=None)  # we read on the legacy default stream...
         except BufferError as exc:
             raise KitError(f"the tensor cannot be shared through DLPack: {exc}", fix="make it contiguous") from None
         self._producer_sync()  # ...so its pending work is done once that stream is
@@ -272,7 +358,20 @@ class Device:
             view = self.hal.from_dlpack_capsule(capsule)
         except (RuntimeError, ValueError) as exc:
             raise KitError(f"IREE cannot import the tensor: {exc}", fix="pass a dense, row-major tensor (x.contiguous())") from None
-        return DeviceArray(self, view, tuple(view.shape), np.dtype(self._rt.HalElementType.map_to_dtype(view.element_type)))
+        array = DeviceArray(self, view, tuple(view.shape), np.dtype(self._rt.HalElementType.map_to_dtype(view.element_type)))
+        if torch_tensor:
+            self.torch_imports.add(tensor, array)
+        return array
+
+    def order_after_torch(self) -> None:
+        """Calls queued from now on run after the work torch has queued on its current stream
+        of this device: a host wait, only while that stream is busy (IREE 3.13 cannot wait on
+        a CUDA event; the module's docstring)."""
+        if self._torch_stream is None:
+            self._torch_stream = _torch_raw_stream()
+        if self._legacy_stream is None:
+            self._legacy_stream = _LegacyStream(self.ordinal)
+        self._legacy_stream.settle(self._torch_stream(self.ordinal))
 
     def _producer_sync(self) -> None:
         # IREE runs on its own non-blocking stream and cannot wait on other streams' events
@@ -420,6 +519,9 @@ class _LegacyStream:
         self._check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
         self._check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
         self._context = context
+        self._popped = ctypes.byref(ctypes.c_void_p())  # where cuCtxPopCurrent writes the context
+
+    CUDA_ERROR_NOT_READY = 600
 
     def synchronize(self) -> None:
         lib = self._lib
@@ -428,6 +530,20 @@ class _LegacyStream:
             self._check(lib.cuStreamSynchronize(ctypes.c_void_p(self.CU_STREAM_LEGACY)), "cuStreamSynchronize")
         finally:
             lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+
+    def settle(self, stream: int) -> None:
+        """Until `stream` (a raw CUstream of this context; 0: the legacy default stream) has
+        run what it holds; no wait when it holds nothing. Called once a call: ~1 us."""
+        lib = self._lib
+        handle = ctypes.c_void_p(stream or self.CU_STREAM_LEGACY)
+        self._check(lib.cuCtxPushCurrent_v2(self._context), "cuCtxPushCurrent")
+        try:
+            code = lib.cuStreamQuery(handle)
+            if code == self.CUDA_ERROR_NOT_READY:
+                code = lib.cuStreamSynchronize(handle)
+            self._check(code, "cuStreamSynchronize")
+        finally:
+            lib.cuCtxPopCurrent_v2(self._popped)
 
     @staticmethod
     def _check(code: int, call: str) -> None:

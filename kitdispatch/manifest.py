@@ -22,6 +22,8 @@ from .spec import (
     Scalar,
     TensorType,
     TestSpec,
+    Tolerance,
+    InputRange,
     check_identifier,
     check_kernel_name,
     check_params,
@@ -62,7 +64,7 @@ _KERNEL_KEYS = {
 _REPLACE_WHEN_KEYS = {"multiple_of": False, "max": False, "dimension": False, "pattern": False}
 _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
-_TEST_KEYS = {"reference": False, "sizes": False, "seed": False, "scalars": False}
+_TEST_KEYS = {"reference": False, "sizes": False, "seed": False, "scalars": False, "ranges": False, "tolerances": False}
 _ACCESS_KEYS = ("in", "out", "inout", "scalar")
 _INFERENCE_KEYS = ("shapes", "inout", "in", "scalars", "values")
 
@@ -362,7 +364,16 @@ def _parse_test(data: Any, root: Path, where: str) -> TestSpec:
         tuple(sorted((check_identifier(k, "dimension", where), v) for k, v in sizes.items())),
         seed,
         tuple(sorted((check_identifier(k, "scalar", where), v) for k, v in scalars.items())),
+        _named_table(data.get("ranges", {}), InputRange.create, "ranges", "argument", where),
+        _named_table(data.get("tolerances", {}), Tolerance.create, "tolerances", "function", where),
     )
+
+
+def _named_table(table: Any, parse, key: str, what: str, where: str) -> tuple:
+    """`{ name = value, ... }` as sorted (name, parse(value)) pairs."""
+    if not isinstance(table, dict):
+        raise ManifestError(f"{key} must be a table of {what} names", where=f"{where}: {key}", fix='e.g. ranges = { idx = [0, "V"] }')
+    return tuple(sorted((check_identifier(k, what, f"{where}: {key}"), parse(v, f"{where}: {key}.{k}")) for k, v in table.items()))
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import KitError
-from .spec import FunctionSignature
+from .spec import FunctionSignature, InputRange, Tolerance
 
 RECORD_SUFFIX = ".kitdispatch.json"
 SCHEMA = 2
@@ -62,6 +62,8 @@ class TestSettings:
     sizes: dict[str, int] = field(default_factory=dict)
     seed: int = 0
     scalars: dict[str, int | float] = field(default_factory=dict)  # ints stay exact (u64 above 2^53)
+    ranges: dict[str, list] = field(default_factory=dict)  # argument -> [low, high] (InputRange.to_json)
+    tolerances: dict[str, dict[str, float]] = field(default_factory=dict)  # function -> {rtol, atol}
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class BuildRecord:
                     sizes={_str(k): _int(v) for k, v in data["test"]["sizes"].items()},
                     seed=_int(data["test"]["seed"]),
                     scalars={_str(k): _number(v) for k, v in data["test"].get("scalars", {}).items()},
+                    ranges={_str(k): InputRange.create(v, k).to_json() for k, v in data["test"].get("ranges", {}).items()},
+                    tolerances={_str(k): asdict(Tolerance.create(v, k)) for k, v in data["test"].get("tolerances", {}).items()},
                 ),
                 files={_plain_name(k): _str(v) for k, v in data["files"].items()},
                 names={_str(k): {_str(a): _str(b) for a, b in v.items()} for k, v in data.get("names", {}).items()},

@@ -184,6 +184,7 @@ class Function:
             self._stored_checks = [self._results[k] for k in self._storage]
             self._all_stored = len(self._storage) == len(signature.results)
             self._list_size = sum(len(a.mlir_types) for a in signature.args) + len(self._storage) + 2
+            self._sizes = sizing_scalars(signature)
             self._returned = None  # made on first use: needs iree.runtime
 
     def __repr__(self) -> str:
@@ -221,10 +222,10 @@ class Function:
         return PreparedCall(self, *self._pack(args, out))
 
     def _launch(self, args, out):
-        refs, results, given, host_only, bound, inputs = self._pack(args, out)
+        refs, results, given, host_only, bound, inputs, views = self._pack(args, out)
         if given is not None and self._all_stored and not inputs and self._vm_record is not None:
             # Every array is the caller's: the same call again is a recorded command buffer.
-            arrays = [a for a in args if a.__class__ is DeviceArray] + results
+            arrays = [a for a in args if a.__class__ is DeviceArray] + views + results
             commands = self._recorded.commands_for(refs, arrays)
             if commands is not None:
                 return given, False, self._device.submit(commands)
@@ -238,15 +239,19 @@ class Function:
     def _pack(self, args, out):
         """Checks the arguments and takes the outputs: (what to push, the stored results,
         `out` as given, whether every tensor came from the host, the bound sizes, arrays made
-        here, which must live until the call is queued)."""
+        here, which must live until the call is queued, and torch tensors' kept imports)."""
         device = self._device
         if len(args) != len(self._args):
             _check_count(self.signature, args)
         refs = []  # VmRefs, or (push method name, number) for scalars
         bound: dict[str, int] = {}
         host_only = True
-        inputs = []
+        inputs, views = [], []
+        imported = device.torch_imports.get
         for i, (check, value) in enumerate(zip(self._args, args)):
+            if value.__class__ is not DeviceArray and check.__class__ is _TensorCheck and (view := imported(value)) is not None:
+                views.append(view)  # a torch tensor imported before
+                value = view
             if value.__class__ is DeviceArray and check.__class__ is _TensorCheck and value.device is device:
                 host_only = False
                 if not check.fits(value._shape, value._np_dtype, bound):
@@ -254,6 +259,8 @@ class Function:
                 refs.append(value._ref)
             elif check.__class__ is str:  # a scalar's dtype
                 number = scalar_argument(check, value, self._where(i))
+                if i in self._sizes:  # a result's size: the value, as the MLIR's index_cast reads it
+                    bound[self._sizes[i]] = result_size(value, self._where(i))
                 if isinstance(number, tuple):  # a struct: one i32 per word
                     refs += [("push_int", word) for word in number]
                 else:
@@ -263,9 +270,11 @@ class Function:
                 host_only = host_only and from_host
                 inputs.append(array)
                 refs.append(array._ref)
-        outputs, given = self._outputs(out, bound)
+        outputs, given = self._outputs(out, bound, views)
         refs += [array._ref for array in outputs]
-        return refs, outputs, given, host_only, bound, inputs
+        if views:  # once a call, not once a tensor (fresh imports waited for torch already)
+            device.order_after_torch()
+        return refs, outputs, given, host_only, bound, inputs, views
 
     def _queue(self, refs: list, outputs: list, bound: dict) -> int:
         """Invokes NAME$async; returns the number of the call. Fills in `outputs` with inout
@@ -348,20 +357,26 @@ class Function:
         check_tensor(self._where(i), want, array.shape, array.dtype, bound)
         return array, False
 
-    def _outputs(self, out, bound: dict):
+    def _outputs(self, out, bound: dict, views: list):
         """(arrays the call writes its `out` results into, `out` as given or None): arrays from
-        the device's pool, or the caller's."""
+        the device's pool, or the caller's (torch tensors imported before join `views`)."""
         stored = self._stored_checks
         if out is None:
             arrays = []
             for r in stored:
                 shape = r.shape_from(bound)
-                if shape is None:
+                if shape is None:  # a module whose record has no argument names (older builds)
                     raise KitError(
-                        f"{self.name}: a result size depends on a scalar argument, so the kit cannot size it",
-                        fix="pass out= with arrays of the result shapes",
+                        f"{self.name}: a result size depends on a scalar argument, and the build record does not name the arguments",
+                        fix="rebuild the module with this kitdispatch, or pass out= with arrays of the result shapes",
                     )
-                arrays.append(self._device.pooled_array(shape, r))
+                try:
+                    arrays.append(self._device.pooled_array(shape, r))
+                except (RuntimeError, ValueError) as exc:  # IREE's allocator: sizes from scalars may be anything
+                    raise KitError(
+                        f"{self.name}: cannot allocate a result of shape {shape} ({r.name}): {str(exc).strip()}",
+                        fix="check the sizes passed as scalar arguments; free memory with module.device.pool.trim()",
+                    ) from None
             return arrays, None
         given = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         if len(given) != len(stored):
@@ -370,9 +385,13 @@ class Function:
                 fix="pass one array per `out` result (inout results are updated in their argument)",
             )
         arrays = []
+        imported = self._device.torch_imports.get
         for k, value, r in zip(self._storage, given, stored):
             if value.__class__ is DeviceArray and value.device is self._device:
                 array = value
+            elif (view := imported(value)) is not None:
+                array = view
+                views.append(view)
             elif isinstance(value, np.ndarray) or not _is_device_value(value):
                 raise KitError(
                     f"{self.name} out: out= takes device arrays, got {type(value).__name__}",
@@ -471,9 +490,10 @@ class PreparedCall:
     call and no argument list: 4 to 7 us a call in a loop on an H100 against 13 us through
     NAME$async (benchmarks/calls.py). Modules built without NAME$record keep NAME$async."""
 
-    def __init__(self, function: Function, refs, results, given, host_only, bound, inputs):
+    def __init__(self, function: Function, refs, results, given, host_only, bound, inputs, views):
         self.function = function
-        self._refs, self._bound, self._inputs = refs, bound, inputs  # inputs: kept alive
+        self._refs, self._bound, self._inputs = refs, bound, inputs + views  # kept alive
+        self._after_torch = bool(views)  # each launch ordered after torch's queued work
         self._stored = list(results)
         self._results = list(results)
         self._returned = given if given is not None and function._all_stored else None
@@ -482,6 +502,8 @@ class PreparedCall:
 
     def launch(self):
         function = self.function
+        if self._after_torch:
+            function._device.order_after_torch()
         if self._commands is not None:
             self._last = function._device.submit(self._commands)
         elif self._launched:  # no NAME$record in this module
@@ -532,6 +554,25 @@ class _TensorCheck:
             return tuple([d if d.__class__ is int else bound[d] for d in self.dims])
         except KeyError:
             return None
+
+
+def sizing_scalars(sig: FunctionSignature) -> dict[int, str]:
+    """Integer scalar arguments that size a result (`out = "i64[n]"` with `n` an argument):
+    their positions and names. The generated function casts them to the result's dimension."""
+    used = {d for r in sig.results if isinstance(r, TensorType) for d in r.symbols}
+    return {
+        i: name
+        for i, (t, name) in enumerate(zip(sig.args, sig.arg_names))
+        if isinstance(t, ScalarType) and abi.lookup(t.dtype).is_integer and name in used
+    }
+
+
+def result_size(value, where: str) -> int:
+    """A scalar argument (range-checked already) as the size of a result dimension."""
+    size = int(value)
+    if size < 0:
+        raise KitError(f"{where}: {size} sizes a result and cannot be negative", fix="pass a size of 0 or more")
+    return size
 
 
 def _stored_results(vm_function) -> tuple[int, ...]:

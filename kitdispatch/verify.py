@@ -14,9 +14,9 @@ import numpy as np
 from .errors import KitError
 from .manifest import MANIFEST_NAME
 from .record import RECORD_SUFFIX, read_record
-from .runtime import Module, cuda_status, numpy_dtype
+from .runtime import Module, cuda_status, numpy_dtype, sizing_scalars
 from . import abi
-from .spec import FunctionSignature, ScalarType, TensorType
+from .spec import FunctionSignature, InputRange, ScalarType, TensorType, Tolerance
 
 DEFAULT_SIZE = 257  # not a multiple of common block sizes, so bounds checks get exercised
 
@@ -123,6 +123,7 @@ def _verify_record(record_path: Path, available: bool, reason: str, device: str,
     if not available:
         return [CaseResult(name, s.name, "skip", "no CUDA device") for s in sigs]
     test = record.test
+    ranges = {arg: InputRange.create(r, f"{record_path}: test.ranges.{arg}") for arg, r in test.ranges.items()}
     reference = None
     if test.reference:
         reference = _load_reference(record.check_file(record_path.parent, test.reference))
@@ -137,15 +138,31 @@ def _verify_record(record_path: Path, available: bool, reason: str, device: str,
             results.append(CaseResult(name, sig.name, "skip", why))
             continue
         log(f"running {name}.{sig.name}")
-        results.append(_verify_function(name, module, sig, ref, sizes, rng, test.scalars))
+        tolerance = test.tolerances.get(sig.name)
+        results.append(_verify_function(
+            name, module, sig, ref, sizes, rng, test.scalars, ranges=ranges,
+            tolerance=Tolerance(**tolerance) if tolerance else None,
+        ))
     return results
 
 
-def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, rng, scalars=None) -> CaseResult:
+def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, rng, scalars=None, *, ranges=None, tolerance=None) -> CaseResult:
+    """One function against its reference. `ranges` (argument name -> InputRange) say where
+    inputs are drawn from; `tolerance` replaces the one of the result's element type."""
     symbols = {s: sizes.get(s, DEFAULT_SIZE) for t in sig.args + sig.results if isinstance(t, TensorType) for s in t.symbols}
-    fixed = [(scalars or {}).get(n) for n in sig.arg_names] if sig.arg_names else [None] * len(sig.args)
+    names = sig.arg_names or (None,) * len(sig.args)
+    fixed = [(scalars or {}).get(n) for n in names]
+    ranges = ranges or {}
     try:
-        args = [_make_input(t, symbols, rng) if v is None else _fixed_scalar(t, v) for t, v in zip(sig.args, fixed)]
+        for i, arg in sizing_scalars(sig).items():  # a scalar that sizes a result: that size
+            if fixed[i] is None and arg in ranges:
+                fixed[i] = int(rng.integers(*_limits(ranges[arg], arg, sig.args[i].dtype, symbols)))
+            symbols[arg] = fixed[i] = symbols[arg] if fixed[i] is None else int(fixed[i])
+        args = [
+            _make_input(t, symbols, rng, _limits(ranges[n], n, t.dtype, symbols) if n in ranges else None)
+            if v is None else _fixed_scalar(t, v)
+            for t, v, n in zip(sig.args, fixed, names)
+        ]
     except (ValueError, MemoryError) as exc:
         return CaseResult(name, sig.name, "fail", f"cannot make inputs of sizes {symbols}: {exc}")
     try:
@@ -166,7 +183,7 @@ def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, r
         e = np.asarray(e)
         if g.shape != e.shape:
             return CaseResult(name, sig.name, "fail", f"result {i}: shape {g.shape}, reference {e.shape}")
-        ok, err = _compare(g, e, _tolerance_dtype(sig, t))
+        ok, err = _compare(g, e, _tolerance_dtype(sig, t), tolerance)
         worst = max(worst, err)
         if not ok:
             return CaseResult(name, sig.name, "fail", f"result {i} differs from the reference ({shape_text})", err)
@@ -181,16 +198,42 @@ def _tolerance_dtype(sig: FunctionSignature, result) -> str:
     return abi.tolerance_type([t.dtype for t in (*sig.args, result)])
 
 
-def _make_input(t, symbols: dict[str, int], rng) -> np.ndarray | float | int:
+def _make_input(t, symbols: dict[str, int], rng, limits: tuple | None = None) -> np.ndarray | float | int:
+    """Random values for an argument: from `limits` ([low, high), [test] ranges) where given,
+    else small ones (floats in [-2, 2), integers in [-100, 100), scalars from 1 to 7)."""
     row = abi.lookup(t.dtype)
     if isinstance(t, ScalarType):
         if row.kind == "struct":  # small integers in every 32-bit word, as bytes
             return rng.integers(1, 8, size=row.words).astype("<i4").tobytes()[: row.size]
-        return float(rng.uniform(0.5, 2.0)) if row.kind == "float" else int(rng.integers(1, 8))
+        if row.kind == "float":
+            return float(rng.uniform(*(limits or (0.5, 2.0))))
+        return int(rng.integers(*(limits or (1, 8)), dtype=_draw_type(limits)))
     shape = tuple(symbols[d] if isinstance(d, str) else d for d in t.shape)
     if row.kind == "float":
-        return rng.uniform(-2.0, 2.0, size=shape).astype(numpy_dtype(t.dtype))
-    return rng.integers(0 if row.kind == "uint" else -100, 100, size=shape).astype(numpy_dtype(t.dtype))
+        return rng.uniform(*(limits or (-2.0, 2.0)), size=shape).astype(numpy_dtype(t.dtype))
+    limits = limits or (0 if row.kind == "uint" else -100, 100)
+    return rng.integers(*limits, size=shape, dtype=_draw_type(limits)).astype(numpy_dtype(t.dtype))
+
+
+def _draw_type(limits: tuple | None):
+    """numpy draws integers as int64; a range above it (u64) as uint64."""
+    return np.uint64 if limits and limits[1] > 2**63 else np.int64
+
+
+def _limits(r: InputRange, arg: str, dtype: str, symbols: dict[str, int]) -> tuple:
+    """A [test] range at this case's sizes: [low, high), checked against the argument's type."""
+    try:
+        low, high = r.evaluate(symbols)
+    except KeyError as exc:
+        raise ValueError(f"the range of {arg} uses {exc}, which this function has no size for") from None
+    if not low < high:
+        raise ValueError(f"the range of {arg}, [{low}, {high}), is empty")
+    row = abi.lookup(dtype)
+    if row.kind in ("sint", "uint"):
+        info = np.iinfo(row.dtype)
+        if low < info.min or high - 1 > info.max:
+            raise ValueError(f"the range of {arg}, [{low}, {high}), does not fit {dtype}")
+    return low, high
 
 
 def _fixed_scalar(t, value: float) -> float | int:
@@ -198,13 +241,13 @@ def _fixed_scalar(t, value: float) -> float | int:
     return value if abi.lookup(t.dtype).kind == "float" else int(value)
 
 
-def _compare(got: np.ndarray, expected: np.ndarray, dtype: str) -> tuple[bool, float]:
+def _compare(got: np.ndarray, expected: np.ndarray, dtype: str, given: Tolerance | None = None) -> tuple[bool, float]:
     g = got.astype(np.float64)
     e = expected.astype(np.float64)
     if np.isnan(g).any() and not np.isnan(e).any():
         return False, float("nan")
     err = float(np.max(np.abs(g - e))) if g.size else 0.0
-    tolerance = abi.lookup(dtype).tolerance
+    tolerance = (given.rtol, given.atol) if given is not None else abi.lookup(dtype).tolerance
     if tolerance is None:  # integers: compared as they are (float64 would round above 2^53)
         return bool(np.array_equal(got, expected)), err
     rtol, atol = tolerance

@@ -54,6 +54,42 @@ def test_gen_stops_before_the_vmfb(tmp_path):
     assert result.mlir.is_file() and result.objects[0].is_file()
 
 
+def test_gen_needs_neither_programs_nor_the_reference(tmp_path):
+    """gen's MLIR is for splicing: a [[programs]] file and a [test] reference that do not
+    exist stop `build` with a clear error but not `gen`, which neither reads nor copies them."""
+    toml = SCALE_TOML + (
+        '\n[[programs]]\nsource = "missing.mlir"\nfunctions = [{ name = "prog", args = ["f32[n]"], results = ["f32[n]"] }]\n'
+        '\n[test]\nreference = "missing_reference.py"\n'
+    )
+    root = write_kernel_project(tmp_path / "src", SCALE_CU, toml)
+    result = generate(root, BuildOptions.create("sm_80", format="ptx"), tmp_path / "gen")
+    assert "func.func @scale(" in result.mlir.read_text() and "@prog" not in result.mlir.read_text()
+    record = json.loads(result.record.read_text())
+    assert [f["name"] for f in record["functions"]] == ["scale"] and record["test"]["reference"] is None
+    assert sorted(p.name for p in (tmp_path / "gen").iterdir()) == ["k.sm_80.ptx", "scale.kitdispatch.json", "scale.mlir"]
+    with pytest.raises(ManifestError, match="missing.mlir does not exist"):
+        build(root, BuildOptions.create("sm_80", format="ptx"), tmp_path / "built")
+    assert not (tmp_path / "built").exists()
+
+
+SCALE_CU = r"""
+extern "C" __global__ void scale(const float* x, float* out, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = 2.0f * x[i];
+}
+"""
+SCALE_TOML = """
+name = "scale"
+
+[[kernels]]
+name = "scale"
+source = "k.cu"
+workgroup_size = [64]
+workgroup_count = ["ceildiv(n, 64)"]
+shapes = { x = "f32[n]", out = "f32[n]" }
+"""
+
+
 def test_generated_mlir_is_reproducible(tmp_path):
     a = generate(SAMPLES / "simple_mul", TWO_ARCHS, tmp_path / "a").mlir.read_text()
     b = generate(SAMPLES / "simple_mul", TWO_ARCHS, tmp_path / "b").mlir.read_text()

@@ -26,8 +26,8 @@ import kitdispatch as kd  # noqa: E402
 
 # The tensor-core kernels ship sm_90a code beside their sm_80 path (tests/test_kernel_library.py).
 HOPPER = {"matmul", "attention"}
-# Test modules that are not CUDA builds (tests/data/cpu_calls runs on IREE's CPU device).
-NOT_CUDA = {"cpu_calls"}
+# Test modules that are not CUDA builds (tests/data/cpu_calls and cpu_sized run on IREE's CPU device).
+NOT_CUDA = {"cpu_calls", "cpu_sized"}
 # Projects the GPU tests also run as built by nvcc (OUT/NAME.nvcc), where nvcc is installed.
 NVCC_TOO = {"cxx_kernels"}
 # (sample, project) pairs tests/test_models.py compares on the GPU.
