@@ -36,9 +36,10 @@ from .iree_compile import (
 from .manifest import load_manifest
 from .outputs import OutputFolder, os_error, prepare_output_dir, staging_dir
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
-from .ptx import check_kernel_against_ptx, parse_entries, stores_to_inputs
+from .ptx import check_kernel_against_ptx, param_accesses, parse_entries
 from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
 from .render import ExecutableObjects, VariantObject, render_module
+from .roles import settle_roles
 from .spec import OBJECT_FORMATS, FunctionSignature, ModuleSpec
 
 
@@ -282,7 +283,8 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     # list of those it can: a better first message for `--arch sm_50` than IREE's targets.
     codegen = choose_codegen_target(options.archs, options.codegen_target)
     spec = _resolve_entries(spec, built, compiler, options)
-    abi_warnings = _check_objects(spec, built, compiler, options, shared.cache)
+    # The pointers' roles are settled here, from the code: the MLIR is rendered after.
+    spec, abi_warnings = _check_objects(spec, built, compiler, options, shared.cache)
     preflight_notes = _preflight(built, shared.driver)
 
     templates = shared.cache.template_dir if shared.cache is not None else None
@@ -455,30 +457,37 @@ def _ptx_with_lines(spec: ModuleSpec, source: Path, arch: Arch, compiler, option
     return compiler.compile(source, arch, "ptx", with_lines).data
 
 
-def _check_objects(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, cache: Cache | None) -> tuple[Diagnostic, ...]:
-    """The objects against the kernels (ABI, stores to inputs, architecture features); the
-    verdict is cached under both, so a rebuild with nothing new does not re-read megabytes of
-    PTX. A failing check raises, so only passing verdicts (with their warnings) are stored."""
+def _check_objects(
+    spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, cache: Cache | None
+) -> tuple[ModuleSpec, tuple[Diagnostic, ...]]:
+    """The objects against the kernels (ABI, pointer roles, architecture features): the spec
+    with every pointer's role settled by the code (roles.py), and the warnings. The verdict
+    is cached under both, so a rebuild with nothing new does not re-read megabytes of PTX. A
+    failing check raises, so only passing verdicts (roles and warnings) are stored."""
     key = None
     if cache is not None and cache.usable:
         described = repr((str(spec.root), spec.kernels))
         key = checks_key(described, [(b.obj.data, b.obj.ptx) for b in built], f"{compiler.name} {compiler.version()}")
         hit = cache.get("checks", key)
-        if hit is not None:
-            return tuple(Diagnostic(**d) for d in hit[0].get("warnings", []))
-    warnings = _check_abi(spec, built, compiler, options)
+        if hit is not None and isinstance(hit[0].get("roles"), list) and len(hit[0]["roles"]) == len(spec.kernels):
+            kernels = tuple(k.with_roles(r, k.name) for k, r in zip(spec.kernels, hit[0]["roles"]))
+            warnings = tuple(Diagnostic(**d) for d in hit[0].get("warnings", []))
+            return dataclasses.replace(spec, kernels=kernels), warnings
+    settled, warnings = _check_abi(spec, built, compiler, options)
     check_arch_features([b.obj for b in built], lambda src, arch: _ptx_with_lines(spec, src, arch, compiler, options))
     if key is not None:
-        cache.put("checks", key, {"warnings": [dataclasses.asdict(w) for w in warnings]}, b"")
-    return warnings
+        roles = [{b.name: b.access for b in k.buffers} for k in settled.kernels]
+        cache.put("checks", key, {"warnings": [dataclasses.asdict(w) for w in warnings], "roles": roles}, b"")
+    return settled, warnings
 
 
-def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> tuple[Diagnostic, ...]:
-    """Every kernel against the PTX of its source: entry name, parameters, block size; and a
-    warning for each `in` buffer the kernel stores through (it would write IREE's read-only
-    input). nvcc's cubins and fatbins carry no PTX, so those sources get one PTX compile."""
+def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions) -> tuple[ModuleSpec, tuple[Diagnostic, ...]]:
+    """Every kernel against the PTX of its source: entry name, parameters, block size; then
+    its pointers' roles from the loads and stores of its code (roles.py). nvcc's cubins and
+    fatbins carry no PTX, so those sources get one PTX compile."""
     ptx_by_source: dict[Path, tuple[bytes, str]] = {}
     warnings: list[Diagnostic] = []
+    kernels = []
     for b in built:
         if b.obj.ptx is not None:
             ptx_by_source.setdefault(b.obj.source, (b.obj.ptx, b.obj.arch.name))
@@ -490,9 +499,12 @@ def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOp
             ptx_by_source[src] = (probe.ptx, oldest.name)
         ptx, arch = ptx_by_source[src]
         text = ptx.decode(errors="replace")
-        check_kernel_against_ptx(kernel, parse_entries(text), f"{src} ({arch})")
-        warnings += [Diagnostic("kitdispatch", str(src), text) for text in stores_to_inputs(kernel, text)]
-    return tuple(warnings)
+        where = f"{src} ({arch})"
+        check_kernel_against_ptx(kernel, parse_entries(text), where)
+        kernel, found = settle_roles(kernel, param_accesses(text, kernel.entry), where)
+        kernels.append(kernel)
+        warnings += [Diagnostic("kitdispatch", str(src), w) for w in found]
+    return dataclasses.replace(spec, kernels=tuple(kernels)), tuple(warnings)
 
 
 def _preflight(built: list[_Built], driver: Version | None) -> tuple[str, ...]:

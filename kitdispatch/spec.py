@@ -319,11 +319,15 @@ class IndexExpr:
 
 @dataclass(frozen=True)
 class Buffer:
-    """A pointer parameter: `in` is read-only, `out` a new result, `inout` an in-place result."""
+    """A pointer parameter: `in` is read-only, `out` a new result, `inout` an in-place result.
+
+    `inferred`: the access is only C's default for a non-const pointer that nothing else
+    names (`out`); the build settles it from the compiled code's loads and stores (roles.py)."""
 
     name: str
     access: Literal["in", "out", "inout"]
     type: TensorType
+    inferred: bool = False
 
     @property
     def read_only(self) -> bool:
@@ -626,6 +630,17 @@ class Kernel:
         results = tuple(b.type for b in self.buffers if b.is_result)
         return FunctionSignature(self.function, args, results, tuple(p.name for p in self.function_arguments))
 
+    def with_roles(self, roles: dict[str, str], where: str) -> "Kernel":
+        """This kernel with its buffers' accesses settled (`roles`: name -> in/out/inout for
+        those that change), nothing left provisional, and validated again."""
+        params = tuple(
+            dataclasses.replace(p, access=roles.get(p.name, p.access), inferred=False) if isinstance(p, Buffer) else p
+            for p in self.params
+        )
+        kernel = dataclasses.replace(self, params=params)
+        kernel._validate(where)
+        return kernel
+
     # -- validation ----------------------------------------------------------------
 
     def _validate(self, where: str) -> None:
@@ -666,7 +681,10 @@ class Kernel:
                 where=where,
                 fix="mark the buffer it writes as 'out' (a new tensor) or 'inout' (in place)",
             )
-        known = set(self.known_symbols)
+        # A provisional `out` may turn out to be an input whose shape defines these names:
+        # they are checked for good once the build has settled the roles (roles.py).
+        provisional = {s for b in self.buffers if b.inferred for s in b.type.symbols}
+        known = set(self.known_symbols) | provisional
         self._check_symbols(
             (s for b in self.buffers if b.access == "out" for s in b.type.symbols),
             known,
@@ -684,9 +702,9 @@ class Kernel:
                         where=where,
                         fix="give a float scalar a number as value, or leave value out",
                     )
-                self._check_symbols(s.value.symbols, set(self.dimension_symbols), where, f"the value of {s.name!r}")
+                self._check_symbols(s.value.symbols, set(self.dimension_symbols) | provisional, where, f"the value of {s.name!r}")
         if self.replaces is not None:
-            self._check_symbols(self.replaces.limited_symbols, set(self.dimension_symbols), where, "replace_when")
+            self._check_symbols(self.replaces.limited_symbols, set(self.dimension_symbols) | provisional, where, "replace_when")
 
     @staticmethod
     def _check_symbols(symbols, known: set[str], where: str, what: str) -> None:
@@ -718,19 +736,30 @@ def infer_params(
     shapes: dict[str, TensorType],
     inout: tuple[str, ...] = (),
     inputs: tuple[str, ...] = (),
+    outputs: tuple[str, ...] = (),
     scalars: dict[str, str] | None = None,
     values: dict[str, IndexExpr | float] | None = None,
     where: str,
 ) -> tuple[Param, ...]:
-    """The layout from the kernel's C signature: a const pointer is an `in` buffer, any other
-    pointer an `out` one (or `inout`/`in` where listed); scalar types come from the C types,
-    or from `scalars` for what C cannot say (a 64-bit value's two halves, a typedef)."""
+    """The layout from the kernel's C signature: a const pointer is an `in` buffer, one listed
+    in `inout`, `in` or `out` has that role, and any other pointer is provisionally `out`
+    until the build reads its loads and stores in the compiled code (roles.py); scalar types
+    come from the C types, or from `scalars` for what C cannot say (a 64-bit value's two
+    halves, a struct)."""
     scalars, values = dict(scalars or {}), dict(values or {})
     for name, dtype in scalars.items():
         abi.scalar_type(dtype, f"{where}: scalars.{name}", " (C's int is i32, float is f32)")
     _check_listed(shapes, [c.name for c in sig.params if c.is_pointer], sig, "shapes", "pointer", where)
-    _check_listed(dict.fromkeys(inout + inputs), [c.name for c in sig.params if c.is_pointer], sig,
-                  "inout/in", "pointer", where)
+    _check_listed(dict.fromkeys(inout + inputs + outputs), [c.name for c in sig.params if c.is_pointer], sig,
+                  "inout/in/out", "pointer", where)
+    twice = [n for n in dict.fromkeys(inout + inputs + outputs) if (n in inout) + (n in inputs) + (n in outputs) > 1]
+    if twice:
+        raise ManifestError(f"pointer {twice[0]!r} is listed in more than one of inout, in and out", where=where,
+                            fix="give each pointer one role")
+    for name in outputs:
+        c = next(c for c in sig.params if c.name == name)
+        if c.is_const_pointee:
+            raise _mismatch(sig, name, "out (written)", f"'{c.type}' (const: read-only)", where)
     c_names = [c.name for c in sig.params]
     wide_halves = {
         n + WIDE_HALVES[0]: n for n, t in scalars.items()
@@ -759,7 +788,8 @@ def infer_params(
             access = "inout" if c.name in inout else "in" if c.name in inputs or c.is_const_pointee else "out"
             if c.name in inout and c.is_const_pointee:
                 raise _mismatch(sig, c.name, "inout (written)", f"'{c.type}' (const: read-only)", pwhere)
-            params.append(Buffer(c.name, access, shapes[c.name]))
+            named = c.name in inout or c.name in inputs or c.name in outputs or c.is_const_pointee
+            params.append(Buffer(c.name, access, shapes[c.name], inferred=not named))
             i += 1
             continue
         if c.name in wide_halves:
