@@ -40,7 +40,8 @@ from .ptx import check_kernel_against_ptx, param_accesses, parse_entries
 from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
 from .render import ExecutableObjects, VariantObject, render_module
 from .roles import settle_roles
-from .spec import OBJECT_FORMATS, FunctionSignature, ModuleSpec
+from .signature import compiled_signature
+from .spec import OBJECT_FORMATS, FunctionSignature, Kernel, ModuleSpec, check_params
 
 
 @dataclass(frozen=True)
@@ -501,10 +502,19 @@ def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOp
         text = ptx.decode(errors="replace")
         where = f"{src} ({arch})"
         check_kernel_against_ptx(kernel, parse_entries(text), where)
+        _check_compiled_types(kernel, where)
         kernel, found = settle_roles(kernel, param_accesses(text, kernel.entry), where)
         kernels.append(kernel)
         warnings += [Diagnostic("kitdispatch", str(src), w) for w in found]
     return dataclasses.replace(spec, kernels=tuple(kernels)), tuple(warnings)
+
+
+def _check_compiled_types(kernel: Kernel, where: str) -> None:
+    """A C++ kernel's parameter types as the compiler resolved them (its mangled entry names
+    them: a template's `T`, a typedef) against the declared params, as the source's are at load."""
+    compiled = compiled_signature(kernel.name, kernel.entry) if kernel.cpp_name else None
+    if compiled is not None:
+        check_params(kernel.params, compiled, where)
 
 
 def _preflight(built: list[_Built], driver: Version | None) -> tuple[str, ...]:

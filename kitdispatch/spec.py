@@ -882,9 +882,7 @@ def check_params(params: tuple[Param, ...], sig: KernelSignature, where: str) ->
         if isinstance(p, Buffer):
             if c.is_const_pointee and p.is_result:
                 raise _mismatch(sig, p.name, declared, f"'{c.type}' (const: the kernel cannot write it)", where)
-            element = abi.BY_C_NAME.get(c.base_type)
-            if element is not None and not abi.same_bits(element, abi.lookup(p.type.dtype)):
-                raise _mismatch(sig, p.name, declared, f"'{c.type}' (elements of type {element.name})", where)
+            _check_pointee(sig, c, p, declared, where)
             if c.type.count("*") > 1:
                 raise _mismatch(sig, p.name, declared, f"'{c.type}' (a pointer to pointers)", where)
             continue
@@ -898,6 +896,29 @@ def check_params(params: tuple[Param, ...], sig: KernelSignature, where: str) ->
             raise _mismatch(sig, slot.name, f"{declared} ({want})", f"'{c.type}'", where)
 
 
+def _check_pointee(sig: KernelSignature, c: CParam, p: Buffer, declared: str, where: str) -> None:
+    """A pointer's element type as C states it (through typedefs; a vector type's lanes) against
+    the declared tensor; a type the ABI table does not know (a struct, a template's T) is not
+    checked here (C++ kernels are checked again on their compiled signature)."""
+    found = abi.pointee(c.base_type)
+    if found is None:
+        return
+    element, lanes = found
+    alias = "" if c.base_type in c.type.replace("*", " ").split() else f"a typedef of {c.base_type}: "
+    what = f"{alias}elements of type {element.name}" + (f", {lanes} at a time" if lanes > 1 else "")
+    if not abi.same_bits(element, abi.lookup(p.type.dtype)):
+        raise _mismatch(sig, p.name, declared, f"'{c.type}' ({what})", where)
+    inner = p.type.shape[-1] if p.type.shape else 1
+    if lanes > 1 and isinstance(inner, int) and inner % lanes:
+        raise ManifestError(
+            f"kernel {sig.name!r} parameter {p.name!r}: '{c.type}' ({what}) but the innermost dimension "
+            f"of {p.type} is {inner}, not a multiple of {lanes}",
+            where=where,
+            fix=f"declare the tensor in {element.name} elements with an innermost dimension that is a "
+            f"multiple of {lanes}, e.g. {element.name}[n,{lanes}] or {element.name}[n] with n a multiple of {lanes}",
+        )
+
+
 def _unknown_c_type(c: CParam) -> bool:
     """A typedef or template parameter the kit cannot see through: not checked."""
     c_type = _value_type(c)
@@ -905,9 +926,9 @@ def _unknown_c_type(c: CParam) -> bool:
 
 
 def _mismatch(sig: KernelSignature, param: str, declared: str, source: str, where: str) -> ManifestError:
+    origin = f"the source (line {sig.line})" if sig.line else "the compiled kernel"  # line 0: signature.compiled_signature
     return ManifestError(
-        f"kernel {sig.name!r} parameter {param!r}: the manifest declares {declared}, the source "
-        f"(line {sig.line}) has {source}",
+        f"kernel {sig.name!r} parameter {param!r}: the manifest declares {declared}, {origin} has {source}",
         where=where,
         fix="make the manifest match the kernel's C signature, or leave 'params' out to infer it",
     )
