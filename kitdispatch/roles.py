@@ -18,6 +18,8 @@ warnings, since the analysis cannot tell whether the kernel wrote an element bef
 
 from __future__ import annotations
 
+import dataclasses
+
 from .errors import ManifestError
 from .ptx import EntryAccesses, PointerUse
 from .spec import Buffer, Kernel
@@ -27,6 +29,7 @@ def settle_roles(kernel: Kernel, accesses: EntryAccesses, where: str) -> tuple[K
     """The kernel with every buffer's role settled by its compiled code, and the warnings."""
     roles: dict[str, str] = {}
     warnings: list[str] = []
+    accesses = _with_scalar_addresses(kernel, accesses)
     for i, slot in enumerate(kernel.c_slots):
         p = slot.param
         if not isinstance(p, Buffer):
@@ -48,6 +51,15 @@ def settle_roles(kernel: Kernel, accesses: EntryAccesses, where: str) -> tuple[K
             "in out = [...] / inout = [...]",
         )
     return kernel.with_roles(roles, where), tuple(warnings)
+
+
+def _with_scalar_addresses(kernel: Kernel, accesses: EntryAccesses) -> EntryAccesses:
+    """An access at an address computed from a scalar parameter (an integer cast to a pointer)
+    may reach any buffer: it counts as untraced."""
+    scalars = [u for s, u in zip(kernel.c_slots, accesses.params) if not isinstance(s.param, Buffer)]
+    load = accesses.untraced_load or next((u.load for u in scalars if u.load), None)
+    store = accesses.untraced_store or next((u.store for u in scalars if u.store), None)
+    return dataclasses.replace(accesses, untraced_load=load, untraced_store=store)
 
 
 def _inferred_role(kernel: Kernel, p: Buffer, use: PointerUse, accesses: EntryAccesses) -> tuple[str, str | None]:
