@@ -486,24 +486,29 @@ def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOp
     """Every kernel against the PTX of its source: entry name, parameters, block size; then
     its pointers' roles from the loads and stores of its code (roles.py). nvcc's cubins and
     fatbins carry no PTX, so those sources get one PTX compile."""
-    ptx_by_source: dict[Path, tuple[bytes, str]] = {}
+    ptx_by_source: dict[Path, tuple[bytes, Arch]] = {}
     warnings: list[Diagnostic] = []
     kernels = []
     for b in built:
         if b.obj.ptx is not None:
-            ptx_by_source.setdefault(b.obj.source, (b.obj.ptx, b.obj.arch.name))
+            ptx_by_source.setdefault(b.obj.source, (b.obj.ptx, b.obj.arch))
     for kernel in spec.kernels:
         src = spec.source_path(kernel.source)
         if src not in ptx_by_source:
             oldest = min(options.archs)
             probe = compiler.compile(src, oldest, "ptx", compile_options_for(spec, src, options))
-            ptx_by_source[src] = (probe.ptx, oldest.name)
+            ptx_by_source[src] = (probe.ptx, oldest)
         ptx, arch = ptx_by_source[src]
         text = ptx.decode(errors="replace")
-        where = f"{src} ({arch})"
+        where = f"{src} ({arch.name})"
         check_kernel_against_ptx(kernel, parse_entries(text), where)
         _check_compiled_types(kernel, where)
-        kernel, found = settle_roles(kernel, param_accesses(text, kernel.entry), where)
+        try:
+            kernel, found = settle_roles(kernel, param_accesses(text, kernel.entry), where)
+        except ManifestError:  # again on PTX with line info, so the error names the source line
+            lined = _ptx_with_lines(spec, src, arch, compiler, options).decode(errors="replace")
+            settle_roles(kernel, param_accesses(lined, kernel.entry) or param_accesses(text, kernel.entry), where)
+            raise
         kernels.append(kernel)
         warnings += [Diagnostic("kitdispatch", str(src), w) for w in found]
     return dataclasses.replace(spec, kernels=tuple(kernels)), tuple(warnings)

@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from .arch_features import _FILE_RE, _LOC_RE, _source_line  # one reading of PTX line info
 from .errors import AbiError
 from .spec import Buffer, Kernel
 
@@ -137,6 +138,7 @@ class PointerUse:
     load: str | None = None
     store: str | None = None
     escape: str | None = None
+    store_at: str | None = None  # the store's source line ("k.cu:12"), where the PTX has .loc lines
 
 
 @dataclass(frozen=True)
@@ -165,21 +167,29 @@ def param_accesses(ptx: str, entry: str) -> EntryAccesses | None:
         return None
     names = {p.group("name"): i for i, p in enumerate(_PARAM_RE.finditer(m.group("params")))}
     body = ptx[m.end() : body_end_of(ptx, m.end() - 1)]
-    instructions = [(i.group("op"), i.group("args").strip(), " ".join(i.group().split()))
-                    for i in map(_INSTR_RE.match, body.split("\n")) if i]
+    files = {f.group(1): f.group(2) for f in _FILE_RE.finditer(ptx)}
+    instructions, located, loc = [], [], None
+    for line in body.split("\n"):
+        loc = _LOC_RE.match(line) or loc
+        if i := _INSTR_RE.match(line):
+            instructions.append((i.group("op"), i.group("args").strip(), " ".join(i.group().split())))
+            located.append(loc)
     taint = _taint(instructions, names)
-    uses: dict[int, dict[str, str]] = {i: {} for i in names.values()}
+    uses: dict[int, dict[str, str | None]] = {i: {} for i in names.values()}
     untraced: dict[str, str] = {}
-    for op, args, text in instructions:
+    for (op, args, text), loc in zip(instructions, located):
         for kind, address in _accesses(op, args):
             origins = taint.get(address, frozenset()) if address.startswith("%") else frozenset({OTHER})
             if not origins:
                 untraced.setdefault(kind, text)
             for i in origins - {OTHER}:
-                uses[i].setdefault(kind, text)
+                if kind not in uses[i]:
+                    uses[i][kind], uses[i][f"{kind}_at"] = text, _source_line(loc, files)
         for i in _escaping(op, args, taint):
             uses[i].setdefault("escape", text)
-    params = tuple(PointerUse(u.get("load"), u.get("store"), u.get("escape")) for _, u in sorted(uses.items()))
+    params = tuple(
+        PointerUse(u.get("load"), u.get("store"), u.get("escape"), u.get("store_at")) for _, u in sorted(uses.items())
+    )
     return EntryAccesses(params, untraced.get("load"), untraced.get("store"))
 
 

@@ -102,7 +102,7 @@ def _check_declared(kernel: Kernel, p: Buffer, use: PointerUse, accesses: EntryA
             f"kernel {kernel.name!r} stores through {p.name!r} (PTX: `{use.store}`), which is declared `in` "
             "(a const pointer, or named `in` in the manifest): IREE binds it read-only and may share it "
             "with other values, so the write is lost or corrupts them",
-            where=where,
+            where=use.store_at or where,
             fix=f"declare it inout (inout = [\"{p.name}\"], or {{ name = \"{p.name}\", inout = ... }} in params) "
             "or out if the kernel never reads it",
         )

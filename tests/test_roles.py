@@ -114,13 +114,8 @@ def test_an_only_loaded_non_const_pointer_becomes_an_input(tmp_path):
 @needs_iree_compile
 @pytest.mark.nvcc
 def test_roles_are_the_same_with_nvcc(tmp_path):
-    cu = DATA.joinpath("kernels.cu").read_text()
     # nvcc has no name expressions: the C++ kernel is instantiated by being defined (no template).
-    root = tmp_path / "src"
-    root.mkdir()
-    (root / "kernels.cu").write_text(cu)
-    (root / "kitdispatch.toml").write_text(DATA.joinpath("kitdispatch.toml").read_text())
-    result = build(root, BuildOptions.create("sm_80", compiler="nvcc", format="cubin"), tmp_path / "out")
+    result = build(DATA, BuildOptions.create("sm_80", compiler="nvcc", format="cubin"), tmp_path / "out")
     functions = _functions(result.record)
     assert functions["transposeNoBankConflicts"]["args"] == ["f32[h,w]"]
     assert functions["accumulate"]["results"] == ["f32[n]"] and functions["accumulate"]["arg_names"] == ["acc", "x"]
@@ -173,7 +168,7 @@ def test_a_store_through_an_in_buffer_is_an_error_naming_pointer_and_instruction
     code, text = _cli_build(root, tmp_path / "out")
     assert code == 2, text
     [first] = [line for line in text.splitlines() if "error:" in line]  # one line says what and where
-    assert "kernel 'k' stores through 'x' (PTX: `st.global.f32 [%rd" in first
+    assert "k.cu:4: kernel 'k' stores through 'x' (PTX: `st.global.f32 [%rd" in first  # the source line
     assert "declared `in`" in first and "Traceback" not in text
     assert 'fix: declare it inout (inout = ["x"]' in text
     assert not (tmp_path / "out").exists()
