@@ -116,13 +116,11 @@ def _check_block_size(kernel: Kernel, entry: PtxEntry, where: str) -> None:
 _INSTR_RE = re.compile(r"^\s*(?:@!?%\w+\s+)?(?P<op>[a-z][\w.:]*)\s+(?P<args>[^;]*);")
 _REG_RE = re.compile(r"%[\w$.]+")
 _ADDRESS_RE = re.compile(r"\[\s*([^\],]*?)\s*(?:[+\]]|,)")
-_NOT_GLOBAL = re.compile(r"\.(?:shared|local|param|const)\b")
-# Address spaces a generic address can also come from (the origin OTHER below).
-_OTHER_SPACES = re.compile(r"\.(?:shared|local|const|param)\b")
+_NOT_GLOBAL = re.compile(r"\.(?:shared|local|param|const)\b")  # state spaces no pointer parameter reaches
 OTHER = -1  # taint of an address into shared, local, constant or a named variable: no pointer's
 # Ops through which an address passes to the result without the analysis losing it, and ops
 # that read a pointer without letting it escape (tests, differences, alignment checks: a value
-# they compute that is then used as an address is an unattributed access, below).
+# they compute that is then used as an address makes an untraced access, below).
 _PROPAGATES = frozenset({"mov", "cvta", "add", "sub", "mad", "selp"})
 _READS_ONLY = frozenset({"setp", "set", "and", "or", "xor", "not", "neg", "cvt", "shr", "shl", "rem", "div",
                          "mul", "min", "max", "prefetch", "prefetchu", "applypriority", "discard", "isspacep"})
@@ -215,7 +213,7 @@ def _taint(instructions: list[tuple[str, str, str]], names: dict[str, int]) -> d
             if op.startswith("ld.param"):
                 param = re.search(r"\[\s*([\w$.]+)", sources)
                 new = frozenset({names[param.group(1)]}) if param and param.group(1) in names else frozenset()
-            elif base == "cvta" and _OTHER_SPACES.search(op):
+            elif base == "cvta" and _NOT_GLOBAL.search(op):
                 new = frozenset({OTHER})  # to or from an address of shared, local or const memory
             elif base == "mov" and re.fullmatch(r"[A-Za-z_$][\w$.]*", sources.strip()):
                 new = frozenset({OTHER})  # the address of a named variable (or the stack)
