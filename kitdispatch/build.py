@@ -40,8 +40,8 @@ from .ptx import check_kernel_against_ptx, param_accesses, parse_entries
 from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
 from .render import ExecutableObjects, VariantObject, render_module
 from .roles import settle_roles
-from .signature import compiled_signature
-from .spec import OBJECT_FORMATS, FunctionSignature, Kernel, ModuleSpec, check_params
+from .compiled_types import check_compiled_types
+from .spec import OBJECT_FORMATS, FunctionSignature, ModuleSpec
 
 
 @dataclass(frozen=True)
@@ -438,10 +438,16 @@ def _resolve_entries(spec: ModuleSpec, built: list[_Built], compiler, options: B
     return dataclasses.replace(spec, kernels=tuple(kernels))
 
 
-def _lowered_by_nvrtc(source: Path, name: str, compiler, options: BuildOptions) -> str:
+def _nvrtc(compiler, options: BuildOptions):
+    """The build's compiler if it is NVRTC, else an NVRTC for name lookups (nvcc's objects
+    do not say C++ names)."""
     from .compilers import NvrtcCompiler
 
-    lookup = compiler if compiler.name == "nvrtc" else NvrtcCompiler(timeout=options.compile_timeout)
+    return compiler if compiler.name == "nvrtc" else NvrtcCompiler(timeout=options.compile_timeout)
+
+
+def _lowered_by_nvrtc(source: Path, name: str, compiler, options: BuildOptions) -> str:
+    lookup = _nvrtc(compiler, options)
     try:
         return lookup.lowered_names(source, (name,), options.compile_options)[name]
     except KitError as exc:
@@ -502,7 +508,7 @@ def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOp
         text = ptx.decode(errors="replace")
         where = f"{src} ({arch.name})"
         check_kernel_against_ptx(kernel, parse_entries(text), where)
-        _check_compiled_types(kernel, where)
+        check_compiled_types(kernel, src, _nvrtc(compiler, options), compile_options_for(spec, src, options), where)
         try:
             kernel, found = settle_roles(kernel, param_accesses(text, kernel.entry), where)
         except ManifestError:  # again on PTX with line info, so the error names the source line
@@ -512,14 +518,6 @@ def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOp
         kernels.append(kernel)
         warnings += [Diagnostic("kitdispatch", str(src), w) for w in found]
     return dataclasses.replace(spec, kernels=tuple(kernels)), tuple(warnings)
-
-
-def _check_compiled_types(kernel: Kernel, where: str) -> None:
-    """A C++ kernel's parameter types as the compiler resolved them (its mangled entry names
-    them: a template's `T`, a typedef) against the declared params, as the source's are at load."""
-    compiled = compiled_signature(kernel.name, kernel.entry) if kernel.cpp_name else None
-    if compiled is not None:
-        check_params(kernel.params, compiled, where)
 
 
 def _preflight(built: list[_Built], driver: Version | None) -> tuple[str, ...]:

@@ -165,15 +165,16 @@ def compiled_signature(name: str, mangled: str) -> KernelSignature | None:
     `void scale<float>(float*, float const*, int)`. Names are empty and the line is 0; None
     where the name cannot be demangled or its parameters read."""
     text = _demangle(mangled)
-    if text is None or not text.endswith(")"):
+    end = text.rfind(")") if text is not None else -1  # a function, or a template on a function type
+    if end < 0:
         return None
     depth = 0
-    for i in range(len(text) - 1, -1, -1):  # the parameter list is the last balanced (...)
+    for i in range(end, -1, -1):  # the parameter list is the last balanced (...)
         depth += {")": 1, "(": -1}.get(text[i], 0)
         if depth == 0:
             break
     try:
-        sig = parse_kernels(f"__global__ void k{text[i:]};", path=f"<compiled {name}>").get("k")
+        sig = parse_kernels(f"__global__ void k{text[i : end + 1]};", path=f"<compiled {name}>").get("k")
     except ManifestError:
         return None  # a parameter this parser cannot read (a function reference): not checked
     return replace(sig, name=name, line=0) if sig is not None else None

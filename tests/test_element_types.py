@@ -90,6 +90,36 @@ def test_a_typedef_that_preprocessor_branches_define_differently_is_left_to_the_
     assert parse_kernels(src)["k"].params[0].base_type == "floatX"  # not guessed
 
 
+IF_TYPEDEF_CU = ("#if defined(FP32)\ntypedef float floatX;\n#else\ntypedef __nv_bfloat16 floatX;\n#endif\n"
+                 'extern "C" __global__ void k(floatX* out, const floatX* in, int n) { out[threadIdx.x] = in[threadIdx.x]; }\n')
+
+
+def test_an_extern_c_kernel_is_checked_on_the_types_the_compiler_chose(tmp_path):
+    """floatX as `-D FP32` (or its absence) makes it: NVRTC's probe of decltype(&k) says which."""
+    root = _project(tmp_path, IF_TYPEDEF_CU, out="f32[n]", inp="f32[n]")
+    code, err = _cli(["gen", str(root), "--arch", "sm_80", "-o", str(tmp_path / "out")])
+    assert code == 2 and "Traceback" not in err
+    [line] = [line for line in err.splitlines() if "error:" in line]
+    assert "kernel 'k' parameter 'out': the manifest declares out f32[n], the compiled kernel has '__nv_bfloat16 *' (elements of type bf16)" in line
+    assert not (tmp_path / "out").exists()
+    code, err = _cli(["gen", str(root), "--arch", "sm_80", "-o", str(tmp_path / "out"), "-D", "FP32"])
+    assert code == 0, err
+
+
+def test_a_type_behind_a_macro_is_checked_after_compiling(tmp_path):
+    cu = '#define floatX __half\nextern "C" __global__ void k(floatX* out, const floatX* in, int n) { out[threadIdx.x] = in[threadIdx.x]; }\n'
+    with pytest.raises(ManifestError, match=r"parameter 'out'.*the compiled kernel has '__half \*' \(elements of type f16\)"):
+        generate(_project(tmp_path, cu, out="f32[n]", inp="f32[n]"), BuildOptions.create("sm_80"), tmp_path / "out")
+    assert generate(_project(tmp_path / "ok", cu, out="f16[n]", inp="f16[n]"), BuildOptions.create("sm_80"), tmp_path / "ok_out")
+
+
+@pytest.mark.nvcc
+def test_the_probe_serves_nvcc_builds_too(tmp_path):
+    root = _project(tmp_path, IF_TYPEDEF_CU, out="f32[n]", inp="f32[n]")
+    with pytest.raises(ManifestError, match=r"the compiled kernel has '__nv_bfloat16 \*'"):
+        generate(root, BuildOptions.create("sm_80", compiler="nvcc"), tmp_path / "out")
+
+
 TEMPLATE_CU = "template <typename T> __global__ void scale(T* out, const T* in, int n) { out[threadIdx.x] = in[threadIdx.x]; }\n"
 
 
