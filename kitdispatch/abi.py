@@ -188,6 +188,14 @@ def same_bits(a: AbiType, b: AbiType) -> bool:
     return a == b or (a.is_integer and b.is_integer and a.size == b.size)
 
 
+def holds(c_element: AbiType, declared: AbiType) -> bool:
+    """Whether memory that C reads as `c_element` may hold tensor elements of `declared`: the
+    same bits (above), or the bits of a float C has no builtin type for (f16, bf16, fp8) in
+    integers of its size: `uint16_t*` for f16 or bf16 data, `uint8_t*` for fp8."""
+    narrow_float = declared.kind == "float" and declared.size < 4
+    return same_bits(c_element, declared) or (c_element.is_integer and narrow_float and c_element.size == declared.size)
+
+
 def c_spellings(name: str) -> str:
     return " or ".join(f"'{c}'" for c in BY_NAME[name].c_names)
 

@@ -904,9 +904,9 @@ def _check_pointee(sig: KernelSignature, c: CParam, p: Buffer, declared: str, wh
     if found is None:
         return
     element, lanes = found
-    alias = "" if c.base_type in c.type.replace("*", " ").split() else f"a typedef of {c.base_type}: "
+    alias = "" if re.search(rf"(?<!\w){re.escape(c.base_type)}(?!\w)", c.type) else f"a typedef of {c.base_type}: "
     what = f"{alias}elements of type {element.name}" + (f", {lanes} at a time" if lanes > 1 else "")
-    if not abi.same_bits(element, abi.lookup(p.type.dtype)):
+    if not abi.holds(element, abi.lookup(p.type.dtype)):
         raise _mismatch(sig, p.name, declared, f"'{c.type}' ({what})", where)
     inner = p.type.shape[-1] if p.type.shape else 1
     if lanes > 1 and isinstance(inner, int) and inner % lanes:

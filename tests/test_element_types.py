@@ -57,8 +57,8 @@ VECTORS = [  # C type, its element type, another element type of the same size (
     ("double2", "f64", "i64"),
     ("int2", "i32", "f32"),
     ("uint4", "u32", "f32"),
-    ("uchar4", "u8", "f8e4m3"),
-    ("short2", "i16", "f16"),
+    ("uchar4", "u8", "f32"),
+    ("short2", "i16", "i32"),
     ("__nv_bfloat162", "bf16", "f16"),
     ("__half2", "f16", "bf16"),
 ]
@@ -70,6 +70,24 @@ def test_vector_types_map_to_their_element_type(tmp_path, c_type, element, wrong
     assert load_manifest(_project(tmp_path / "ok", cu, out=f"{element}[n]", inp=f"{element}[n]"))
     with pytest.raises(ManifestError, match=rf"parameter 'in': the manifest declares in {wrong}\[n\].*'const {c_type} \*' \(elements of type {element}"):
         load_manifest(_project(tmp_path / "bad", cu, out=f"{element}[n]", inp=f"{wrong}[n]"))
+
+
+@pytest.mark.parametrize(
+    "c_type, declared, ok",
+    [
+        ("uint16_t", "f16", True), ("unsigned short", "bf16", True), ("uint8_t", "f8e4m3", True),  # bits of a float C lacks
+        ("unsigned int", "i32", True),  # integers of one size
+        ("unsigned int", "f32", False), ("int", "f32", False), ("float", "i32", False), ("uint16_t", "f32", False),
+    ],
+)
+def test_integers_hold_the_bits_of_the_floats_c_has_no_type_for(tmp_path, c_type, declared, ok):
+    cu = f'#include <cstdint>\nextern "C" __global__ void k({c_type}* out, const {c_type}* in, int n) {{ out[0] = in[0]; }}\n'
+    root = _project(tmp_path, cu, out=f"{declared}[n]", inp=f"{declared}[n]")
+    if ok:
+        load_manifest(root)
+    else:
+        with pytest.raises(ManifestError, match=rf"parameter 'out': the manifest declares out {declared}\[n\]"):
+            load_manifest(root)
 
 
 @pytest.mark.parametrize(
