@@ -267,3 +267,17 @@ def test_a_replacing_kernel_whose_code_settles_other_roles_is_refused(tmp_path):
     with pytest.raises(ManifestError, match=r"kernel 'k': its compiled code gives its non-const pointers other roles.*"
                                             r"\(f32\[rows,cols\], f32\[rows,cols\]\) -> \(f32\[rows,cols\]\), not \(f32\[rows,cols\]\) ->"):
         models._kernel_symbols(spec, kernels, BuildOptions.create("sm_80"), tmp_path)
+
+
+def test_roles_named_at_load_are_declared_and_unnamed_ones_provisional(tmp_path):
+    from kitdispatch import kernel_from_source
+
+    root = write_kernel_project(tmp_path / "src", LOAD_STORE_CU, INFERRED)
+    common = dict(shapes={"x": "f32[n]", "y": "f32[n]"}, workgroup_size=[64], workgroup_count=["ceildiv(n, 64)"], root=root)
+    kernel = kernel_from_source("k", "k.cu", outputs=["x"], **common)
+    assert [(b.name, b.access, b.inferred) for b in kernel.buffers] == [("x", "out", False), ("y", "out", True)]
+    with pytest.raises(ManifestError, match="pointer 'x' is listed in more than one of inout, in and out"):
+        kernel_from_source("k", "k.cu", outputs=["x"], inputs=["x"], **common)
+    const = write_kernel_project(tmp_path / "const", LOAD_STORE_CU.replace("float* x", "const float* x"), INFERRED)
+    with pytest.raises(ManifestError, match=r"parameter 'x': the manifest declares out \(written\), the source .* 'const float \*'"):
+        kernel_from_source("k", "k.cu", outputs=["x"], **(common | {"root": const}))
