@@ -66,7 +66,7 @@ def _inferred_role(kernel: Kernel, p: Buffer, use: PointerUse, accesses: EntryAc
     """The role of a non-const pointer the manifest does not name, and a warning where the
     code does not say it for sure."""
     what = f"kernel {kernel.name!r} pointer {p.name!r}"
-    if use.escape:
+    if use.escape and not use.load:
         return p.access, (
             f"{what}: kitdispatch cannot follow it in the compiled code (PTX: `{use.escape}`), so it "
             f"stays `{p.access}`; if the kernel reads it, name it: in = [\"{p.name}\"] or inout = [\"{p.name}\"]"
@@ -74,6 +74,12 @@ def _inferred_role(kernel: Kernel, p: Buffer, use: PointerUse, accesses: EntryAc
     if use.load and use.store:
         return "inout", None
     if use.load:
+        if use.escape:  # read for sure, and maybe written where the analysis cannot follow
+            return "inout", (
+                f"{what} is loaded (PTX: `{use.load}`) and passed where kitdispatch cannot follow it "
+                f"(`{use.escape}`), so it is `inout`; if the kernel never writes it, declare it const or "
+                f"in = [\"{p.name}\"]"
+            )
         if accesses.untraced_store:
             return "inout", (
                 f"{what} is loaded (PTX: `{use.load}`) and the kernel stores at an address kitdispatch cannot "

@@ -281,3 +281,17 @@ def test_roles_named_at_load_are_declared_and_unnamed_ones_provisional(tmp_path)
     const = write_kernel_project(tmp_path / "const", LOAD_STORE_CU.replace("float* x", "const float* x"), INFERRED)
     with pytest.raises(ManifestError, match=r"parameter 'x': the manifest declares out \(written\), the source .* 'const float \*'"):
         kernel_from_source("k", "k.cu", outputs=["x"], **(common | {"root": const}))
+
+
+def test_a_loaded_pointer_that_escapes_becomes_inout_with_a_warning(tmp_path):
+    cu = r"""
+    __device__ __noinline__ void twice(float* p) { *p *= 2.0f; }
+    extern "C" __global__ void k(float* out, float* a, int n) {
+      int j = blockIdx.x * blockDim.x + threadIdx.x;
+      if (j < n) { out[j] = a[j]; twice(a + j); }
+    }"""
+    toml = INFERRED.replace("x = ", "out = ").replace("y = ", "a = ")
+    result = generate(write_kernel_project(tmp_path / "src", cu, toml), BuildOptions.create("sm_80"), tmp_path / "out")
+    [warning] = [d.text for d in result.diagnostics if d.tool == "kitdispatch"]
+    assert "pointer 'a' is loaded (PTX: `ld.global.f32" in warning and "so it is `inout`" in warning
+    assert _functions(result.record)["k"] == {"name": "k", "args": ["f32[n]"], "results": ["f32[n]", "f32[n]"], "arg_names": ["a"]}
