@@ -219,6 +219,8 @@ def _taint(instructions: list[tuple[str, str, str]], names: dict[str, int]) -> d
                 new = frozenset({OTHER})  # the address of a named variable (or the stack)
             elif base in ("ld", "ldu", "atom"):
                 new = frozenset()  # a value from memory is not the pointer
+            elif base == "sub" and any(taint.get(r) for r in _REG_RE.findall(sources.partition(",")[2])):
+                new = frozenset()  # a difference of two addresses is an offset
             else:
                 new = frozenset().union(*(taint.get(r, frozenset()) for r in _address_sources(op, sources)))
             if not new <= taint.get(dst, frozenset()):

@@ -321,3 +321,13 @@ def test_the_code_gives_the_library_kernels_the_roles_their_manifests_declare(pr
             entry = dict(obj.lowered).get(kernel.name, kernel.name)
             settled, warnings = settle_roles(left, param_accesses(obj.ptx.decode(), entry), str(source))
             assert ([b.access for b in settled.buffers], warnings) == ([b.access for b in kernel.buffers], ()), kernel.name
+
+
+def test_a_difference_of_two_pointers_is_an_offset_not_an_address(tmp_path):
+    cu = r"""
+    extern "C" __global__ void k(float* out, const float* in, const float* end) {
+      const float* p = in + threadIdx.x;
+      if (p < end) out[end - p] = *p;
+    }"""
+    uses = _uses(tmp_path, cu)
+    assert (uses[0], uses[1], uses[2]) == ("S", "L", "")
