@@ -438,16 +438,10 @@ def _resolve_entries(spec: ModuleSpec, built: list[_Built], compiler, options: B
     return dataclasses.replace(spec, kernels=tuple(kernels))
 
 
-def _nvrtc(compiler, options: BuildOptions):
-    """The build's compiler if it is NVRTC, else an NVRTC for name lookups (nvcc's objects
-    do not say C++ names)."""
+def _lowered_by_nvrtc(source: Path, name: str, compiler, options: BuildOptions) -> str:
     from .compilers import NvrtcCompiler
 
-    return compiler if compiler.name == "nvrtc" else NvrtcCompiler(timeout=options.compile_timeout)
-
-
-def _lowered_by_nvrtc(source: Path, name: str, compiler, options: BuildOptions) -> str:
-    lookup = _nvrtc(compiler, options)
+    lookup = compiler if compiler.name == "nvrtc" else NvrtcCompiler(timeout=options.compile_timeout)
     try:
         return lookup.lowered_names(source, (name,), options.compile_options)[name]
     except KitError as exc:
@@ -508,7 +502,7 @@ def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOp
         text = ptx.decode(errors="replace")
         where = f"{src} ({arch.name})"
         check_kernel_against_ptx(kernel, parse_entries(text), where)
-        check_compiled_types(kernel, src, _nvrtc(compiler, options), compile_options_for(spec, src, options), where)
+        check_compiled_types(kernel, src, arch, compile_options_for(spec, src, options), where, timeout=options.compile_timeout)
         try:
             kernel, found = settle_roles(kernel, param_accesses(text, kernel.entry), where)
         except ManifestError:  # again on PTX with line info, so the error names the source line

@@ -160,13 +160,16 @@ def find_kernel(source: str, name: str, *, path: str = "<source>") -> KernelSign
     )
 
 
-def compiled_signature(name: str, mangled: str) -> KernelSignature | None:
+def compiled_signature(name: str, mangled: str, *, template_argument: bool = False) -> KernelSignature | None:
     """A C++ kernel's parameters as the compiler resolved them (a template's `T`, typedefs,
     macros), read from its mangled entry name: `_Z5scaleIfEvPT_PKS0_i` is
-    `void scale<float>(float*, float const*, int)`. Names are empty and the line is 0; None
-    where the name cannot be demangled or its parameters read."""
+    `void scale<float>(float*, float const*, int)`; with `template_argument`, from the function
+    type that is the entry's template argument (`void probe<void (*)(float*, int)>()`). Names
+    are empty and the line is 0; None where the name cannot be demangled or its parameters read."""
     text = _demangle(mangled)
-    end = text.rfind(")") if text is not None else -1  # a function, or a template on a function type
+    if text is not None and template_argument:
+        text = _first_template_argument(text)
+    end = text.rfind(")") if text is not None else -1
     if end < 0:
         return None
     depth = 0
@@ -179,6 +182,17 @@ def compiled_signature(name: str, mangled: str) -> KernelSignature | None:
     except ManifestError:
         return None  # a parameter this parser cannot read (a function reference): not checked
     return replace(sig, name=name, line=0) if sig is not None else None
+
+
+def _first_template_argument(text: str) -> str | None:
+    """`void f<void (*)(int*)>()` -> `void (*)(int*)`."""
+    start = text.find("<")
+    depth = 0
+    for i in range(max(start, 0), len(text)):
+        depth += {"<": 1, ">": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + 1 : i] if start >= 0 else None
+    return None
 
 
 @functools.lru_cache(maxsize=1)
