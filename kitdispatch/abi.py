@@ -116,6 +116,33 @@ BY_NUMPY = {t.numpy: t for t in TYPES if t.tensor}  # numpy dtype names: 'float3
 C_UNSUPPORTED = ("long double", "__int128", "unsigned __int128", "wchar_t", "char16_t", "char32_t")
 
 
+# CUDA's vector types, by C name: (element type, lanes). A `float4*` points at f32 elements
+# four at a time: a tensor it reads or writes is declared with its element type, and its
+# innermost dimension counts elements, so a static one must be a multiple of the lanes
+# (`f32[n]` with n % 4 == 0, or `f32[n,4]`).
+_VECTOR_BASES = {
+    "char": "i8", "uchar": "u8", "short": "i16", "ushort": "u16", "int": "i32", "uint": "u32",
+    "long": "i64", "ulong": "u64", "longlong": "i64", "ulonglong": "u64", "float": "f32", "double": "f64",
+}
+VECTORS: dict[str, tuple[str, int]] = {
+    **{f"{c}{n}": (t, n) for c, t in _VECTOR_BASES.items() for n in (1, 2, 3, 4)},
+    "__half2": ("f16", 2), "half2": ("f16", 2),
+    "__nv_bfloat162": ("bf16", 2), "nv_bfloat162": ("bf16", 2),
+    "__nv_fp8x2_e4m3": ("f8e4m3", 2), "__nv_fp8x4_e4m3": ("f8e4m3", 4),
+    "__nv_fp8x2_e5m2": ("f8e5m2", 2), "__nv_fp8x4_e5m2": ("f8e5m2", 4),
+}
+
+
+def pointee(c_name: str) -> tuple[AbiType, int] | None:
+    """What a pointer to C type `c_name` points at: (element row, lanes), lanes 1 for a
+    scalar type and more for a vector type (`half2`: f16, 2); None for a type not in the table."""
+    if c_name in VECTORS:
+        element, lanes = VECTORS[c_name]
+        return BY_NAME[element], lanes
+    row = BY_C_NAME.get(c_name)
+    return (row, 1) if row is not None and row.tensor else None
+
+
 # A struct passed by value travels as its bytes in 32-bit words ("struct24": 24 bytes, six
 # constants); the kernel's PTX parameter must have exactly that size. IREE's CUDA HAL takes
 # at most 64 push constants a dispatch.
@@ -159,6 +186,14 @@ def scalar_type(name: object, where: str, hint: str = "") -> AbiType:
 def same_bits(a: AbiType, b: AbiType) -> bool:
     """Integers of one size differ only in how they are read: `unsigned*` may hold i32 data."""
     return a == b or (a.is_integer and b.is_integer and a.size == b.size)
+
+
+def holds(c_element: AbiType, declared: AbiType) -> bool:
+    """Whether memory that C reads as `c_element` may hold tensor elements of `declared`: the
+    same bits (above), or the bits of a float C has no builtin type for (f16, bf16, fp8) in
+    integers of its size: `uint16_t*` for f16 or bf16 data, `uint8_t*` for fp8."""
+    narrow_float = declared.kind == "float" and declared.size < 4
+    return same_bits(c_element, declared) or (c_element.is_integer and narrow_float and c_element.size == declared.size)
 
 
 def c_spellings(name: str) -> str:

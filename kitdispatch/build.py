@@ -36,9 +36,11 @@ from .iree_compile import (
 from .manifest import load_manifest
 from .outputs import OutputFolder, os_error, prepare_output_dir, staging_dir
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
-from .ptx import check_kernel_against_ptx, parse_entries, stores_to_inputs
+from .ptx import check_kernel_against_ptx, param_accesses, parse_entries
 from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
 from .render import ExecutableObjects, VariantObject, render_module
+from .roles import settle_roles
+from .compiled_types import check_compiled_types
 from .spec import OBJECT_FORMATS, FunctionSignature, ModuleSpec
 
 
@@ -288,7 +290,8 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     # list of those it can: a better first message for `--arch sm_50` than IREE's targets.
     codegen = choose_codegen_target(options.archs, options.codegen_target)
     spec = _resolve_entries(spec, built)
-    abi_warnings = _check_objects(spec, built, compiler, options, source_options, shared.cache)
+    # The pointers' roles are settled here, from the code: the MLIR is rendered after.
+    spec, abi_warnings = _check_objects(spec, built, compiler, options, source_options, shared.cache)
     preflight_notes = _preflight(built, shared.driver)
 
     templates = shared.cache.template_dir if shared.cache is not None else None
@@ -476,44 +479,60 @@ def _ptx_with_lines(source: Path, arch: Arch, compiler, source_options: dict[Pat
 
 def _check_objects(
     spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, source_options: dict[Path, CompileOptions], cache: Cache | None
-) -> tuple[Diagnostic, ...]:
-    """The objects against the kernels (ABI, stores to inputs, architecture features); the
-    verdict is cached under both, so a rebuild with nothing new does not re-read megabytes of
-    PTX. A failing check raises, so only passing verdicts (with their warnings) are stored."""
+) -> tuple[ModuleSpec, tuple[Diagnostic, ...]]:
+    """The objects against the kernels (ABI, pointer roles, architecture features): the spec
+    with every pointer's role settled by the code (roles.py), and the warnings. The verdict
+    is cached under both, so a rebuild with nothing new does not re-read megabytes of PTX. A
+    failing check raises, so only passing verdicts (roles and warnings) are stored."""
     key = None
     if cache is not None and cache.usable:
         described = repr((str(spec.root), spec.kernels))
         key = checks_key(described, [(b.obj.data, b.obj.ptx) for b in built], f"{compiler.name} {compiler.version()}")
         hit = cache.get("checks", key)
-        if hit is not None:
-            return tuple(Diagnostic(**d) for d in hit[0].get("warnings", []))
-    warnings = _check_abi(spec, built, compiler, options, source_options)
+        if hit is not None and isinstance(hit[0].get("roles"), list) and len(hit[0]["roles"]) == len(spec.kernels):
+            kernels = tuple(k.with_roles(r, k.name) for k, r in zip(spec.kernels, hit[0]["roles"]))
+            warnings = tuple(Diagnostic(**d) for d in hit[0].get("warnings", []))
+            return dataclasses.replace(spec, kernels=kernels), warnings
+    settled, warnings = _check_abi(spec, built, compiler, options, source_options)
     check_arch_features([b.obj for b in built], lambda src, arch: _ptx_with_lines(src, arch, compiler, source_options))
     if key is not None:
-        cache.put("checks", key, {"warnings": [dataclasses.asdict(w) for w in warnings]}, b"")
-    return warnings
+        roles = [{b.name: b.access for b in k.buffers} for k in settled.kernels]
+        cache.put("checks", key, {"warnings": [dataclasses.asdict(w) for w in warnings], "roles": roles}, b"")
+    return settled, warnings
 
 
-def _check_abi(spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, source_options: dict[Path, CompileOptions]) -> tuple[Diagnostic, ...]:
-    """Every kernel against the PTX of its source: entry name, parameters, block size; and a
-    warning for each `in` buffer the kernel stores through (it would write IREE's read-only
-    input). nvcc's cubins and fatbins carry no PTX, so those sources get one PTX compile."""
-    ptx_by_source: dict[Path, tuple[bytes, str]] = {}
+def _check_abi(
+    spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, source_options: dict[Path, CompileOptions]
+) -> tuple[ModuleSpec, tuple[Diagnostic, ...]]:
+    """Every kernel against the PTX of its source: entry name, parameters, block size; then
+    its pointers' roles from the loads and stores of its code (roles.py). nvcc's cubins and
+    fatbins carry no PTX, so those sources get one PTX compile."""
+    ptx_by_source: dict[Path, tuple[bytes, Arch]] = {}
     warnings: list[Diagnostic] = []
+    kernels = []
     for b in built:
         if b.obj.ptx is not None:
-            ptx_by_source.setdefault(b.obj.source, (b.obj.ptx, b.obj.arch.name))
+            ptx_by_source.setdefault(b.obj.source, (b.obj.ptx, b.obj.arch))
     for kernel in spec.kernels:
         src = spec.source_path(kernel.source)
         if src not in ptx_by_source:
             oldest = min(options.archs)
             probe = compiler.compile(src, oldest, "ptx", source_options[src])
-            ptx_by_source[src] = (probe.ptx, oldest.name)
+            ptx_by_source[src] = (probe.ptx, oldest)
         ptx, arch = ptx_by_source[src]
         text = ptx.decode(errors="replace")
-        check_kernel_against_ptx(kernel, parse_entries(text), f"{src} ({arch})")
-        warnings += [Diagnostic("kitdispatch", str(src), text) for text in stores_to_inputs(kernel, text)]
-    return tuple(warnings)
+        where = f"{src} ({arch.name})"
+        check_kernel_against_ptx(kernel, parse_entries(text), where)
+        check_compiled_types(kernel, src, arch, source_options[src], where, timeout=options.compile_timeout)
+        try:
+            kernel, found = settle_roles(kernel, param_accesses(text, kernel.entry), where)
+        except ManifestError:  # again on PTX with line info, so the error names the source line
+            lined = _ptx_with_lines(src, arch, compiler, source_options).decode(errors="replace")
+            settle_roles(kernel, param_accesses(lined, kernel.entry) or param_accesses(text, kernel.entry), where)
+            raise
+        kernels.append(kernel)
+        warnings += [Diagnostic("kitdispatch", str(src), w) for w in found]
+    return dataclasses.replace(spec, kernels=tuple(kernels)), tuple(warnings)
 
 
 def _preflight(built: list[_Built], driver: Version | None) -> tuple[str, ...]:

@@ -48,6 +48,7 @@ _KERNEL_KEYS = {
     "shapes": False,
     "inout": False,
     "in": False,
+    "out": False,
     "scalars": False,
     "values": False,
     "workgroup_size": True,
@@ -66,7 +67,7 @@ _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
 _TEST_KEYS = {"reference": False, "sizes": False, "seed": False, "scalars": False, "ranges": False, "tolerances": False}
 _ACCESS_KEYS = ("in", "out", "inout", "scalar")
-_INFERENCE_KEYS = ("shapes", "inout", "in", "scalars", "values")
+_INFERENCE_KEYS = ("shapes", "inout", "in", "out", "scalars", "values")
 
 
 def find_manifest(path: str | Path) -> Path:
@@ -125,6 +126,7 @@ def kernel_from_source(
     workgroup_count: list[int | str],
     inout: list[str] | tuple[str, ...] = (),
     inputs: list[str] | tuple[str, ...] = (),
+    outputs: list[str] | tuple[str, ...] = (),
     scalars: dict[str, str] | None = None,
     values: dict[str, int | float | str] | None = None,
     function: str | None = None,
@@ -150,6 +152,7 @@ def kernel_from_source(
     optional = {
         "inout": list(inout),
         "in": list(inputs),
+        "out": list(outputs),
         "scalars": dict(scalars or {}),
         "values": dict(values or {}),
         "function": function,
@@ -263,6 +266,7 @@ def _infer_params(data: dict, sig: KernelSignature | None, where: str) -> tuple[
         shapes={k: TensorType.parse(v, f"{where}: shapes.{k}") for k, v in shapes.items()},
         inout=tuple(_names(data.get("inout", []), f"{where}: inout")),
         inputs=tuple(_names(data.get("in", []), f"{where}: in")),
+        outputs=tuple(_names(data.get("out", []), f"{where}: out")),
         scalars=types,
         values={
             k: _parse_scalar_value(v, types.get(k) or c_types.get(k) or "i32", f"{where}: values.{k}")

@@ -35,10 +35,10 @@ from pathlib import Path
 from . import __version__
 from ._files import write_atomic
 from .outputs import OutputFolder, prepare_output_dir, staging_dir
-from .record import JOURNAL_SUFFIX, RecordError, file_sha256, sha256
+from .record import JOURNAL_SUFFIX, RecordError, file_sha256, read_record, sha256
 from ._proc import run_checked, run_tool
 from .build import BuildOptions, generate
-from .errors import IreeCompileError, KitError
+from .errors import IreeCompileError, KitError, ManifestError
 from .iree_compile import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_iree_compile, iree_compiler_version
 from .manifest import load_manifest
 from .mlir_text import mlir_comment, mlir_string
@@ -378,10 +378,32 @@ def _kernel_symbols(spec: ModuleSpec, kernels: list[Kernel], options: BuildOptio
     sub = dataclasses.replace(spec, kernels=tuple(kernels), programs=(), test=TestSpec())
     with tempfile.TemporaryDirectory(prefix="kitdispatch-kernels-") as tmp:
         result = generate(sub, options, Path(tmp) / sub.name)
+        _check_settled_functions(kernels, read_record(result.record).functions)
         for obj in result.objects:
             shutil.copy2(obj, stage / obj.name)
         text = result.mlir.read_text()
     return [o.name for o in result.objects], _as_spec_symbols(text, kernels)
+
+
+def _check_settled_functions(kernels: list[Kernel], functions) -> None:
+    """The ops were matched against the kernels as described; the build settles pointers the
+    manifest leaves to the compiled code (roles.py), and a function that came out otherwise
+    would not fit the ops it replaces."""
+    built = {f.name: f for f in functions}
+    for kernel in kernels:
+        settled = built.get(kernel.function)
+        if settled is not None and settled != kernel.signature():
+            raise ManifestError(
+                f"kernel {kernel.name!r}: its compiled code gives its non-const pointers other roles than "
+                f"the manifest implies (function {_shown_signature(settled)}, not {_shown_signature(kernel.signature())})",
+                where=f"kernel {kernel.name}: replaces",
+                fix="name every non-const pointer's role in the manifest (in = [...], out = [...], inout = [...]), "
+                "or make input pointers const",
+            )
+
+
+def _shown_signature(sig) -> str:
+    return f"({', '.join(map(str, sig.args))}) -> ({', '.join(map(str, sig.results))})"
 
 
 def _as_spec_symbols(text: str, kernels: list[Kernel]) -> _Symbols:

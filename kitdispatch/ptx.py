@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from .arch_features import _FILE_RE, _LOC_RE, _source_line  # one reading of PTX line info
 from .errors import AbiError
 from .spec import Buffer, Kernel
 
@@ -92,22 +93,6 @@ def check_kernel_against_ptx(kernel: Kernel, entries: dict[str, PtxEntry], where
     _check_block_size(kernel, entry, where)
 
 
-def stores_to_inputs(kernel: Kernel, ptx: str) -> list[str]:
-    """A warning for each `in` buffer the kernel's PTX stores through: IREE binds it
-    read-only and may share it with other values, so the write is lost or corrupts them."""
-    slots = kernel.c_slots
-    warnings = []
-    for i in written_params(ptx, kernel.entry):
-        p = slots[i].param if i < len(slots) else None
-        if isinstance(p, Buffer) and p.access == "in":
-            warnings.append(
-                f"kernel {kernel.name!r} stores through {p.name!r}, which the manifest declares `in` "
-                "(read-only): IREE may share that buffer with other values, so the result is undefined; "
-                f"declare it inout = [\"{p.name}\"] (or out), or make the pointer const if it is only read"
-            )
-    return warnings
-
-
 def _check_block_size(kernel: Kernel, entry: PtxEntry, where: str) -> None:
     size = kernel.workgroup_size
     if entry.reqntid is not None:
@@ -128,56 +113,159 @@ def _check_block_size(kernel: Kernel, entry: PtxEntry, where: str) -> None:
         )
 
 
-# ------------------------------------------------------------------ stores through params
+# ------------------------------------------------------------- loads and stores through params
 
-_INSTR_RE = re.compile(r"^\s*(?:@!?%\w+\s+)?(?P<op>[a-z][\w.]*)\s+(?P<args>[^;]*);")
+_INSTR_RE = re.compile(r"^\s*(?:@!?%\w+\s+)?(?P<op>[a-z][\w.:]*)\s+(?P<args>[^;]*);")
 _REG_RE = re.compile(r"%[\w$.]+")
-_MEMORY_WRITES = re.compile(r"^(?:st|atom|red)(?:\.global)?(?:\.|$)")
-_NOT_GLOBAL = re.compile(r"\.(?:shared|local|param|const)\b")
+_ADDRESS_RE = re.compile(r"\[\s*([^\],]*?)\s*(?:[+\]]|,)")
+_NOT_GLOBAL = re.compile(r"\.(?:shared|local|param|const)\b")  # state spaces no pointer parameter reaches
+OTHER = -1  # taint of an address into shared, local, constant or a named variable: no pointer's
+# Ops through which an address passes to the result without the analysis losing it, and ops
+# that read a pointer without letting it escape (tests, differences, alignment checks: a value
+# they compute that is then used as an address makes an untraced access, below).
+_PROPAGATES = frozenset({"mov", "cvta", "add", "sub", "mad", "selp"})
+_READS_ONLY = frozenset({"setp", "set", "and", "or", "xor", "not", "neg", "cvt", "shr", "shl", "rem", "div",
+                         "mul", "min", "max", "prefetch", "prefetchu", "applypriority", "discard", "isspacep"})
 
 
-def written_params(ptx: str, entry: str) -> tuple[int, ...]:
-    """Positions of the entry's pointer parameters that the kernel stores through (st, atom or
-    red to global or generic memory at an address computed from the parameter).
+@dataclass(frozen=True)
+class PointerUse:
+    """What an entry's code does through one parameter: the first PTX instruction that loads
+    through it, stores through it (st, atom, red, cp to global; atom and red also load), and
+    hands it where this analysis cannot follow it (a call, stored as a value, an op it does not
+    know); None where there is none."""
+
+    load: str | None = None
+    store: str | None = None
+    escape: str | None = None
+    store_at: str | None = None  # the store's source line ("k.cu:12"), where the PTX has .loc lines
+
+
+@dataclass(frozen=True)
+class EntryAccesses:
+    """Every parameter's use, by position, and the first global or generic load and store at
+    an address the analysis cannot trace to a parameter or to non-global memory (a pointer
+    read from memory, rebuilt from integers): where there is one, any pointer may be read or
+    written by it."""
+
+    params: tuple[PointerUse, ...]
+    untraced_load: str | None = None
+    untraced_store: str | None = None
+
+
+def param_accesses(ptx: str, entry: str) -> EntryAccesses | None:
+    """How the entry's code uses each parameter, from its PTX; None if there is no such entry.
 
     A taint analysis over the entry's body: a register loaded from a parameter carries it,
     and so does an address computed from it (mov, cvta, add, the pointer of a sub, the
     addend of a mad, either side of a selp); an integer derived otherwise (an alignment test
     `and`, a pointer difference) and a value loaded from memory do not. It runs to a fixed
-    point, so loops are followed."""
+    point, so loops are followed; then each memory access is attributed to the parameters its
+    address derives from."""
     m = next((m for m in ENTRY_RE.finditer(ptx) if m.group("name") == entry), None)
     if m is None:
-        return ()
+        return None
     names = {p.group("name"): i for i, p in enumerate(_PARAM_RE.finditer(m.group("params")))}
     body = ptx[m.end() : body_end_of(ptx, m.end() - 1)]
-    instructions = [(i.group("op"), i.group("args")) for i in map(_INSTR_RE.match, body.split("\n")) if i]
+    files = {f.group(1): f.group(2) for f in _FILE_RE.finditer(ptx)}
+    instructions, located, loc = [], [], None
+    for line in body.split("\n"):
+        loc = _LOC_RE.match(line) or loc
+        if i := _INSTR_RE.match(line):
+            instructions.append((i.group("op"), i.group("args").strip(), " ".join(i.group().split())))
+            located.append(loc)
+    taint = _taint(instructions, names)
+    uses: dict[int, dict[str, str | None]] = {i: {} for i in names.values()}
+    untraced: dict[str, str] = {}
+    for (op, args, text), loc in zip(instructions, located):
+        for kind, address in _accesses(op, args):
+            origins = taint.get(address, frozenset()) if address.startswith("%") else frozenset({OTHER})
+            if not origins:
+                untraced.setdefault(kind, text)
+            for i in origins - {OTHER}:
+                if kind not in uses[i]:
+                    uses[i][kind], uses[i][f"{kind}_at"] = text, _source_line(loc, files)
+        for i in _escaping(op, args, taint):
+            uses[i].setdefault("escape", text)
+    params = tuple(
+        PointerUse(u.get("load"), u.get("store"), u.get("escape"), u.get("store_at")) for _, u in sorted(uses.items())
+    )
+    return EntryAccesses(params, untraced.get("load"), untraced.get("store"))
+
+
+def written_params(ptx: str, entry: str) -> tuple[int, ...]:
+    """Positions of the entry's parameters that the kernel stores through."""
+    found = param_accesses(ptx, entry)
+    return () if found is None else tuple(i for i, u in enumerate(found.params) if u.store)
+
+
+def _taint(instructions: list[tuple[str, str, str]], names: dict[str, int]) -> dict[str, frozenset[int]]:
+    """Each register's origins: the parameters (positions) its value is an address into, and
+    OTHER for addresses into shared, local or constant memory or a named variable."""
     taint: dict[str, frozenset[int]] = {}
-    written: set[int] = set()
     changed = True
     while changed:
         changed = False
-        for op, args in instructions:
-            if _MEMORY_WRITES.match(op) and not _NOT_GLOBAL.search(op):
-                address = re.search(r"\[\s*(%[\w$.]+)", args)
-                if address:
-                    written |= taint.get(address.group(1), frozenset())
-                if not op.startswith("atom"):
-                    continue
+        for op, args, _ in instructions:
             dst, _, sources = args.partition(",")
             dst = dst.strip()
-            if not dst.startswith("%"):
+            if not dst.startswith("%") or _is_memory_write(op):
                 continue
+            base = op.split(".", 1)[0]
             if op.startswith("ld.param"):
                 param = re.search(r"\[\s*([\w$.]+)", sources)
                 new = frozenset({names[param.group(1)]}) if param and param.group(1) in names else frozenset()
-            elif op.startswith(("ld.", "atom")):
+            elif base == "cvta" and _NOT_GLOBAL.search(op):
+                new = frozenset({OTHER})  # to or from an address of shared, local or const memory
+            elif base == "mov" and re.fullmatch(r"[A-Za-z_$][\w$.]*", sources.strip()):
+                new = frozenset({OTHER})  # the address of a named variable (or the stack)
+            elif base in ("ld", "ldu", "atom"):
                 new = frozenset()  # a value from memory is not the pointer
+            elif base == "sub" and any(taint.get(r) for r in _REG_RE.findall(sources.partition(",")[2])):
+                new = frozenset()  # a difference of two addresses is an offset
             else:
                 new = frozenset().union(*(taint.get(r, frozenset()) for r in _address_sources(op, sources)))
             if not new <= taint.get(dst, frozenset()):
                 taint[dst] = taint.get(dst, frozenset()) | new
                 changed = True
-    return tuple(sorted(written))
+    return taint
+
+
+def _is_memory_write(op: str) -> bool:
+    return op.split(".", 1)[0] in ("st", "red")
+
+
+def _accesses(op: str, args: str) -> list[tuple[str, str]]:
+    """(load or store, the address operand) of each global or generic access `op` makes."""
+    base = op.split(".", 1)[0]
+    addresses = _ADDRESS_RE.findall(args)
+    if base in ("ld", "ldu", "st", "atom", "red"):
+        if _NOT_GLOBAL.search(op) or not addresses:
+            return []
+        kinds = {"ld": ("load",), "ldu": ("load",), "st": ("store",)}.get(base, ("load", "store"))
+        return [(k, addresses[0]) for k in kinds]
+    if base == "cp" and len(addresses) >= 2 and ".tensor" not in op:
+        # cp[.reduce].async...DST.SRC [dst], [src]: the first space named is the destination's.
+        spaces = re.findall(r"\.(global|shared(?:::\w+)?|local)\b", op)
+        out = []
+        if spaces[:1] == ["global"]:
+            out += [("store", addresses[0])] + ([("load", addresses[0])] if op.startswith("cp.reduce") else [])
+        if spaces[1:2] == ["global"]:
+            out.append(("load", addresses[1]))
+        return out
+    return []
+
+
+def _escaping(op: str, args: str, taint: dict[str, frozenset[int]]) -> set[int]:
+    """Parameters whose pointers `op` hands where the analysis cannot follow: stored as a
+    value (a call's argument is one too), or read by an op it does not know."""
+    base = op.split(".", 1)[0]
+    if base in _PROPAGATES or base in _READS_ONLY or base in ("ld", "ldu", "cp", "bra", "ret", "exit"):
+        return set()
+    operands = re.sub(r"\[[^\]]*\]", "", args)  # addresses are accesses, not escapes
+    if base == "atom":
+        operands = operands.partition(",")[2]  # its first operand is where the old value goes
+    return {i for r in _REG_RE.findall(operands) for i in taint.get(r, frozenset()) if i != OTHER}
 
 
 def _address_sources(op: str, sources: str) -> list[str]:

@@ -14,7 +14,8 @@ benchmarks/results/signature-sources.txt, every kernel of kernels/, samples/, te
   Inference needs both (`shapes = { x = ... }` names a parameter; `const` makes it `in`).
   So the kit takes from the compiler what it knows better and keeps it as the last word:
   entries (`nvrtcGetLoweredName`), parameter count, sizes and order, struct sizes and block
-  limits (ptx.check_kernel_against_ptx), and stores through pointers (ptx.written_params).
+  limits (ptx.check_kernel_against_ptx), loads and stores through pointers
+  (ptx.param_accesses, roles.py), and the parameter types it resolved (compiled_types.py).
   `__launch_bounds__` and template-ness are no longer read here: the PTX's `.maxntid` /
   `.reqntid` are what is checked.
 - libclang (the PyPI wheel, 18.1.1) with the CUDA headers fails on every source: the wheel
@@ -80,7 +81,8 @@ def _parsed(source: str, path: str) -> tuple[tuple[str, KernelSignature], ...]:
     asked for each of them (KernelSignature is frozen, so sharing the result is safe)."""
     kernels: dict[str, KernelSignature] = {}
     defined: set[str] = set()
-    for toks, extern_c, is_definition in _kernel_declarations(_tokens(source, path), path):
+    aliases: list[list[_Tok]] = []
+    for toks, extern_c, is_definition in _kernel_declarations(_tokens(source, path), path, aliases):
         sig = _kernel(toks, extern_c, path)
         if sig is None:
             continue
@@ -91,7 +93,55 @@ def _parsed(source: str, path: str) -> tuple[tuple[str, KernelSignature], ...]:
         kernels[sig.name] = sig
         if is_definition:
             defined.add(sig.name)
-    return tuple(kernels.items())
+    resolve = _alias_resolver(aliases)
+    return tuple((name, _with_resolved_types(sig, resolve)) for name, sig in kernels.items())
+
+
+def _with_resolved_types(sig: KernelSignature, resolve: Callable[[str], str]) -> KernelSignature:
+    params = tuple(replace(c, base_type=resolve(c.base_type)) for c in sig.params)
+    return sig if params == sig.params else replace(sig, params=params)
+
+
+def _alias_resolver(aliases: list[list[_Tok]]) -> Callable[[str], str]:
+    """Resolves names that `typedef X Y;` or `using Y = X;` at namespace scope declare to
+    their types (`floatX` -> `__nv_bfloat16`), through chains; a name declared as different
+    types (in `#if` branches this parser cannot decide) is left as it is."""
+    targets: dict[str, set[str]] = {}
+    for decl in aliases:
+        found = _alias(decl)
+        if found is not None:
+            targets.setdefault(found[0], set()).add(found[1])
+    table = {name: next(iter(types)) for name, types in targets.items() if len(types) == 1}
+
+    def resolve(name: str) -> str:
+        seen = set()
+        while name in table and name not in seen:
+            seen.add(name)
+            name = table[name]
+        return name
+
+    return resolve
+
+
+def _alias(decl: list[_Tok]) -> tuple[str, str] | None:
+    """(alias, type) of a `typedef TYPE NAME` or `using NAME = TYPE` declaration of a plain
+    (not pointer, array or function) type; None for anything else."""
+    texts = [t.text for t in decl]
+    if texts[:1] == ["typedef"] and len(decl) >= 3 and decl[-1].kind == "id":
+        name, type_toks = decl[-1].text, decl[1:-1]
+    elif texts[:1] == ["using"] and len(decl) >= 4 and decl[1].kind == "id" and texts[2] == "=":
+        name, type_toks = decl[1].text, decl[3:]
+    else:
+        return None
+    words = [t for t in type_toks if t.text not in _QUALIFIERS and t.text not in _IGNORED_WORDS]
+    if not words or any(t.text in ("*", "&", "&&", "(", "[", "{") for t in words):
+        return None
+    if all(t.text in _BUILTIN_WORDS for t in words):
+        return name, _builtin_type([t.text for t in words])
+    rendered = _render(list(words))
+    if not re.fullmatch(r"(?:::)?\w+(?:::\w+)*", rendered):
+        return None  # a template-id or an expression: not read
+    return name, _typedef(rendered)
 
 
 def find_kernel(source: str, name: str, *, path: str = "<source>") -> KernelSignature:
@@ -108,6 +158,76 @@ def find_kernel(source: str, name: str, *, path: str = "<source>") -> KernelSign
         where=path,
         fix=f"did you mean {close[0]!r}? correct the kernel name" if close else fix,
     )
+
+
+def compiled_signature(name: str, mangled: str, *, template_argument: bool = False) -> KernelSignature | None:
+    """A C++ kernel's parameters as the compiler resolved them (a template's `T`, typedefs,
+    macros), read from its mangled entry name: `_Z5scaleIfEvPT_PKS0_i` is
+    `void scale<float>(float*, float const*, int)`; with `template_argument`, from the function
+    type that is the entry's template argument (`void probe<void (*)(float*, int)>()`). Names
+    are empty and the line is 0; None where the name cannot be demangled or its parameters read."""
+    text = _demangle(mangled)
+    if text is not None and template_argument:
+        text = _first_template_argument(text)
+    end = text.rfind(")") if text is not None else -1
+    if end < 0:
+        return None
+    depth = 0
+    for i in range(end, -1, -1):  # the parameter list is the last balanced (...)
+        depth += {")": 1, "(": -1}.get(text[i], 0)
+        if depth == 0:
+            break
+    try:
+        sig = parse_kernels(f"__global__ void k{text[i : end + 1]};", path=f"<compiled {name}>").get("k")
+    except ManifestError:
+        return None  # a parameter this parser cannot read (a function reference): not checked
+    return replace(sig, name=name, line=0) if sig is not None else None
+
+
+def _first_template_argument(text: str) -> str | None:
+    """`void f<void (*)(int*)>()` -> `void (*)(int*)`."""
+    start = text.find("<")
+    depth = 0
+    for i in range(max(start, 0), len(text)):
+        depth += {"<": 1, ">": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + 1 : i] if start >= 0 else None
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _cxa_demangle() -> Callable[[str], str | None] | None:
+    """The C++ runtime's demangler (libstdc++'s __cxa_demangle, which every CUDA host has),
+    or None where there is none."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    fn = lib.__cxa_demangle
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def demangle(mangled: str) -> str | None:
+        status = ctypes.c_int()
+        out = fn(mangled.encode(), None, None, ctypes.byref(status))
+        if not out:
+            return None
+        try:
+            return ctypes.string_at(out).decode() if status.value == 0 else None
+        finally:
+            libc.free(out)
+
+    return demangle
+
+
+def _demangle(mangled: str) -> str | None:
+    demangle = _cxa_demangle()
+    return demangle(mangled) if demangle is not None and mangled.startswith("_Z") else None
 
 
 # ------------------------------------------------------------------------------ lexing
@@ -299,9 +419,12 @@ def _items(toks: list[_Tok] | tuple[_Tok, ...]) -> list[_Item]:
     return items
 
 
-def _kernel_declarations(toks: list[_Tok], path: str) -> Iterator[tuple[list[_Tok], bool, bool]]:
+def _kernel_declarations(
+    toks: list[_Tok], path: str, aliases: list[list[_Tok]] | None = None
+) -> Iterator[tuple[list[_Tok], bool, bool]]:
     """Each namespace-scope declaration that mentions `__global__`, as
-    (its tokens up to the body or `;`, inside an extern "C" block, is a definition)."""
+    (its tokens up to the body or `;`, inside an extern "C" block, is a definition);
+    `typedef` and `using` declarations go to `aliases`."""
     scopes: list[str] = []  # per open block: "C", "C++" (linkage blocks) or "namespace"
     decl: list[_Tok] = []
     i = 0
@@ -335,6 +458,8 @@ def _kernel_declarations(toks: list[_Tok], path: str) -> Iterator[tuple[list[_To
         if text in (";", "}"):
             if _mentions_global(decl):
                 yield decl, _in_extern_c(scopes), False
+            elif aliases is not None and text == ";" and decl and decl[0].text in ("typedef", "using"):
+                aliases.append(decl)
             if text == "}" and scopes:
                 scopes.pop()
             decl = []

@@ -413,11 +413,15 @@ def _affine_node(expr: IndexExpr, node: ast.expr) -> bool:
 
 @dataclass(frozen=True)
 class Buffer:
-    """A pointer parameter: `in` is read-only, `out` a new result, `inout` an in-place result."""
+    """A pointer parameter: `in` is read-only, `out` a new result, `inout` an in-place result.
+
+    `inferred`: the access is only C's default for a non-const pointer that nothing else
+    names (`out`); the build settles it from the compiled code's loads and stores (roles.py)."""
 
     name: str
     access: Literal["in", "out", "inout"]
     type: TensorType
+    inferred: bool = False
 
     @property
     def read_only(self) -> bool:
@@ -724,6 +728,17 @@ class Kernel:
         results = tuple(b.type for b in self.buffers if b.is_result)
         return FunctionSignature(self.function, args, results, tuple(p.name for p in self.function_arguments))
 
+    def with_roles(self, roles: dict[str, str], where: str) -> "Kernel":
+        """This kernel with its buffers' accesses settled (`roles`: name -> in/out/inout for
+        those that change), nothing left provisional, and validated again."""
+        params = tuple(
+            dataclasses.replace(p, access=roles.get(p.name, p.access), inferred=False) if isinstance(p, Buffer) else p
+            for p in self.params
+        )
+        kernel = dataclasses.replace(self, params=params)
+        kernel._validate(where)
+        return kernel
+
     # -- validation ----------------------------------------------------------------
 
     def _validate(self, where: str) -> None:
@@ -764,7 +779,10 @@ class Kernel:
                 where=where,
                 fix="mark the buffer it writes as 'out' (a new tensor) or 'inout' (in place)",
             )
-        known = set(self.known_symbols)
+        # A provisional `out` may turn out to be an input whose shape defines these names:
+        # they are checked for good once the build has settled the roles (roles.py).
+        provisional = {s for b in self.buffers if b.inferred for s in b.type.symbols}
+        known = set(self.known_symbols) | provisional
         self._check_symbols(
             (s for b in self.buffers if b.access == "out" for s in b.type.symbols),
             known,
@@ -786,7 +804,7 @@ class Kernel:
                     )
                 self._check_symbols(s.value.symbols, known, where, f"the value of {s.name!r}")
         if self.replaces is not None:
-            self._check_symbols(self.replaces.limited_symbols, set(self.dimension_symbols), where, "replace_when")
+            self._check_symbols(self.replaces.limited_symbols, set(self.dimension_symbols) | provisional, where, "replace_when")
 
     @staticmethod
     def _check_symbols(symbols, known: set[str], where: str, what: str) -> None:
@@ -878,19 +896,30 @@ def infer_params(
     shapes: dict[str, TensorType],
     inout: tuple[str, ...] = (),
     inputs: tuple[str, ...] = (),
+    outputs: tuple[str, ...] = (),
     scalars: dict[str, str] | None = None,
     values: dict[str, IndexExpr | float] | None = None,
     where: str,
 ) -> tuple[Param, ...]:
-    """The layout from the kernel's C signature: a const pointer is an `in` buffer, any other
-    pointer an `out` one (or `inout`/`in` where listed); scalar types come from the C types,
-    or from `scalars` for what C cannot say (a 64-bit value's two halves, a typedef)."""
+    """The layout from the kernel's C signature: a const pointer is an `in` buffer, one listed
+    in `inout`, `in` or `out` has that role, and any other pointer is provisionally `out`
+    until the build reads its loads and stores in the compiled code (roles.py); scalar types
+    come from the C types, or from `scalars` for what C cannot say (a 64-bit value's two
+    halves, a struct)."""
     scalars, values = dict(scalars or {}), dict(values or {})
     for name, dtype in scalars.items():
         abi.scalar_type(dtype, f"{where}: scalars.{name}", " (C's int is i32, float is f32)")
     _check_listed(shapes, [c.name for c in sig.params if c.is_pointer], sig, "shapes", "pointer", where)
-    _check_listed(dict.fromkeys(inout + inputs), [c.name for c in sig.params if c.is_pointer], sig,
-                  "inout/in", "pointer", where)
+    _check_listed(dict.fromkeys(inout + inputs + outputs), [c.name for c in sig.params if c.is_pointer], sig,
+                  "inout/in/out", "pointer", where)
+    twice = [n for n in dict.fromkeys(inout + inputs + outputs) if (n in inout) + (n in inputs) + (n in outputs) > 1]
+    if twice:
+        raise ManifestError(f"pointer {twice[0]!r} is listed in more than one of inout, in and out", where=where,
+                            fix="give each pointer one role")
+    for name in outputs:
+        c = next(c for c in sig.params if c.name == name)
+        if c.is_const_pointee:
+            raise _mismatch(sig, name, "out (written)", f"'{c.type}' (const: read-only)", where)
     c_names = [c.name for c in sig.params]
     wide_halves = {
         n + WIDE_HALVES[0]: n for n, t in scalars.items()
@@ -919,7 +948,8 @@ def infer_params(
             access = "inout" if c.name in inout else "in" if c.name in inputs or c.is_const_pointee else "out"
             if c.name in inout and c.is_const_pointee:
                 raise _mismatch(sig, c.name, "inout (written)", f"'{c.type}' (const: read-only)", pwhere)
-            params.append(Buffer(c.name, access, shapes[c.name]))
+            named = c.name in inout or c.name in inputs or c.name in outputs or c.is_const_pointee
+            params.append(Buffer(c.name, access, shapes[c.name], inferred=not named))
             i += 1
             continue
         if c.name in wide_halves:
@@ -1012,9 +1042,7 @@ def check_params(params: tuple[Param, ...], sig: KernelSignature, where: str) ->
         if isinstance(p, Buffer):
             if c.is_const_pointee and p.is_result:
                 raise _mismatch(sig, p.name, declared, f"'{c.type}' (const: the kernel cannot write it)", where)
-            element = abi.BY_C_NAME.get(c.base_type)
-            if element is not None and not abi.same_bits(element, abi.lookup(p.type.dtype)):
-                raise _mismatch(sig, p.name, declared, f"'{c.type}' (elements of type {element.name})", where)
+            _check_pointee(sig, c, p, declared, where)
             if c.type.count("*") > 1:
                 raise _mismatch(sig, p.name, declared, f"'{c.type}' (a pointer to pointers)", where)
             continue
@@ -1028,6 +1056,29 @@ def check_params(params: tuple[Param, ...], sig: KernelSignature, where: str) ->
             raise _mismatch(sig, slot.name, f"{declared} ({want})", f"'{c.type}'", where)
 
 
+def _check_pointee(sig: KernelSignature, c: CParam, p: Buffer, declared: str, where: str) -> None:
+    """A pointer's element type as C states it (through typedefs; a vector type's lanes) against
+    the declared tensor; a type the ABI table does not know (a struct, a template's T) is not
+    checked here, but after compiling, on the compiler's types (compiled_types.py)."""
+    found = abi.pointee(c.base_type)
+    if found is None:
+        return
+    element, lanes = found
+    alias = "" if re.search(rf"(?<!\w){re.escape(c.base_type)}(?!\w)", c.type) else f"a typedef of {c.base_type}: "
+    what = f"{alias}elements of type {element.name}" + (f", {lanes} at a time" if lanes > 1 else "")
+    if not abi.holds(element, abi.lookup(p.type.dtype)):
+        raise _mismatch(sig, p.name, declared, f"'{c.type}' ({what})", where)
+    inner = p.type.shape[-1] if p.type.shape else 1
+    if lanes > 1 and isinstance(inner, int) and inner % lanes:
+        raise ManifestError(
+            f"kernel {sig.name!r} parameter {p.name!r}: '{c.type}' ({what}) but the innermost dimension "
+            f"of {p.type} is {inner}, not a multiple of {lanes}",
+            where=where,
+            fix=f"declare the tensor in {element.name} elements with an innermost dimension that is a "
+            f"multiple of {lanes}, e.g. {element.name}[n,{lanes}] or {element.name}[n] with n a multiple of {lanes}",
+        )
+
+
 def _unknown_c_type(c: CParam) -> bool:
     """A typedef or template parameter the kit cannot see through: not checked."""
     c_type = _value_type(c)
@@ -1035,9 +1086,9 @@ def _unknown_c_type(c: CParam) -> bool:
 
 
 def _mismatch(sig: KernelSignature, param: str, declared: str, source: str, where: str) -> ManifestError:
+    origin = f"the source (line {sig.line})" if sig.line else "the compiled kernel"  # line 0: signature.compiled_signature
     return ManifestError(
-        f"kernel {sig.name!r} parameter {param!r}: the manifest declares {declared}, the source "
-        f"(line {sig.line}) has {source}",
+        f"kernel {sig.name!r} parameter {param!r}: the manifest declares {declared}, {origin} has {source}",
         where=where,
         fix="make the manifest match the kernel's C signature, or leave 'params' out to infer it",
     )

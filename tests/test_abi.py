@@ -265,32 +265,7 @@ def test_cuda_headers_work_under_nvrtc_from_pip(tmp_path, header):
     assert "k" in parse_entries(obj.ptx.decode())
 
 
-# ------------------------------------------------------------------- stores through `in`
-
-STORES_TO_INPUT_CU = r"""
-extern "C" __global__ void k(float* x, float* y, int n) {
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
-    x[j] = 2 * x[j];
-    y[j] = x[j];
-  }
-}
-"""
-
-
-def test_a_store_to_an_in_buffer_is_a_build_warning(tmp_path):
-    toml = ('[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [64]\nworkgroup_count = ["ceildiv(n, 64)"]\n'
-            'shapes = { x = "f32[n]", y = "f32[n]" }\n')
-    root = write_kernel_project(tmp_path / "src", STORES_TO_INPUT_CU, toml + 'in = ["x"]\n')
-    result = generate(root, BuildOptions.create("sm_80"), tmp_path / "out")
-    [warning] = [d for d in result.diagnostics if d.tool == "kitdispatch"]
-    assert "kernel 'k' stores through 'x', which the manifest declares `in`" in warning.text
-    assert read_record(result.record).diagnostics == result.diagnostics
-    # A rebuild with nothing new takes the checks' verdict from the cache, warning included.
-    again = generate(root, BuildOptions.create("sm_80"), tmp_path / "out")
-    assert again.compiler_runs == 0 and again.diagnostics == result.diagnostics
-    root = write_kernel_project(tmp_path / "ok", STORES_TO_INPUT_CU, toml + 'inout = ["x"]\n')
-    assert not generate(root, BuildOptions.create("sm_80"), tmp_path / "out_ok").diagnostics
-
+# ------------------------------------------------------ stores through pointers (roles: test_roles.py)
 
 @pytest.mark.parametrize("project", sorted(p.parent.name for p in (Path(__file__).parent.parent / "kernels").glob("*/kitdispatch.toml")))
 def test_the_store_analysis_finds_exactly_the_results_of_the_library(project):
