@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import re
 import shlex
 import shutil
@@ -34,7 +36,7 @@ from .iree_compile import (
     link_in_worker,
 )
 from .manifest import load_manifest
-from .outputs import OutputFolder, os_error, prepare_output_dir, staging_dir
+from .outputs import OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
 from .ptx import check_kernel_against_ptx, parse_entries, stores_to_inputs
 from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
@@ -606,6 +608,8 @@ def _run_link(link: _Link, options: BuildOptions, shared: _Shared) -> tuple[byte
             if not ok:
                 log = compile_vmfb(argv, mlir, timeout=options.link_timeout)
         except ToolError as exc:
+            if disk_full(stage, exc.log):  # IREE dies on a write error: say what really failed
+                raise os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(stage.parent)), f"cannot link {link.vmfb_name}") from None
             raise _keep_for_rerun(exc, stage) from None
     try:
         return vmfb.read_bytes(), [log] if log.strip() else []
@@ -620,11 +624,15 @@ def _keep_for_rerun(exc: ToolError, stage: Path) -> IreeCompileError:
     for f in stage.iterdir():
         if not f.name.startswith("."):
             shutil.move(str(f), keep / f.name)
-    argv = [a.replace(str(stage), str(keep)) for a in exc.argv or []]
-    log = exc.log.replace(str(stage), str(keep))
+
+    def moved(text: str) -> str:  # the worker names the stage by its absolute path
+        return text.replace(str(stage.absolute()), str(keep)).replace(str(stage), str(keep))
+
+    argv = [moved(a) for a in exc.argv or []]
+    log = moved(exc.log)
     return IreeCompileError(
         exc.what,
-        where=(exc.where or "").replace(str(stage), str(keep)) or None,
+        where=moved(exc.where or "") or None,
         argv=argv,
         returncode=exc.returncode,
         log=log,

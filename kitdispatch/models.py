@@ -22,6 +22,7 @@ The baseline is the model compiled by one plain `iree-compile` with IREE's defau
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import os
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from . import __version__
 from ._files import is_plain_name, read_regular_file, write_atomic
-from .outputs import MODEL_RECORD_SUFFIX, OutputError, OutputFolder, prepare_output_dir, staging_dir
+from .outputs import MODEL_RECORD_SUFFIX, OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
 from .record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, RecordError, file_sha256, sha256
 from ._proc import run_checked, run_tool
 from .build import BuildOptions, generate, project_files_in
@@ -332,6 +333,8 @@ def _find_tool(name: str) -> str:
 
 def _run_iree(argv: list[str], *, what: str, stage: Path, timeout: float) -> Path:
     res = run_tool(argv, timeout=timeout)
+    if res.returncode != 0 and disk_full(stage, res.stderr + res.stdout):
+        raise os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(stage.parent)), what)
     if res.returncode != 0:
         keep = _keep(stage)
         log = (res.stderr + res.stdout).replace(str(stage), str(keep))

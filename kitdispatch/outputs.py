@@ -407,6 +407,27 @@ def _folder_lock(folder: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+class DiskFull(OutputError):
+    """The output folder's disk (or quota) is full: the build failed, the input was fine."""
+
+    exit_code = 1
+
+
+FULL_BELOW = 1 << 20  # free bytes under which a tool's failure to write is taken as a full disk
+
+
+def disk_full(folder: Path, log: str = "") -> bool:
+    """After a tool failed writing into `folder`: was it the disk? (IREE aborts, or crashes
+    its worker, on a write error, and its message may be lost.)"""
+    if "No space left on device" in log or "Disk quota exceeded" in log:
+        return True
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < FULL_BELOW
+
+
 def _digest(path: Path) -> str | None:
     try:
         return file_sha256(path)
@@ -431,5 +452,6 @@ def os_error(exc: OSError, what: str) -> KitError:
         errno.EEXIST: "move the file in the way, or choose another folder",
     }
     where = exc.filename if isinstance(exc.filename, str) else None
-    full = "disk full: " if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-    return OutputError(f"{what}: {full}{exc.strerror or exc}", where=where, fix=fixes.get(exc.errno, "check the folder and try again"))
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(f"{what}: disk full ({exc.strerror or exc})", where=where, fix=fixes[exc.errno])
+    return OutputError(f"{what}: {exc.strerror or exc}", where=where, fix=fixes.get(exc.errno, "check the folder and try again"))
