@@ -42,6 +42,7 @@ from .record import (
 
 STAGING_PREFIX = ".kitdispatch-staging-"
 STAGING_MARKER = ".kitdispatch-staging"  # inside each staging folder: proof that the kit made it, and its lock
+STAGING_LOCK = ".kitdispatch-lock"  # the marker's name until its lock is held
 MODEL_RECORD_SUFFIX = ".model.json"  # models.py's record: read here only to keep builds apart
 
 
@@ -87,18 +88,56 @@ def remove_stale_staging(folder: Path) -> list[Path]:
     for path in candidates:
         with _staging_lock(path) as dead:
             if dead:
-                shutil.rmtree(path, ignore_errors=True)  # under the lock: no build can take it meanwhile
+                _remove_staging(path)  # under the lock: no build can take it meanwhile
+                removed.append(path)
+            elif _remove_if_empty(path):  # a removal killed after the marker went
                 removed.append(path)
     return removed
+
+
+def _remove_staging(path: Path) -> None:
+    """Everything but the marker first, the marker last: a removal killed halfway leaves a
+    folder still marked as the kit's (or an empty one), which the next build finishes."""
+    try:
+        entries = [e for e in os.scandir(path) if e.name != STAGING_MARKER]
+    except OSError:
+        return
+    for entry in sorted(entries, key=lambda e: e.name == STAGING_LOCK):  # the lock just before the marker
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            _unlink_quietly(Path(entry.path))
+    _unlink_quietly(path / STAGING_MARKER)
+    _remove_if_empty(path)
+
+
+def _remove_if_empty(path: Path) -> bool:
+    try:
+        os.rmdir(path)  # never removes content: fails unless the folder is empty
+        return True
+    except OSError:
+        return False
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 @contextmanager
 def _staging_lock(path: Path) -> Iterator[bool]:
     """True while holding the lock of a staging folder the kit made (its marker is a regular
     file, not a link) that no live build holds; False for a live build's, or one not the kit's."""
-    try:
-        fd = os.open(path / STAGING_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    fd = -1
+    for name in (STAGING_MARKER, STAGING_LOCK):  # the lock's name before it becomes the marker
+        try:
+            fd = os.open(path / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            break
+        except OSError:
+            continue
+    if fd < 0:
         yield False  # no marker: not the kit's (or already gone)
         return
     try:
@@ -120,23 +159,36 @@ def staging_dir(out_dir: Path) -> Iterator[Path]:
     exit whatever happens; one left by a SIGKILL is removed by the next build. Its marker
     appears only once this process holds the marker's lock (locked under a temp name, then
     renamed), so no cleaner ever finds a live build's folder unlocked."""
+    tmp, lock = _locked_staging(out_dir)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}.", dir=out_dir))
-    except OSError as exc:
-        raise os_error(exc, f"cannot write in the output folder {out_dir}") from None
-    lock = -1
-    try:
-        try:
-            lock = os.open(tmp / ".lock", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            os.rename(tmp / ".lock", tmp / STAGING_MARKER)
-        except OSError as exc:
-            raise os_error(exc, f"cannot write in the output folder {out_dir}") from None
         yield tmp
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if lock >= 0:
-            os.close(lock)  # after the removal: the folder is never unlocked while it exists
+        _remove_staging(tmp)
+        os.close(lock)  # after the removal: the folder is never unlocked while it exists
+
+
+def _locked_staging(out_dir: Path) -> tuple[Path, int]:
+    for attempt in range(3):
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}.", dir=out_dir))
+            lock = os.open(tmp / STAGING_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError as exc:
+            if attempt < 2 and os.path.isdir(out_dir):
+                continue  # another build's cleaner took the folder while it was still empty
+            raise os_error(exc, f"cannot write in the output folder {out_dir}") from None
+        except OSError as exc:
+            raise os_error(exc, f"cannot write in the output folder {out_dir}") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            os.rename(tmp / STAGING_LOCK, tmp / STAGING_MARKER)
+            return tmp, lock
+        except OSError as exc:
+            os.close(lock)
+            _remove_staging(tmp)
+            if isinstance(exc, FileNotFoundError) and attempt < 2:
+                continue  # a cleaner took it in the instant before the lock: make another
+            raise os_error(exc, f"cannot write in the output folder {out_dir}") from None
+    raise AssertionError("unreachable")
 
 
 class OutputFolder:
