@@ -303,7 +303,7 @@ def export_torch(module, example_args: Sequence, path: str | Path) -> Path:
     path = Path(path)
     try:
         exported = aot.export(module, args=tuple(example_args))
-        with tempfile.TemporaryDirectory(dir=path.parent if path.parent.is_dir() else None) as tmp:
+        with tempfile.TemporaryDirectory(prefix="kitdispatch-export-") as tmp:  # never a folder left in the user's
             exported.save_mlir(str(Path(tmp) / path.name))
             write_atomic(path, (Path(tmp) / path.name).read_bytes())
     except KitError:
@@ -393,11 +393,11 @@ def _kernel_symbols(spec: ModuleSpec, kernels: list[Kernel], options: BuildOptio
     generated module into what a spec imports: its executables, and each kernel function as
     a private `util.func` (in the model, functions are util.funcs by this stage)."""
     sub = dataclasses.replace(spec, kernels=tuple(kernels), programs=(), test=TestSpec())
-    with tempfile.TemporaryDirectory(prefix="kitdispatch-kernels-") as tmp:
-        result = generate(sub, options, Path(tmp) / sub.name)
-        for obj in result.objects:
-            shutil.copy2(obj, stage / obj.name)
-        text = result.mlir.read_text()
+    # Inside the staging folder: a killed build leaves nothing the next one does not remove.
+    result = generate(sub, options, stage / "kernels" / sub.name)
+    for obj in result.objects:
+        shutil.copy2(obj, stage / obj.name)
+    text = result.mlir.read_text()
     return [o.name for o in result.objects], _as_spec_symbols(text, kernels)
 
 

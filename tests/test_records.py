@@ -4,6 +4,7 @@ files a record names) is checked to be a regular file before it is read, the wal
 `build --model`. Each command runs in a subprocess with a hard time limit, so a regression
 fails the test instead of hanging the suite."""
 
+import faulthandler
 import hashlib
 import json
 import os
@@ -163,3 +164,23 @@ def test_build_model_timeout_bounds_every_step(tmp_path, tool):
     assert seconds < 90
     assert not (tmp_path / "out").exists()
     assert subprocess.run(["pgrep", "-f", f"{bin_dir}"], capture_output=True).returncode == 1  # the stand-in is gone
+
+
+def test_an_input_file_that_is_a_fifo_is_refused_at_once(tmp_path):
+    """`run --input @FILE.npy` and `compare/profile --inputs FILE.npz` open user-named files:
+    a FIFO there would block numpy's reader forever."""
+    from kitdispatch.compare import load_inputs
+    from kitdispatch.errors import KitError
+    from kitdispatch.spec import TensorType
+    from kitdispatch.values import parse_input
+
+    fifo = tmp_path / "inputs.npz"
+    os.mkfifo(fifo)
+    faulthandler.dump_traceback_later(LIMIT_S, exit=True)  # a hang ends the run with a traceback
+    try:
+        with pytest.raises(KitError, match="is a FIFO"):
+            load_inputs(fifo, {"name": "f", "inputs": [{"dtype": "f32", "shape": [4]}]})
+        with pytest.raises(KitError, match="is a FIFO"):
+            parse_input(f"@{fifo}", TensorType("f32", (4,)), "input 0")
+    finally:
+        faulthandler.cancel_dump_traceback_later()
