@@ -42,7 +42,9 @@ from .record import (
 
 STAGING_PREFIX = ".kitdispatch-staging-"
 STAGING_MARKER = ".kitdispatch-staging"  # inside each staging folder: proof that the kit made it, and its lock
-STAGING_LOCK = ".kitdispatch-lock"  # the marker's name until its lock is held
+# A staging folder while it is made (until its lock is held) and while it is removed: a name
+# only the kit uses, so that one left by a kill halfway is recognised even when empty.
+TRANSIT_PREFIX = ".kitdispatch-transit-"
 MODEL_RECORD_SUFFIX = ".model.json"  # models.py's record: read here only to keep builds apart
 
 
@@ -79,10 +81,11 @@ def remove_stale_staging(folder: Path) -> list[Path]:
     """Staging folders of builds that are no longer running. A live build holds a lock on its
     folder's marker for its whole life, which the kernel drops when the build dies (SIGKILL
     too): a folder whose lock can be taken is a dead build's, whatever its pid says (the pid
-    of a build in another pid namespace, a container, means nothing here)."""
+    of a build in another pid namespace, a container, means nothing here). A folder under the
+    transit name (made or removed by a build that was killed meanwhile) goes when it is empty."""
     removed = []
     try:
-        candidates = [p for p in folder.iterdir() if p.name.startswith(STAGING_PREFIX)]
+        candidates = [p for p in folder.iterdir() if p.name.startswith((STAGING_PREFIX, TRANSIT_PREFIX))]
     except OSError:
         return removed
     for path in candidates:
@@ -90,19 +93,26 @@ def remove_stale_staging(folder: Path) -> list[Path]:
             if dead:
                 _remove_staging(path)  # under the lock: no build can take it meanwhile
                 removed.append(path)
-            elif _remove_if_empty(path):  # a removal killed after the marker went
+            elif path.name.startswith(TRANSIT_PREFIX) and _remove_if_empty(path):
                 removed.append(path)
     return removed
 
 
 def _remove_staging(path: Path) -> None:
-    """Everything but the marker first, the marker last: a removal killed halfway leaves a
-    folder still marked as the kit's (or an empty one), which the next build finishes."""
+    """Renamed to its transit name, emptied with the marker last, then removed: a removal
+    killed at any point leaves a folder the next build recognises and finishes."""
+    if path.name.startswith(STAGING_PREFIX):
+        transit = path.with_name(TRANSIT_PREFIX + path.name[len(STAGING_PREFIX) :])
+        try:
+            os.rename(path, transit)
+            path = transit
+        except OSError:
+            pass  # removed where it is
     try:
         entries = [e for e in os.scandir(path) if e.name != STAGING_MARKER]
     except OSError:
         return
-    for entry in sorted(entries, key=lambda e: e.name == STAGING_LOCK):  # the lock just before the marker
+    for entry in entries:
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
@@ -130,14 +140,9 @@ def _unlink_quietly(path: Path) -> None:
 def _staging_lock(path: Path) -> Iterator[bool]:
     """True while holding the lock of a staging folder the kit made (its marker is a regular
     file, not a link) that no live build holds; False for a live build's, or one not the kit's."""
-    fd = -1
-    for name in (STAGING_MARKER, STAGING_LOCK):  # the lock's name before it becomes the marker
-        try:
-            fd = os.open(path / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            break
-        except OSError:
-            continue
-    if fd < 0:
+    try:
+        fd = os.open(path / STAGING_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         yield False  # no marker: not the kit's (or already gone)
         return
     try:
@@ -156,9 +161,9 @@ def _staging_lock(path: Path) -> Iterator[bool]:
 @contextmanager
 def staging_dir(out_dir: Path) -> Iterator[Path]:
     """A scratch folder inside `out_dir` (same filesystem: publishing is a rename), removed on
-    exit whatever happens; one left by a SIGKILL is removed by the next build. Its marker
-    appears only once this process holds the marker's lock (locked under a temp name, then
-    renamed), so no cleaner ever finds a live build's folder unlocked."""
+    exit whatever happens; one left by a SIGKILL is removed by the next build. It is made
+    under the transit name and gets its staging name only once this process holds the lock of
+    its marker, so no cleaner ever finds a live build's staging folder unlocked."""
     tmp, lock = _locked_staging(out_dir)
     try:
         yield tmp
@@ -170,21 +175,22 @@ def staging_dir(out_dir: Path) -> Iterator[Path]:
 def _locked_staging(out_dir: Path) -> tuple[Path, int]:
     for attempt in range(3):
         try:
-            tmp = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}.", dir=out_dir))
-            lock = os.open(tmp / STAGING_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            made = Path(tempfile.mkdtemp(prefix=f"{TRANSIT_PREFIX}{os.getpid()}.", dir=out_dir))
+            lock = os.open(made / STAGING_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except FileNotFoundError as exc:
             if attempt < 2 and os.path.isdir(out_dir):
                 continue  # another build's cleaner took the folder while it was still empty
             raise os_error(exc, f"cannot write in the output folder {out_dir}") from None
         except OSError as exc:
             raise os_error(exc, f"cannot write in the output folder {out_dir}") from None
+        staged = made.with_name(STAGING_PREFIX + made.name[len(TRANSIT_PREFIX) :])
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            os.rename(tmp / STAGING_LOCK, tmp / STAGING_MARKER)
-            return tmp, lock
+            os.rename(made, staged)
+            return staged, lock
         except OSError as exc:
             os.close(lock)
-            _remove_staging(tmp)
+            _remove_staging(made)
             if isinstance(exc, FileNotFoundError) and attempt < 2:
                 continue  # a cleaner took it in the instant before the lock: make another
             raise os_error(exc, f"cannot write in the output folder {out_dir}") from None
@@ -374,7 +380,7 @@ def _check_written_by_kit(path: Path, what: str) -> None:
         )
 
 
-_KIT_INTERNAL = (STAGING_PREFIX, STAGING_MARKER)
+_KIT_INTERNAL = (STAGING_PREFIX, STAGING_MARKER, TRANSIT_PREFIX)
 
 
 def _check_claim(name, source: Path) -> None:

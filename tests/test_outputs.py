@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kitdispatch.cli import main
-from kitdispatch.outputs import STAGING_LOCK, STAGING_MARKER, STAGING_PREFIX
+from kitdispatch.outputs import STAGING_MARKER, STAGING_PREFIX, TRANSIT_PREFIX
 from kitdispatch.record import journal_name, read_record
 
 from conftest import REPO, needs_iree_compile, write_kernel_project
@@ -239,23 +239,23 @@ def _hold_lock(path: Path) -> subprocess.Popen:
     return proc
 
 
-def _plant_staging(out: Path, pid: int, tag: str, marker: str = STAGING_MARKER) -> Path:
-    stage = out / f"{STAGING_PREFIX}{pid}.{tag}"
+def _plant_staging(out: Path, pid: int, tag: str, marker: str = STAGING_MARKER, prefix: str = STAGING_PREFIX) -> Path:
+    stage = out / f"{prefix}{pid}.{tag}"
     stage.mkdir(parents=True)
     (stage / marker).write_bytes(b"")
     (stage / "half.vmfb").write_bytes(b"half")
     return stage
 
 
-@pytest.mark.parametrize("marker", [STAGING_MARKER, STAGING_LOCK])  # killed before or after the lock's rename
-def test_a_live_builds_staging_folder_is_never_removed_whatever_its_pid(tmp_path, marker):
+@pytest.mark.parametrize("prefix", [STAGING_PREFIX, TRANSIT_PREFIX])  # in use, or being made or removed
+def test_a_live_builds_staging_folder_is_never_removed_whatever_its_pid(tmp_path, prefix):
     out = tmp_path / "out"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    foreign = _plant_staging(out, dead.pid, "container", marker)  # a pid dead here, its build alive
-    holder = _hold_lock(foreign / marker)
-    stale = _plant_staging(out, os.getppid(), "killed", marker)  # a pid alive here, its build dead
-    unmarked = _plant_staging(out, dead.pid, "mine", "notes.txt")  # no marker: not the kit's
+    foreign = _plant_staging(out, dead.pid, "container", prefix=prefix)  # a pid dead here, its build alive
+    holder = _hold_lock(foreign / STAGING_MARKER)
+    stale = _plant_staging(out, os.getppid(), "killed", prefix=prefix)  # a pid alive here, its build dead
+    unmarked = _plant_staging(out, dead.pid, "mine", "notes.txt", prefix)  # no marker: not the kit's
     try:
         code, _, err = run("gen", project(tmp_path / "proj"), *PTX, "-o", out)
         assert code == 0, err
@@ -310,7 +310,7 @@ def test_a_sigkill_at_any_step_leaves_nothing_the_next_build_does_not_clean(tmp_
         proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(REPO), str(at), *argv], capture_output=True, text=True, timeout=300)
         assert proc.returncode in (0, -signal.SIGKILL), proc.stderr
         killed += proc.returncode == -signal.SIGKILL
-        left |= {"staging" if p.name.startswith(STAGING_PREFIX) else p.name for p in out.iterdir() if p.name.startswith(".")}
+        left |= {"staging" if p.name.startswith((STAGING_PREFIX, TRANSIT_PREFIX)) else p.name for p in out.iterdir() if p.name.startswith(".")}
         (root / "k.cu").write_text(CU.replace("2 *", f"{factor + 2} *"))
         code, _, err = run(*argv)
         assert code == 0, f"after a kill at step {at}: {err}"
