@@ -39,7 +39,7 @@ from .manifest import load_manifest
 from .outputs import OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
 from .ptx import check_kernel_against_ptx, parse_entries, stores_to_inputs
-from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
+from .record import BuildRecord, Diagnostic, TestSettings, journal_name, record_name, sha256
 from .render import ExecutableObjects, VariantObject, render_module
 from .spec import OBJECT_FORMATS, FunctionSignature, ModuleSpec
 
@@ -294,7 +294,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
         spec, _executable_objects(spec, built), programs=programs, archs=options.archs, template_cache=templates
     )
     mlir_name, vmfb_name = f"{spec.name}.mlir", f"{spec.name}.vmfb" if make_vmfb else None
-    _check_reference_name(reference, [*objects, mlir_name, vmfb_name, record_name(spec.name)])
+    _check_reference_name(reference, [*objects, mlir_name, vmfb_name, record_name(spec.name), journal_name(spec.name)])
     outputs = objects | {mlir_name: rendered.text.encode()}
     inputs: dict[str, bytes] = {}  # files of the folder the build reads and does not write
     diagnostics = _compile_diagnostics(built) + abi_warnings

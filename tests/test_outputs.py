@@ -202,7 +202,7 @@ def test_an_output_never_takes_the_place_of_a_project_file_in_its_folder(tmp_pat
 
 
 @needs_iree_compile
-@pytest.mark.parametrize("reference", ["proj.mlir", "proj.vmfb", "proj.kitdispatch.json", "k.sm_80.ptx"])
+@pytest.mark.parametrize("reference", ["proj.mlir", "proj.vmfb", "proj.kitdispatch.json", "k.sm_80.ptx", ".proj.kitdispatch-publishing"])
 def test_a_reference_named_like_an_output_is_refused(tmp_path, reference):
     root = project(tmp_path / "proj", toml=TOML + f'\n[test]\nreference = "{reference}"\n')
     (root / reference).write_text("def k(x):\n    return 2 * x\n")
@@ -419,3 +419,21 @@ def test_cache_clear_running_beside_builds_never_fails_them(tmp_path):
         clearer.kill()
         _, clear_err = clearer.communicate(timeout=30)
     assert "Traceback" not in clear_err
+
+
+@pytest.mark.gpu
+@needs_iree_compile
+def test_a_sample_built_into_its_own_folder_tests_green_on_the_gpu(tmp_path):
+    """The reference of a sample built into its own folder is recorded as an input, not
+    published; `kitdispatch test` must still find, check and run it."""
+    import shutil
+
+    from conftest import SAMPLES
+
+    root = tmp_path / "simple_mul"
+    shutil.copytree(SAMPLES / "simple_mul", root)
+    code, _, err = run("build", root, "--arch", "sm_80,sm_90", "-o", root)
+    assert code == 0, err
+    code, out, err = run("test", root / "simple_mul.kitdispatch.json")
+    assert code == 0, out + err
+    assert "3 passed, 0 failed, 0 skipped" in out
