@@ -9,7 +9,12 @@ Publishing: everything is made in a staging folder inside the output folder; the
 naming the new files is written, the files are renamed into place, the record is written, stale
 files of the previous build are removed, and the journal goes. Readers refuse a folder with a
 journal, and check the files they load against the record's hashes, so a killed build is never
-mistaken for a complete one. Staging folders of killed builds are removed by the next build.
+mistaken for a complete one. Staging folders of killed builds are removed by the next build:
+a live build holds a lock on its own for its whole life, and only unlocked ones go.
+
+Names read from a record or a journal are trusted only as far as the kit can show it wrote
+the file (a regular file of the user's own, with one link) and only when they are plain file
+names of the folder; the project's own files in the folder are never the kit's.
 """
 
 from __future__ import annotations
