@@ -6,6 +6,7 @@ from files another process is still writing (`remove_stale_temp_files`).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -61,6 +62,16 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def is_plain_name(name) -> bool:
+    """A file name inside one folder: no path, no parent, no NUL, short enough to exist."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0")
+        and len(name.encode(errors="surrogateescape")) <= 255
+    )
+
+
 def is_temp_file(name: str) -> bool:
     """A write_atomic temp file (of this or another process)."""
     return _TEMP_RE.match(name) is not None
@@ -88,22 +99,31 @@ def remove_stale_temp_files(folder: Path, *, min_age_s: float = 60.0) -> int:
     return removed
 
 
-def read_regular_file(path: Path) -> bytes:
-    """The bytes of `path`, refusing anything but a regular file: opening a FIFO or a device
-    would block forever or read without end. Raises OSError (ENOENT, or EINVAL for the kind)."""
-    path = Path(path)
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
-        raise NotRegularFile(kind, str(path))
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+def open_regular(path: Path):
+    """`path` opened for reading as a binary file, refusing anything but a regular file: opening
+    a FIFO or a device would block forever or read without end. The open itself cannot block
+    (O_NONBLOCK), and the kind is checked on what was opened, so a swap after a stat is caught.
+    Raises OSError (ENOENT, or NotRegularFile)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between the stat and the open
-            raise NotRegularFile("not a regular file", str(path))
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
-    finally:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise NotRegularFile(kind, str(path))
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def read_regular_file(path: Path, *, max_bytes: int | None = None) -> bytes:
+    """The bytes of `path` (see `open_regular`); with `max_bytes`, a larger file is refused
+    (OSError EFBIG) instead of being read into memory."""
+    with open_regular(Path(path)) as f:
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"is larger than {max_bytes} bytes", str(path))
+    return data
 
 
 class NotRegularFile(OSError):

@@ -48,8 +48,11 @@ def run_tool(
         ) from exc
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
+    except BaseException as exc:
+        _kill_group(proc)  # an interrupt too: no tool outlives the build that started it
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            proc.wait()
+            raise
         stdout, stderr = proc.communicate()
         raise ToolError(
             f"{Path(argv[0]).name} did not finish within {timeout:g} s and was killed",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import re
 import shlex
 import shutil
@@ -34,10 +36,10 @@ from .iree_compile import (
     link_in_worker,
 )
 from .manifest import load_manifest
-from .outputs import OutputFolder, os_error, prepare_output_dir, staging_dir
+from .outputs import OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
 from .preflight import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
 from .ptx import check_kernel_against_ptx, param_accesses, parse_entries
-from .record import BuildRecord, Diagnostic, TestSettings, record_name, sha256
+from .record import BuildRecord, Diagnostic, TestSettings, journal_name, record_name, sha256
 from .render import ExecutableObjects, VariantObject, render_module
 from .roles import settle_roles
 from .compiled_types import check_compiled_types
@@ -273,7 +275,8 @@ def _remove_if_empty(folder: Path) -> None:
 
 
 def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Shared, *, make_vmfb: bool) -> BuildResult:
-    folder = OutputFolder(out_dir, spec.name)  # what the folder's previous build wrote
+    # What the folder's previous build wrote; the project's own files there are never the kit's.
+    folder = OutputFolder(out_dir, spec.name, protected=project_files_in(spec, out_dir))
     compiler = _counting(shared.compiler, shared.cache)
     if not make_vmfb:
         # gen's MLIR is spliced into the user's own program, and nothing tests it: the
@@ -300,7 +303,9 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
         spec, _executable_objects(spec, built), programs=programs, archs=options.archs, template_cache=templates
     )
     mlir_name, vmfb_name = f"{spec.name}.mlir", f"{spec.name}.vmfb" if make_vmfb else None
+    _check_reference_name(reference, [*objects, mlir_name, vmfb_name, record_name(spec.name), journal_name(spec.name)])
     outputs = objects | {mlir_name: rendered.text.encode()}
+    inputs: dict[str, bytes] = {}  # files of the folder the build reads and does not write
     diagnostics = _compile_diagnostics(built) + abi_warnings
     iree_runs = 0
     commands = tuple(c for b in built for c in b.obj.commands)
@@ -315,8 +320,12 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
                 commands += (shlex.join(argv),)
             diagnostics += tuple(Diagnostic("iree-compile", mlir_name, d) for d in linked.diagnostics)
         if reference is not None:
-            outputs[reference.name] = _read_reference(reference)
+            # A reference that lives in the output folder itself is already in place: it is
+            # recorded with its hash, never published (nor ever removed) as the kit's.
+            into = inputs if reference.name in folder.protected else outputs
+            into[reference.name] = _read_reference(reference)
         record = _record(spec, options, compiler, codegen.target, built, outputs, mlir_name, vmfb_name, reference, diagnostics)
+        record = dataclasses.replace(record, inputs={n: sha256(d) for n, d in inputs.items()})
         outputs[record_name(spec.name)] = record.to_bytes()  # last: it marks a complete build
         published = folder.publish(stage, outputs)
 
@@ -652,6 +661,8 @@ def _run_link(link: _Link, options: BuildOptions, shared: _Shared) -> tuple[byte
             if not ok:
                 log = compile_vmfb(argv, mlir, timeout=options.link_timeout)
         except ToolError as exc:
+            if disk_full(stage, exc.log):  # IREE dies on a write error: say what really failed
+                raise os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(stage.parent)), f"cannot link {link.vmfb_name}") from None
             raise _keep_for_rerun(exc, stage) from None
     try:
         return vmfb.read_bytes(), [log] if log.strip() else []
@@ -666,11 +677,15 @@ def _keep_for_rerun(exc: ToolError, stage: Path) -> IreeCompileError:
     for f in stage.iterdir():
         if not f.name.startswith("."):
             shutil.move(str(f), keep / f.name)
-    argv = [a.replace(str(stage), str(keep)) for a in exc.argv or []]
-    log = exc.log.replace(str(stage), str(keep))
+
+    def moved(text: str) -> str:  # the worker names the stage by its absolute path
+        return text.replace(str(stage.absolute()), str(keep)).replace(str(stage), str(keep))
+
+    argv = [moved(a) for a in exc.argv or []]
+    log = moved(exc.log)
     return IreeCompileError(
         exc.what,
-        where=(exc.where or "").replace(str(stage), str(keep)) or None,
+        where=moved(exc.where or "") or None,
         argv=argv,
         returncode=exc.returncode,
         log=log,
@@ -759,6 +774,32 @@ def _reference_path(spec: ModuleSpec) -> Path | None:
             fix="check [test] reference; it is relative to the manifest's folder",
         )
     return path
+
+
+def project_files_in(spec: ModuleSpec, out_dir: Path) -> frozenset[str]:
+    """Names of the project's own files (manifest, kernel and program sources, reference) that
+    sit in `out_dir`: building into the project's folder must never adopt or remove them."""
+    from .manifest import MANIFEST_NAME
+
+    paths = [spec.root / MANIFEST_NAME, *(spec.source_path(k.source) for k in spec.kernels)]
+    paths += [spec.source_path(p.source) for p in spec.programs]
+    if spec.test.reference is not None:
+        paths.append(spec.source_path(spec.test.reference))
+    try:
+        here = out_dir.resolve()
+        return frozenset(p.name for p in paths if p.resolve().parent == here)
+    except (OSError, RuntimeError, ValueError):  # a symlink loop in a path: nothing of it is here
+        return frozenset()
+
+
+def _check_reference_name(reference: Path | None, outputs: list[str | None]) -> None:
+    """A reference named like one of the build's outputs would be shipped in its place."""
+    if reference is not None and reference.name in outputs:
+        raise ManifestError(
+            f"[test] reference {reference.name!r} has the name of one of the build's outputs",
+            where=str(reference),
+            fix="rename the reference file (e.g. reference.py) and its [test] reference entry",
+        )
 
 
 def _read_reference(path: Path) -> bytes:

@@ -293,14 +293,25 @@ class Cache:
     def put(self, kind: str, key: str, meta: dict, payload: bytes) -> None:
         if not self.usable:
             return
-        try:
-            write_atomic(self._path(kind, key), _encode({**meta, "key": key, "kind": kind}, payload))
-        except OSError as exc:
-            if not self._warned_write:
-                self._warned_write = True
-                warnings.warn(f"cannot write to the cache {self.root}: {exc.strerror}; going on without storing", CacheWarning, stacklevel=2)
-            return
+        blob = _encode({**meta, "key": key, "kind": kind}, payload)
+        for attempt in range(2):
+            try:
+                write_atomic(self._path(kind, key), blob)
+                break
+            except FileNotFoundError:
+                if attempt == 0:
+                    continue  # `cache clear` removed the entry's folder meanwhile: make it again
+                self._warn_write("its folders keep vanishing (a `cache clear` running meanwhile?)")
+                return
+            except OSError as exc:  # a full disk, a read-only cache...: the build goes on without it
+                self._warn_write(exc.strerror or str(exc))
+                return
         self.evict()
+
+    def _warn_write(self, why: str) -> None:
+        if not self._warned_write:
+            self._warned_write = True
+            warnings.warn(f"cannot write to the cache {self.root}: {why}; going on without storing", CacheWarning, stacklevel=3)
 
     @property
     def template_dir(self) -> Path | None:

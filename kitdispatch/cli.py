@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 import traceback
 import warnings
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = _Out(stdout, stderr, -1 if args.quiet else args.verbose, args.json)
     try:
-        with _warnings_as_lines(out):
+        with _warnings_as_lines(out), _terminate_as_interrupt():
             return _COMMANDS[args.command](args, out)
     except KitError as exc:
         print(f"kitdispatch {args.command}: error: {exc.render()}", file=stderr)
@@ -179,6 +180,25 @@ def _argparse_output(stdout: TextIO, stderr: TextIO):
         yield
     finally:
         sys.stdout, sys.stderr = saved
+
+
+@contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a `kill`, a job scheduler's stop) ends a command as Ctrl-C does: the same
+    cleanup of workers, tools and staging folders, and exit 130. Only the main thread may
+    set a handler; the previous one comes back afterwards (main() also runs in-process)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: SIGTERM keeps its default
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._files import open_regular
 from ._proc import run_tool
 from .errors import KitError, ToolError
 from .models import read_model_record
@@ -185,9 +186,9 @@ def random_inputs(sig: dict, seed: int = 0) -> list[np.ndarray]:
 def load_inputs(path: str | Path, sig: dict) -> list[np.ndarray]:
     """The arrays of an .npz in the function's argument order (the order they were saved)."""
     try:
-        with np.load(path) as data:
+        with open_regular(Path(path)) as f, np.load(f) as data:  # never a FIFO: it would block
             arrays = [data[k] for k in data.files]
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:  # TypeError: a .npy, not an .npz
         raise KitError(f"cannot read inputs {path}: {exc}", fix="save them with numpy.savez(path, x0, x1, ...)") from None
     if len(arrays) != len(sig["inputs"]):
         raise KitError(

@@ -22,8 +22,10 @@ The baseline is the model compiled by one plain `iree-compile` with IREE's defau
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
+import os
 import re
 import shutil
 import sys
@@ -33,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from ._files import write_atomic
-from .outputs import OutputFolder, prepare_output_dir, staging_dir
-from .record import JOURNAL_SUFFIX, RecordError, file_sha256, read_record, sha256
+from ._files import is_plain_name, read_regular_file, write_atomic
+from .outputs import MODEL_RECORD_SUFFIX, OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
+from .record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, RecordError, file_sha256, read_record, sha256
 from ._proc import run_checked, run_tool
-from .build import BuildOptions, generate
+from .build import BuildOptions, generate, project_files_in
 from .errors import IreeCompileError, KitError, ManifestError
 from .iree_compile import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_iree_compile, iree_compiler_version
 from .manifest import load_manifest
@@ -46,7 +48,6 @@ from .render import render_template
 from .replace import MARK_ATTRIBUTE, Decision, OpFacts, decide, read_ops, replacing_kernels, wrapper_name
 from .spec import REPLACEABLE_OPS, Kernel, ModuleSpec, TestSpec
 
-MODEL_RECORD_SUFFIX = ".model.json"
 MODEL_RECORD_SCHEMA = 1
 SPEC_PIPELINE = (
     "builtin.module(iree-preprocessing-transform-interpreter{{transform-spec-path={spec}}},"
@@ -113,7 +114,8 @@ def build_model(
     record_name = f"{name}{MODEL_RECORD_SUFFIX}"
     created = prepare_output_dir(out_dir)
     try:
-        folder = OutputFolder(out_dir, name, record=record_name, claims=_claimed_by_model_record)
+        protected = project_files_in(spec, out_dir) | _model_in(model, out_dir)
+        folder = OutputFolder(out_dir, name, record=record_name, claims=_claimed_by_model_record, protected=protected)
         return _build_model_in(spec, kernels, model, name, options, out_dir, folder, codegen, flags, with_baseline)
     except BaseException:
         if created:
@@ -124,9 +126,17 @@ def build_model(
         raise
 
 
+def _model_in(model: Path, out_dir: Path) -> frozenset[str]:
+    """The model's own name when it sits in the output folder: never the kit's to replace."""
+    try:
+        return frozenset({model.name}) if model.resolve().parent == out_dir.resolve() else frozenset()
+    except (OSError, RuntimeError):
+        return frozenset()
+
+
 def _claimed_by_model_record(path: Path) -> dict[str, str]:
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_regular_file(path, max_bytes=MAX_RECORD_BYTES))
         if data.get("schema") != MODEL_RECORD_SCHEMA:
             raise ValueError(f"schema {data.get('schema')!r}")
         return {str(k): str(v) for k, v in data["files"].items()}
@@ -137,12 +147,14 @@ def _claimed_by_model_record(path: Path) -> dict[str, str]:
 def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codegen, flags, with_baseline) -> ModelBuild:
     record_name = folder.record
     with staging_dir(out_dir) as stage:
-        imported = import_model(model, stage / f"{name}.imported.mlir")
+        timeout = options.link_timeout  # --timeout bounds every step of the model's build
+        imported = import_model(model, stage / f"{name}.imported.mlir", timeout=timeout)
         staged = _run_iree(
             [find_iree_compile(), str(imported), *flags, f"--compile-to={STAGE}", "--mlir-print-debuginfo",
              "-o", str(stage / f"{name}.{STAGE}.mlir")],
             what=f"iree-compile could not bring {model} to {STAGE}",
             stage=stage,
+            timeout=timeout,
         )
         kinds = sorted({kind for k in kernels for kind in k.replaces.ops})
         if "linalg.generic" in kinds:
@@ -151,6 +163,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
                  "-o", str(stage / f"{name}.fused.mlir")],
                 what="iree-opt could not run IREE's elementwise fusion on the model",
                 stage=stage,
+                timeout=timeout,
             )
         context, module = _parse(staged)
         found = read_ops(module, kinds)
@@ -179,6 +192,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
              "--mlir-print-debuginfo", "-o", str(replaced)],
             what="iree-opt rejected the generated transform spec",
             stage=stage,
+            timeout=timeout,
         )
         _check_all_replaced(replaced, decisions, symbols.executables, stage)
         vmfb_name = f"{name}.vmfb"
@@ -187,6 +201,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
              f"--iree-hal-executable-object-search-path={stage}", "-o", str(stage / vmfb_name)],
             what="iree-compile could not finish the model with its replacements",
             stage=stage,
+            timeout=timeout,
         )
         outputs = [vmfb_name, spec_name, *objects]
         baseline_name = None
@@ -196,6 +211,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
                 [find_iree_compile(), str(imported), *flags, "-o", str(stage / baseline_name)],
                 what=f"iree-compile could not compile {model} (the baseline, IREE alone)",
                 stage=stage,
+                timeout=timeout,
             )
             outputs.append(baseline_name)
         if imported != model:
@@ -247,7 +263,7 @@ def _model_name(model: Path) -> str:
 # ------------------------------------------------------------------------ importing
 
 
-def import_model(model: Path, dest: Path) -> Path:
+def import_model(model: Path, dest: Path, *, timeout: float = IREE_COMPILE_TIMEOUT_S) -> Path:
     """The model as MLIR IREE can compile: ONNX through iree-import-onnx into `dest`, MLIR as it is."""
     if not model.is_file():
         raise KitError(f"no model at {model}", fix="pass a .mlir or .onnx file")
@@ -262,7 +278,7 @@ def import_model(model: Path, dest: Path) -> Path:
         argv = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(model), "-o", str(dest)]
         run_checked(
             argv,
-            timeout=IREE_COMPILE_TIMEOUT_S,
+            timeout=timeout,
             what=f"iree-import-onnx could not import {model}",
             where=str(model),
             fix="check that the model loads with onnx.checker.check_model; the importer's message is above",
@@ -288,7 +304,7 @@ def export_torch(module, example_args: Sequence, path: str | Path) -> Path:
     path = Path(path)
     try:
         exported = aot.export(module, args=tuple(example_args))
-        with tempfile.TemporaryDirectory(dir=path.parent if path.parent.is_dir() else None) as tmp:
+        with tempfile.TemporaryDirectory(prefix="kitdispatch-export-") as tmp:  # never a folder left in the user's
             exported.save_mlir(str(Path(tmp) / path.name))
             write_atomic(path, (Path(tmp) / path.name).read_bytes())
     except KitError:
@@ -316,8 +332,10 @@ def _find_tool(name: str) -> str:
     return find_tool(name)
 
 
-def _run_iree(argv: list[str], *, what: str, stage: Path) -> Path:
-    res = run_tool(argv, timeout=IREE_COMPILE_TIMEOUT_S)
+def _run_iree(argv: list[str], *, what: str, stage: Path, timeout: float) -> Path:
+    res = run_tool(argv, timeout=timeout)
+    if res.returncode != 0 and disk_full(stage, res.stderr + res.stdout):
+        raise os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(stage.parent)), what)
     if res.returncode != 0:
         keep = _keep(stage)
         log = (res.stderr + res.stdout).replace(str(stage), str(keep))
@@ -376,12 +394,12 @@ def _kernel_symbols(spec: ModuleSpec, kernels: list[Kernel], options: BuildOptio
     generated module into what a spec imports: its executables, and each kernel function as
     a private `util.func` (in the model, functions are util.funcs by this stage)."""
     sub = dataclasses.replace(spec, kernels=tuple(kernels), programs=(), test=TestSpec())
-    with tempfile.TemporaryDirectory(prefix="kitdispatch-kernels-") as tmp:
-        result = generate(sub, options, Path(tmp) / sub.name)
-        _check_settled_functions(kernels, read_record(result.record).functions)
-        for obj in result.objects:
-            shutil.copy2(obj, stage / obj.name)
-        text = result.mlir.read_text()
+    # Inside the staging folder: a killed build leaves nothing the next one does not remove.
+    result = generate(sub, options, stage / "kernels" / sub.name)
+    _check_settled_functions(kernels, read_record(result.record).functions)
+    for obj in result.objects:
+        shutil.copy2(obj, stage / obj.name)
+    text = result.mlir.read_text()
     return [o.name for o in result.objects], _as_spec_symbols(text, kernels)
 
 
@@ -629,29 +647,39 @@ def _op_census(module) -> dict[str, int]:
 def read_model_record(path: str | Path) -> tuple[Path, dict]:
     """A folder written by `build_model` (or its record file): (folder, record)."""
     path = Path(path)
-    records = [path] if path.is_file() else sorted(path.glob(f"*{MODEL_RECORD_SUFFIX}"))
+    records = [path] if path.is_file() else sorted(p for p in path.glob(f"*{MODEL_RECORD_SUFFIX}") if p.is_file())
     if len(records) != 1:
         raise KitError(
             f"{path} holds {len(records)} model builds" if records else f"no model build in {path}",
             fix="pass the folder written by `kitdispatch build PROJECT --model MODEL -o DIR` (one model per folder)",
         )
     folder, record = records[0].parent, _read_json_record(records[0])
-    if (folder / f".{records[0].name}{JOURNAL_SUFFIX}").exists():
+    if os.path.lexists(folder / f".{records[0].name}{JOURNAL_SUFFIX}"):
         raise RecordError(f"the last model build in {folder} was interrupted", where=str(folder), fix="build it again")
     for key in ("vmfb", "baseline_vmfb"):
         name = record.get(key)
-        if name and file_sha256(folder / name) != record.get("files", {}).get(name):
+        if name is None:
+            continue
+        if not isinstance(name, str) or name not in record["files"]:
+            raise RecordError(f"the model record's {key} {name!r} is not a file it lists", where=str(records[0]), fix="build it again")
+        try:
+            digest = file_sha256(folder / name)
+        except OSError as exc:
+            raise RecordError(f"{name} cannot be read: {exc.strerror}", where=str(folder / name), fix="build it again") from None
+        if digest != record["files"][name]:
             raise RecordError(f"{name} is not the file its model record describes", where=str(folder / name), fix="build it again")
     return folder, record
 
 
 def _read_json_record(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_bytes())
-        _claimed_by_model_record(path)
-        return data
-    except (ValueError, OSError) as exc:
-        raise RecordError(f"cannot read the model record: {exc}", where=str(path), fix="build it again") from None
+    """The model record, refused unless every file it lists is a plain name of its folder."""
+    claims = _claimed_by_model_record(path)
+    bad = [n for n in claims if not is_plain_name(n)]
+    if bad:
+        raise RecordError(f"the model record lists {bad[0]!r}, which is not a file name of its folder", where=str(path), fix="build it again")
+    data = json.loads(read_regular_file(path, max_bytes=MAX_RECORD_BYTES))
+    data["files"] = claims
+    return data
 
 
 __all__ = ["ModelBuild", "OpFacts", "build_model", "export_torch", "format_report", "import_model", "read_model_record"]

@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ._files import open_regular, read_regular_file
 from .errors import KitError
 from .spec import FunctionSignature, InputRange, Tolerance
 
@@ -21,6 +22,8 @@ SCHEMA = 2
 # Written before the first file of a build is moved into place and removed after the record:
 # while it exists the folder is half-published (a killed build), and readers refuse it.
 JOURNAL_SUFFIX = ".kitdispatch-publishing"
+# Records and journals are small; a bigger file in their place is not the kit's (and is not read).
+MAX_RECORD_BYTES = 64 << 20
 
 
 class RecordError(KitError):
@@ -41,7 +44,7 @@ def sha256(data: bytes) -> str:
 
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO or /dev/zero in a file's place would never end
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -88,6 +91,9 @@ class BuildRecord:
     # Kernel name -> {"function": ..., "entry": ...} where the kit named something differently.
     names: dict[str, dict[str, str]] = field(default_factory=dict)
     diagnostics: tuple[Diagnostic, ...] = ()
+    # Files of the folder the build read but did not write (a [test] reference that lives in
+    # the output folder itself) -> SHA-256: checked like `files`, never the kit's to replace.
+    inputs: dict[str, str] = field(default_factory=dict)
     schema: int = SCHEMA
 
     def to_bytes(self) -> bytes:
@@ -136,6 +142,7 @@ class BuildRecord:
                 files={_plain_name(k): _str(v) for k, v in data["files"].items()},
                 names={_str(k): {_str(a): _str(b) for a, b in v.items()} for k, v in data.get("names", {}).items()},
                 diagnostics=tuple(Diagnostic(_str(d["tool"]), _str(d["where"]), _str(d["text"])) for d in data.get("diagnostics", [])),
+                inputs={_plain_name(k): _str(v) for k, v in data.get("inputs", {}).items()},
             )
         except KitError as exc:
             raise RecordError(f"the build record is damaged: {exc.what}", where=where, fix=_REBUILD) from None
@@ -145,7 +152,7 @@ class BuildRecord:
     def check_file(self, folder: Path, name: str) -> Path:
         """The file `name` of this build, after checking it is the one the build wrote."""
         path = folder / name
-        want = self.files.get(name)
+        want = self.files.get(name, self.inputs.get(name))
         try:
             got = file_sha256(path)
         except OSError as exc:
@@ -167,7 +174,7 @@ def read_record(path: Path) -> BuildRecord:
     """The record at `path`; refuses a folder whose last build was interrupted."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_regular_file(path, max_bytes=MAX_RECORD_BYTES)
     except FileNotFoundError:
         raise RecordError(f"no build record at {path}", fix=_REBUILD) from None
     except OSError as exc:

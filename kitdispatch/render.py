@@ -210,12 +210,22 @@ class _Spelling:
         raise ValueError(f"unknown MLIR syntax {self.syntax!r}")
 
 
+class _BytecodeCache(jinja2.FileSystemBytecodeCache):
+    """jinja2's file cache of compiled templates, where a write that fails (a full disk, or
+    `kitdispatch cache clear` removing the folder meanwhile) only loses the speed-up."""
+
+    def dump_bytecode(self, bucket) -> None:
+        try:
+            Path(self.directory).mkdir(mode=0o700, parents=True, exist_ok=True)
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
 @functools.cache
 def _environment(template_cache: Path | None = None) -> jinja2.Environment:
     # Compiling the templates takes ~25 ms a process: most of a build with nothing new to do.
-    bytecode = jinja2.FileSystemBytecodeCache(str(template_cache)) if template_cache else None
-    if template_cache:
-        template_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    bytecode = _BytecodeCache(str(template_cache)) if template_cache else None
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("mlir_templates"))),
         bytecode_cache=bytecode,

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 
 from . import abi
+from ._files import open_regular
 from .errors import KitError
 from .spec import ScalarType, TensorType
 
@@ -31,7 +33,8 @@ def parse_input(text: str, want: TensorType | ScalarType, where: str):
             raise KitError(f"{where}: {text!r} is not a {want.dtype} number", fix="pass a bare number, e.g. --input 2.5") from None
     if text.startswith("@"):
         try:
-            return np.load(text[1:], allow_pickle=False)
+            with open_regular(Path(text[1:])) as f:  # a FIFO named here would block np.load forever
+                return np.load(f, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise KitError(f"{where}: cannot read {text[1:]}: {exc}", fix="pass a .npy file written by numpy.save") from None
     m = _INPUT_RE.match(text)

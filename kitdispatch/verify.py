@@ -77,17 +77,31 @@ def find_targets(path: Path) -> list[Path]:
     return found
 
 
-def _targets_under(path: Path) -> list[Path]:
+def _targets_under(path: Path, seen: set[tuple[int, int]] | None = None) -> list[Path]:
+    """Targets at `path` and below; each folder is visited once (by device and inode), so a
+    symlink loop, or a link back up the tree, ends the walk instead of recursing without end."""
+    seen = set() if seen is None else seen
     if path.is_file() and path.name.endswith(RECORD_SUFFIX):
         return [path]
+    try:
+        st = path.stat()
+    except (OSError, RuntimeError):  # missing, or a symlink loop itself
+        return []
+    if (st.st_dev, st.st_ino) in seen:
+        return []
+    seen.add((st.st_dev, st.st_ino))
     if (path / MANIFEST_NAME).is_file():
         return [path]
-    records = sorted(path.glob(f"*{RECORD_SUFFIX}"))
+    records = sorted(p for p in path.glob(f"*{RECORD_SUFFIX}") if p.is_file())
     if records:
         return records
     if not path.is_dir():
         return []
-    return [t for sub in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")) for t in _targets_under(sub)]
+    try:
+        subs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+    return [t for sub in subs for t in _targets_under(sub, seen)]
 
 
 def verify(
