@@ -6,6 +6,7 @@ from files another process is still writing (`remove_stale_temp_files`).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -88,22 +89,39 @@ def remove_stale_temp_files(folder: Path, *, min_age_s: float = 60.0) -> int:
     return removed
 
 
-def read_regular_file(path: Path) -> bytes:
+# The largest source, header, manifest or MLIR file the kit reads into memory: a sparse file of
+# 100 GB behind an `#include` (even under `#if 0`, which the cache key follows) would not fit.
+MAX_TEXT_BYTES = 64 << 20
+
+
+def read_regular_file(path: Path, *, limit: int | None = MAX_TEXT_BYTES) -> bytes:
     """The bytes of `path`, refusing anything but a regular file: opening a FIFO or a device
-    would block forever or read without end. Raises OSError (ENOENT, or EINVAL for the kind)."""
+    would block forever or read without end, and a file over `limit` bytes would not fit in
+    memory. Raises OSError (ENOENT; EINVAL for the kind; EFBIG, FileTooLarge, for the size)."""
     path = Path(path)
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
         raise NotRegularFile(kind, str(path))
+    if limit is not None and st.st_size > limit:
+        raise FileTooLarge(st.st_size, limit, str(path))
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between the stat and the open
             raise NotRegularFile("not a regular file", str(path))
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
     finally:
         os.close(fd)
+    if limit is not None and len(data) > limit:  # it grew since the stat
+        raise FileTooLarge(len(data), limit, str(path))
+    return data
+
+
+class FileTooLarge(OSError):
+    def __init__(self, size: int, limit: int, filename: str) -> None:
+        super().__init__(errno.EFBIG, f"is {size} bytes, over the {limit >> 20} MiB kitdispatch reads", filename)
+        self.kind = f"{size} bytes, over the {limit >> 20} MiB kitdispatch reads"
 
 
 class NotRegularFile(OSError):

@@ -85,6 +85,10 @@ def load_manifest(path: str | Path) -> ModuleSpec:
         raise ManifestError(f"invalid TOML: {exc}", where=str(path), fix="fix the TOML syntax") from None
     except UnicodeDecodeError as exc:
         raise ManifestError(f"not UTF-8 text: {exc}", where=str(path), fix="save it as UTF-8") from None
+    except RecursionError:  # tomllib recurses once per level of nested arrays and tables
+        raise ManifestError(
+            "arrays or tables are nested too deeply to read", where=str(path), fix="a manifest needs at most a few levels of nesting"
+        ) from None
     return parse_manifest(data, root=path.parent, where=str(path))
 
 

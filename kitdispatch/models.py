@@ -35,7 +35,7 @@ from pathlib import Path
 from . import __version__
 from ._files import write_atomic
 from .outputs import OutputFolder, prepare_output_dir, staging_dir
-from .record import JOURNAL_SUFFIX, RecordError, file_sha256, sha256
+from .record import JOURNAL_SUFFIX, DamagedRecord, RecordError, file_sha256, sha256
 from ._proc import run_checked, run_tool
 from .build import BuildOptions, generate
 from .errors import IreeCompileError, KitError
@@ -129,8 +129,8 @@ def _claimed_by_model_record(path: Path) -> dict[str, str]:
         if data.get("schema") != MODEL_RECORD_SCHEMA:
             raise ValueError(f"schema {data.get('schema')!r}")
         return {str(k): str(v) for k, v in data["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-        raise RecordError(f"the model record is damaged ({exc})", where=str(path), fix="build into another folder") from None
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as exc:
+        raise RecordError(f"the model record is damaged ({type(exc).__name__}: {exc})", where=str(path), fix="build into another folder") from None
 
 
 def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codegen, flags, with_baseline) -> ModelBuild:
@@ -624,11 +624,49 @@ def read_model_record(path: str | Path) -> tuple[Path, dict]:
 
 def _read_json_record(path: Path) -> dict:
     try:
-        data = json.loads(path.read_bytes())
-        _claimed_by_model_record(path)
-        return data
-    except (ValueError, OSError) as exc:
-        raise RecordError(f"cannot read the model record: {exc}", where=str(path), fix="build it again") from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecordError(f"cannot read the model record: {exc.strerror or exc}", where=str(path), fix="build it again") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise DamagedRecord(f"cannot read the model record: {type(exc).__name__}: {exc}", where=str(path), fix="build it again") from None
+    _check_model_record_types(data, str(path))
+    return data
+
+
+def _check_model_record_types(data: object, where: str) -> None:
+    """Every field `compare` and `profile` read, of the JSON type they read it as: a damaged
+    record is one clear error here, not a TypeError deep inside compare."""
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise DamagedRecord(f"the model record is damaged: {what}", where=where, fix="build it again")
+
+    need(isinstance(data, dict), "it is not a JSON object")
+    need(data.get("schema") == MODEL_RECORD_SCHEMA, f"schema {data.get('schema')!r}, not {MODEL_RECORD_SCHEMA}")
+    need(isinstance(data.get("vmfb"), str), "'vmfb' is not a file name")
+    need(data.get("baseline_vmfb") is None or isinstance(data["baseline_vmfb"], str), "'baseline_vmfb' is not a file name")
+    files = data.get("files")
+    need(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()), "'files' is not a table of SHA-256s")
+    functions = data.get("functions")
+    need(isinstance(functions, list) and all(_is_function_json(f) for f in functions), "'functions' is not a list of signatures")
+    replaced = data.get("replaced", [])
+    need(
+        isinstance(replaced, list) and all(isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("op", "location", "kernel_entry")) for r in replaced),
+        "'replaced' is not a list of replaced ops",
+    )
+
+
+def _is_function_json(f: object) -> bool:
+    """{name, inputs, outputs} as `_signatures` writes it, each tensor {dtype, shape}."""
+    def tensor(t: object) -> bool:
+        return isinstance(t, dict) and isinstance(t.get("dtype"), str) and isinstance(t.get("shape"), list) and all(
+            d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in t["shape"]
+        )
+
+    return isinstance(f, dict) and isinstance(f.get("name"), str) and all(
+        isinstance(f.get(k), list) and all(tensor(t) for t in f[k]) for k in ("inputs", "outputs")
+    )
 
 
 __all__ = ["ModelBuild", "OpFacts", "build_model", "export_torch", "format_report", "import_model", "read_model_record"]

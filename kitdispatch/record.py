@@ -27,6 +27,13 @@ class RecordError(KitError):
     """A build record is missing, unreadable, of another version, or disagrees with its files."""
 
 
+class DamagedRecord(RecordError):
+    """A record that is not what a build writes (invalid JSON, a field of the wrong type):
+    bad input, as a damaged manifest is."""
+
+    exit_code = 2
+
+
 def record_name(module: str) -> str:
     return f"{module}{RECORD_SUFFIX}"
 
@@ -97,10 +104,10 @@ class BuildRecord:
     def from_bytes(cls, raw: bytes, where: str) -> "BuildRecord":
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RecordError(f"the build record is not valid JSON ({exc})", where=where, fix=_REBUILD) from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
+            raise DamagedRecord(f"the build record is not valid JSON ({type(exc).__name__}: {exc})", where=where, fix=_REBUILD) from None
         if not isinstance(data, dict):
-            raise RecordError("the build record is not a JSON object", where=where, fix=_REBUILD)
+            raise DamagedRecord("the build record is not a JSON object", where=where, fix=_REBUILD)
         schema = data.get("schema")
         if schema != SCHEMA:
             raise RecordError(
@@ -134,9 +141,9 @@ class BuildRecord:
                 diagnostics=tuple(Diagnostic(_str(d["tool"]), _str(d["where"]), _str(d["text"])) for d in data.get("diagnostics", [])),
             )
         except KitError as exc:
-            raise RecordError(f"the build record is damaged: {exc.what}", where=where, fix=_REBUILD) from None
+            raise DamagedRecord(f"the build record is damaged: {exc.what}", where=where, fix=_REBUILD) from None
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise RecordError(f"the build record is damaged ({type(exc).__name__}: {exc})", where=where, fix=_REBUILD) from None
+            raise DamagedRecord(f"the build record is damaged ({type(exc).__name__}: {exc})", where=where, fix=_REBUILD) from None
 
     def check_file(self, folder: Path, name: str) -> Path:
         """The file `name` of this build, after checking it is the one the build wrote."""

@@ -175,8 +175,15 @@ def _takes_tensors(op) -> bool:
     generic may take a scalar `ins` operand."""
     from iree.compiler import ir
 
+    def ranked(t) -> bool:
+        try:
+            ir.RankedTensorType(t)
+        except ValueError:  # the cast refuses anything else
+            return False
+        return True
+
     values = [v.type for v in op.operands] + [r.type for r in op.results]
-    return bool(op.results) and all(ir.RankedTensorType.isinstance(t) for t in values)
+    return bool(op.results) and all(ranked(t) for t in values)
 
 
 def _facts(op) -> OpFacts:
