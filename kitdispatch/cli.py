@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import signal
 import sys
 import traceback
 import warnings
@@ -196,7 +198,25 @@ def _warnings_as_lines(out: "_Out"):
 
 
 def console_main() -> None:
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # between main's own handler and here
+        print("kitdispatch: interrupted", file=sys.stderr)
+        code = 130
+    # The command is done; a Ctrl-C while Python shuts down (workers, atexit) ends it at once.
+    signal.signal(signal.SIGINT, _interrupted_while_exiting)
+    sys.exit(code)
+
+
+def _interrupted_while_exiting(signum, frame) -> None:
+    """Exit 130 with no traceback. Compiler workers notice their parent has gone and exit
+    (_worker_main.py); the atexit hook that kills them may be what this interrupts."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(130)
 
 
 # ---------------------------------------------------------------------------- commands

@@ -160,7 +160,7 @@ def read_ops(module, kinds: Sequence[str]) -> list[tuple[object, OpFacts]]:
     found: list[tuple[object, OpFacts]] = []
 
     def visit(op):
-        if op.name in kinds and _takes_tensors(op):
+        if op.name in kinds and (op.name == ATTENTION or _takes_tensors(op)):  # attention: _attention_facts
             found.append((op, _facts(op)))
         return ir.WalkResult.ADVANCE
 
