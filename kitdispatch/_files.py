@@ -124,6 +124,13 @@ class FileTooLarge(OSError):
         self.kind = f"{size} bytes, over the {limit >> 20} MiB kitdispatch reads"
 
 
+def not_an_option(path: Path) -> Path:
+    """`path` as a tool's argument: a relative path that starts with `-` (`Path` drops the
+    `./` a user wrote before it) would be read as an option; absolute, it cannot be."""
+    path = Path(path)
+    return path.absolute() if str(path).startswith("-") else path
+
+
 class NotRegularFile(OSError):
     def __init__(self, kind: str, filename: str) -> None:
         super().__init__(22, f"is {kind}", filename)

@@ -59,8 +59,11 @@ class CacheWarning(UserWarning):
 def default_cache_dir() -> Path:
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kitdispatch"
+    # The XDG spec: a relative XDG_CACHE_HOME is invalid and ignored (it would name a folder
+    # under whatever the current folder is).
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "kitdispatch"
 
 
 # ------------------------------------------------------------------------------- keys

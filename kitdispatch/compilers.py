@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ._files import read_regular_file
+from ._files import not_an_option, read_regular_file
 from ._parallel import CpuSlots
 from ._proc import run_tool
 from ._resources import installed_version
@@ -364,7 +364,7 @@ class NvccCompiler:
         with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
             out = Path(tmp) / f"out.{fmt}"
             arch_flag = f"-arch={arch.compute_name}" if fmt == "ptx" else f"-arch={arch.name}"
-            argv = [self.path, f"--{fmt}", arch_flag, *options.flags(), "-o", str(out), str(source)]
+            argv = [self.path, f"--{fmt}", arch_flag, *options.flags(), "-o", str(out), str(not_an_option(source))]
             self._run(argv, source, arch.name)
             data = out.read_bytes()
         make = ObjectCode.from_ptx if fmt == "ptx" else ObjectCode.from_cubin
@@ -377,7 +377,7 @@ class NvccCompiler:
         gencode += [f"-gencode=arch={a.compute_name},code={a.compute_name}" for a in ptx_fallback_archs(archs)]
         with tempfile.TemporaryDirectory(prefix="kitdispatch-nvcc-") as tmp:
             out = Path(tmp) / "out.fatbin"
-            argv = [self.path, "--fatbin", *gencode, *options.flags(), "-o", str(out), str(source)]
+            argv = [self.path, "--fatbin", *gencode, *options.flags(), "-o", str(out), str(not_an_option(source))]
             self._run(argv, source, ", ".join(a.name for a in archs))
             return ObjectCode.from_fatbin(out.read_bytes(), tuple(archs), source, self.name, commands=(_shown_command(argv, out),))
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from ._files import write_atomic
+from ._files import not_an_option, write_atomic
 from .outputs import OutputFolder, prepare_output_dir, staging_dir
 from .record import JOURNAL_SUFFIX, DamagedRecord, RecordError, file_sha256, sha256
 from ._proc import run_checked, run_tool
@@ -104,9 +104,9 @@ def build_model(
     `compare_model`; with `with_baseline`, `<name>.baseline.vmfb` compiled by IREE alone."""
     spec = project if isinstance(project, ModuleSpec) else load_manifest(project)
     kernels = replacing_kernels(spec)
-    model = Path(model)
+    model = not_an_option(Path(model))  # both reach IREE's tools as arguments
     name = name or _model_name(model)
-    out_dir = Path(out_dir)
+    out_dir = not_an_option(Path(out_dir))
     codegen = choose_codegen_target(options.archs, options.codegen_target).target
     flags = ["--iree-hal-target-device=cuda", f"--iree-cuda-target={codegen.name}", *options.iree_flags]
     record_name = f"{name}{MODEL_RECORD_SUFFIX}"
