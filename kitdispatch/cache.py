@@ -32,7 +32,7 @@ from . import __version__
 from ._files import FileTooLarge, is_temp_file, read_regular_file, remove_stale_temp_files, write_atomic
 from .archs import Arch
 from .compilers import CompileOptions, IncludeSearch, ObjectCode
-from .errors import KitError
+from .errors import KitError, ManifestError
 
 SCHEMA = 2
 MAGIC = b"KDC2"
@@ -116,7 +116,7 @@ def source_closure(source: Path, search: IncludeSearch) -> list[tuple[str, bytes
             seen[path] = _read_included(path, source)
         except FileTooLarge as exc:
             if path == source.resolve():
-                raise KitError(f"the kernel source {exc.strerror}", where=str(path), fix="split it, or generate less code") from None
+                raise ManifestError(f"the kernel source {exc.strerror}", where=str(path), fix="split it, or generate less code") from None
             # The compile may never read it (under `#if 0`); the key cannot hold it either.
             raise Uncacheable(f"{path}: {exc.kind}") from None
         for quoted, angled, computed in _INCLUDE_RE.findall(seen[path]):

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ._files import not_an_option, read_regular_file
+from ._files import FileTooLarge, not_an_option, read_regular_file
 from ._parallel import CpuSlots
 from ._proc import run_tool
 from ._resources import installed_version
 from ._workers import POOL, map_in_threads
 from .archs import Arch, check_supported, ptx_fallback_archs
-from .errors import CompileError, KitError, ToolError
+from .errors import CompileError, KitError, ManifestError, ToolError
 from .toolchain import find_nvrtc, load_nvfatbin, not_installed_error
 
 ObjectFormat = Literal["ptx", "cubin", "fatbin"]
@@ -150,6 +150,8 @@ def read_source(source: Path) -> bytes:
     """The source's bytes; a FIFO or device would block the build, so only regular files."""
     try:
         return read_regular_file(source)
+    except FileTooLarge as exc:
+        raise ManifestError(f"the kernel source {exc.strerror}", where=str(source), fix="split it, or generate less code") from None
     except FileNotFoundError:
         raise KitError(
             f"kernel source {source} does not exist",

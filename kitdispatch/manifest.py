@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._files import NotRegularFile, read_regular_file
+from ._files import FileTooLarge, NotRegularFile, read_regular_file
 from .errors import ManifestError
 from .signature import KernelSignature, find_kernel
 from . import abi
@@ -85,6 +85,8 @@ def load_manifest(path: str | Path) -> ModuleSpec:
         raise ManifestError(f"invalid TOML: {exc}", where=str(path), fix="fix the TOML syntax") from None
     except UnicodeDecodeError as exc:
         raise ManifestError(f"not UTF-8 text: {exc}", where=str(path), fix="save it as UTF-8") from None
+    except FileTooLarge as exc:
+        raise ManifestError(f"the manifest {exc.strerror}", where=str(path), fix="a manifest is a few kilobytes of TOML") from None
     except RecursionError:  # tomllib recurses once per level of nested arrays and tables
         raise ManifestError(
             "arrays or tables are nested too deeply to read", where=str(path), fix="a manifest needs at most a few levels of nesting"
