@@ -45,6 +45,7 @@ try:
     from .models import ModelBuild, build_model, export_torch  # noqa: E402
     from .compare import Comparison, compare_model, profile_module  # noqa: E402
     from .spec import Buffer, FunctionSignature, Kernel, ModuleSpec, Program, Replaces, Scalar, TensorType, TestSpec  # noqa: E402
+    from . import cli  # noqa: E402, F401  (the console script's own import: inside this guard)
 except KeyboardInterrupt:
     _interrupted_as_command()
     raise

@@ -121,15 +121,15 @@ class BuildRecord:
                 kitdispatch=_str(data["kitdispatch"]),
                 mlir=_str(data["mlir"]),
                 vmfb=None if data["vmfb"] is None else _str(data["vmfb"]),
-                archs=tuple(_str(a) for a in data["archs"]),
+                archs=tuple(_str(a) for a in _list(data["archs"])),
                 format=_str(data["format"]),
                 kernel_formats={_str(k): _str(v) for k, v in data["kernel_formats"].items()},
                 ptx_isa=None if data["ptx_isa"] is None else _str(data["ptx_isa"]),
                 compiler={_str(k): _str(v) for k, v in data["compiler"].items()},
                 iree_compiler=None if data["iree_compiler"] is None else _str(data["iree_compiler"]),
                 codegen_target=_str(data["codegen_target"]),
-                objects=tuple(_str(o) for o in data["objects"]),
-                functions=tuple(FunctionSignature.from_json(f, where) for f in data["functions"]),
+                objects=tuple(_str(o) for o in _list(data["objects"])),
+                functions=tuple(_function(f, where) for f in _list(data["functions"])),
                 test=TestSettings(
                     reference=None if data["test"]["reference"] is None else _str(data["test"]["reference"]),
                     sizes={_str(k): _int(v) for k, v in data["test"]["sizes"].items()},
@@ -138,7 +138,7 @@ class BuildRecord:
                 ),
                 files={_plain_name(k): _str(v) for k, v in data["files"].items()},
                 names={_str(k): {_str(a): _str(b) for a, b in v.items()} for k, v in data.get("names", {}).items()},
-                diagnostics=tuple(Diagnostic(_str(d["tool"]), _str(d["where"]), _str(d["text"])) for d in data.get("diagnostics", [])),
+                diagnostics=tuple(Diagnostic(_str(d["tool"]), _str(d["where"]), _str(d["text"])) for d in _list(data.get("diagnostics", []))),
             )
         except KitError as exc:
             raise DamagedRecord(f"the build record is damaged: {exc.what}", where=where, fix=_REBUILD) from None
@@ -192,6 +192,23 @@ def record_beside(vmfb: Path) -> Path:
 def _str(value) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _function(data, where: str) -> FunctionSignature:
+    """A function's signature, after checking the JSON types FunctionSignature.from_json reads."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a function is not a JSON object: {data!r:.60}")
+    _str(data["name"])
+    for key in ("args", "results", "arg_names"):
+        _list(data.get(key, []))
+    return FunctionSignature.from_json(data, where)
+
+
+def _list(value) -> list:
+    """A JSON array: a string would iterate as its characters."""
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {value!r:.60}")
     return value
 
 
