@@ -215,3 +215,24 @@ def test_ctrl_c_as_a_finished_build_exits_is_130_without_a_traceback(tmp_path, e
     assert res.returncode == 130, res.stderr
     assert "Traceback" not in res.stderr and "KeyboardInterrupt" not in res.stderr
     assert res.stdout.startswith("generated ") and (tmp_path / "out" / "simple_mul.kitdispatch.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "text, dtype, message",
+    [
+        ("2xf16=1e10 1", "f16", "a number is too large for f16 (it would be infinity)"),
+        ("2xf32=1e300", "f32", "a number is too large for f32"),
+        ("2xi32=4294967296 1", "i32", "out of bounds for int32"),
+        ("99999999999999999999xf32=1", "f32", "does not fit in memory"),
+    ],
+)
+def test_run_inputs_that_do_not_fit_their_type_or_memory(text, dtype, message):
+    """`run --input`: numbers beyond the element type, and shapes beyond memory, are one error."""
+    from kitdispatch import KitError
+    from kitdispatch.spec import TensorType
+    from kitdispatch.values import parse_input
+
+    with pytest.raises(KitError) as err:
+        parse_input(text, TensorType(dtype, ("n",)), "--input 1")
+    assert message in err.value.render()
+    assert parse_input("2xf16=inf 1", TensorType("f16", ("n",)), "--input 1")[0] == float("inf")  # infinity itself is fine
