@@ -706,6 +706,12 @@ class Kernel:
 def _check_constant_value(s: Scalar, row: abi.AbiType, where: str) -> None:
     """A number the manifest fixes must fit the C parameter: the kernel would read it wrapped
     (2147483648 as an `int` is -2^31) or rounded to infinity."""
+    if s.value is not None and not isinstance(s.value, (IndexExpr, float)):
+        raise ManifestError(
+            f"value of {s.name!r} is {s.value!r}, not an index expression or a float",
+            where=where,
+            fix=f"write IndexExpr.parse({s.value!r}, ...) for an integer or an expression, or a float for a float scalar",
+        )
     if isinstance(s.value, float):
         try:
             abi.bits(row, s.value)

@@ -266,3 +266,12 @@ def test_deeply_nested_toml_is_a_manifest_error(tmp_path, nested):
     assert code == 2, err
     assert f"{tmp_path / 'p' / 'kitdispatch.toml'}: arrays or tables are nested too deeply" in err
     assert "Traceback" not in err and "internal error" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value", [5, True, "n", 2**40])
+def test_a_python_api_value_that_is_no_index_expression_or_float_is_refused(value):
+    """`Scalar("m", "i32", 5)`: the renderer would have failed on it with a KeyError."""
+    params = [Buffer("x", "in", TensorType("f32", ("n",))), Buffer("y", "out", TensorType("f32", ("n",))), Scalar("m", "i32", value)]
+    with pytest.raises(ManifestError) as err:
+        Kernel.create("k", "k.cu", params, workgroup_size=[64], workgroup_count=["ceildiv(n, 64)"])
+    assert f"value of 'm' is {value!r}, not an index expression or a float" in err.value.render()
