@@ -1041,6 +1041,29 @@ def test_llama_layer_matmuls_take_the_library_matmul(tmp_path):
     assert "matmul_f16" in _dump(tmp_path / "out" / "layer.vmfb")
 
 
+@pytest.mark.gpu
+def test_llama_layer_with_the_library_matmul_agrees_on_gpu(tmp_path, prebuilt_dir):
+    """The f16 Llama-style layer with its three projections replaced agrees with IREE alone
+    (prebuilt as `llama_layer_model` where the GPU machine has no iree-compile)."""
+    from kitdispatch.compare import compare_model
+
+    built = prebuilt_dir / "llama_layer_model" if prebuilt_dir else None
+    if built is None:
+        from kitdispatch import BuildOptions
+        from kitdispatch.models import build_model
+
+        if not __import__("conftest").HAVE_IREE_COMPILE:
+            pytest.skip("iree-compile is not installed")
+        model = tmp_path / "layer.onnx"
+        make_llama_layer(model, "--f16")
+        built = build_model(MATMUL_CU.parent, model, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    elif not built.is_dir():
+        pytest.skip(f"{built} was not prebuilt")
+    result = compare_model(built)
+    assert result.agree, result.worst
+    assert result.kernel_names == ("matmul_f16",)
+
+
 def test_ops_without_a_tensor_result_are_not_candidates():
     """What IREE makes of ONNX's Reciprocal: a generic with no `outs` and no result (only a
     cf.assert). No kernel can stand in for it, and reading it must not fail."""
