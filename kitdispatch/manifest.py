@@ -25,6 +25,7 @@ from .spec import (
     check_identifier,
     check_kernel_name,
     check_params,
+    check_scalar_value,
     cpp_base_name,
     infer_params,
     parse_value_type,
@@ -253,12 +254,19 @@ def _infer_params(data: dict, sig: KernelSignature | None, where: str) -> tuple[
         inout=tuple(_names(data.get("inout", []), f"{where}: inout")),
         inputs=tuple(_names(data.get("in", []), f"{where}: in")),
         scalars=types,
-        values={
-            k: _parse_scalar_value(v, types.get(k) or c_types.get(k) or "i32", f"{where}: values.{k}")
-            for k, v in values.items()
-        },
+        values={k: _inferred_value(k, v, types.get(k) or c_types.get(k), f"{where}: values.{k}") for k, v in values.items()},
         where=where,
     )
+
+
+def _inferred_value(name: str, value: Any, dtype: str | None, where: str) -> IndexExpr | float | None:
+    """A `values` entry; where its type is known here, range-checked here, so that the error
+    names the `values` key rather than the inferred parameter's index."""
+    parsed = _parse_scalar_value(value, dtype or "i32", where)
+    row = abi.find(dtype)
+    if row is not None and row.kind != "struct":
+        check_scalar_value(Scalar(name, row.name, parsed), row, where)
+    return parsed
 
 
 def _table(value: Any, where: str) -> dict:

@@ -658,7 +658,7 @@ class Kernel:
                         where=pwhere,
                         fix="give an integer or an index expression",
                     )
-                _check_constant_value(p, row, pwhere)
+                check_scalar_value(p, row, pwhere)
         if not self.buffers:
             raise ManifestError(
                 "the kernel has no buffer parameter", where=where, fix="declare its pointers as in/out/inout"
@@ -703,7 +703,7 @@ class Kernel:
                 )
 
 
-def _check_constant_value(s: Scalar, row: abi.AbiType, where: str) -> None:
+def check_scalar_value(s: Scalar, row: abi.AbiType, where: str) -> None:
     """A number the manifest fixes must fit the C parameter: the kernel would read it wrapped
     (2147483648 as an `int` is -2^31) or rounded to infinity."""
     if s.value is not None and not isinstance(s.value, (IndexExpr, float)):

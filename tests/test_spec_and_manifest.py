@@ -198,7 +198,7 @@ def test_constant_values_must_fit_the_c_parameter(tmp_path, values, message):
 
     code, out, err = run("gen", str(_range_project(tmp_path, **values)), "-o", str(tmp_path / "out"))
     assert code == 2, err
-    assert message in err and "kitdispatch.toml: kernels[0] (k)" in err and "fix:" in err
+    assert message in err and f"kitdispatch.toml: kernels[0] (k): values.{next(iter(values))}: " in err and "fix:" in err
     assert "Traceback" not in err and "internal error" not in err
     assert not (tmp_path / "out").exists()
 
@@ -266,6 +266,13 @@ def test_deeply_nested_toml_is_a_manifest_error(tmp_path, nested):
     assert code == 2, err
     assert f"{tmp_path / 'p' / 'kitdispatch.toml'}: arrays or tables are nested too deeply" in err
     assert "Traceback" not in err and "internal error" not in err and not (tmp_path / "out").exists()
+
+
+def test_explicit_params_values_are_range_checked_where_they_are_written(tmp_path):
+    params = GOOD_KERNEL["params"][:2] + [{"name": "n", "scalar": "u16", "value": 65536}]
+    with pytest.raises(ManifestError) as err:
+        parse(kernel_with(params=params), tmp_path)
+    assert "kitdispatch.toml: kernels[0] (k): params[2]: value of 'n': 65536 does not fit its type u16 (0 to 65535)" in err.value.render()
 
 
 @pytest.mark.parametrize("value", [5, True, "n", 2**40])
