@@ -128,7 +128,11 @@ def test_usage_errors_exit_2_and_write_nothing(tmp_path, monkeypatch, argv, mess
 @pytest.mark.parametrize("command", ["run", "test"])
 @pytest.mark.parametrize(
     "device, message",
-    [("local-task", "was compiled for IREE's cuda device and cannot run on 'local-task'"), ("bogus", "IREE's runtime has no device 'bogus'")],
+    [
+        ("local-task", "was compiled for IREE's cuda device and cannot run on 'local-task'"),
+        ("bogus", "IREE's runtime has no device 'bogus'"),
+        ("local-task://7", "IREE cannot open device 'local-task://7'"),
+    ],
 )
 def test_a_device_that_cannot_run_the_module_is_a_clear_error(simple_mul_build, command, device, message):
     """IREE's CPU device opens on any machine: the module's load refuses it (exit 2, one error)."""
