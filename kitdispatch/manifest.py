@@ -348,8 +348,8 @@ def _parse_test(data: Any, root: Path, where: str) -> TestSpec:
             "sizes must map dimension names to positive integers", where=where, fix="e.g. sizes = { n = 1000 }"
         )
     seed = data.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ManifestError("seed must be an integer", where=where, fix="e.g. seed = 0")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's generators take no negative seed
+        raise ManifestError(f"seed must be a non-negative integer, got {seed!r}", where=where, fix="e.g. seed = 0")
     scalars = data.get("scalars", {})
     if not isinstance(scalars, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scalars.values()):
         raise ManifestError(

@@ -132,8 +132,8 @@ class BuildRecord:
                 functions=tuple(_function(f, where) for f in _list(data["functions"])),
                 test=TestSettings(
                     reference=None if data["test"]["reference"] is None else _str(data["test"]["reference"]),
-                    sizes={_str(k): _int(v) for k, v in data["test"]["sizes"].items()},
-                    seed=_int(data["test"]["seed"]),
+                    sizes={_str(k): _int(v, least=1) for k, v in data["test"]["sizes"].items()},
+                    seed=_int(data["test"]["seed"], least=0),
                     scalars={_str(k): _number(v) for k, v in data["test"].get("scalars", {}).items()},
                 ),
                 files={_plain_name(k): _str(v) for k, v in data["files"].items()},
@@ -212,9 +212,11 @@ def _list(value) -> list:
     return value
 
 
-def _int(value) -> int:
+def _int(value, *, least: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
+    if least is not None and value < least:  # a size or seed numpy would refuse in `kitdispatch test`
+        raise ValueError(f"expected an integer of at least {least}, got {value}")
     return value
 
 

@@ -541,8 +541,9 @@ def test_a_build_record_with_any_value_of_a_wrong_type_is_a_damaged_record(data)
 
 @pytest.mark.parametrize(
     "change",
-    [{"functions": "k"}, {"test": {"reference": None, "sizes": [], "seed": 0}}, {"files": {"m.vmfb": 1}}, {"archs": "sm_80"}],
-    ids=["functions", "sizes", "files", "archs"],
+    [{"functions": "k"}, {"test": {"reference": None, "sizes": [], "seed": 0}}, {"files": {"m.vmfb": 1}}, {"archs": "sm_80"},
+     {"test": {"reference": None, "sizes": {"n": 8}, "seed": -1}}, {"test": {"reference": None, "sizes": {"n": -8}, "seed": 0}}],
+    ids=["functions", "sizes", "files", "archs", "negative-seed", "negative-size"],
 )
 @pytest.mark.parametrize("command", ["test", "run"])
 def test_commands_on_a_damaged_build_record_exit_2(tmp_path, change, command):

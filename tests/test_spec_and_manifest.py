@@ -249,6 +249,13 @@ def test_test_sizes_and_scalars_must_fit_the_kernel(tmp_path, test_table, messag
     assert message in err.value.render()
 
 
+def test_a_negative_test_seed_is_a_manifest_error(tmp_path):
+    """numpy's generators refuse it: `kitdispatch test` failed on it with an internal error."""
+    with pytest.raises(ManifestError) as err:
+        parse(dict(kernel_with(), test={"seed": -1}), tmp_path)
+    assert "seed must be a non-negative integer, got -1" in err.value.render()
+
+
 @pytest.mark.parametrize("count, axis", [([2**31], "x"), ([1, 65536], "y"), ([1, 1, 2**32], "z"), ([0], "x")])
 def test_constant_workgroup_counts_must_fit_cuda_grid(tmp_path, count, axis):
     with pytest.raises(ManifestError) as err:
