@@ -617,9 +617,17 @@ def read_model_record(path: str | Path) -> tuple[Path, dict]:
         raise RecordError(f"the last model build in {folder} was interrupted", where=str(folder), fix="build it again")
     for key in ("vmfb", "baseline_vmfb"):
         name = record.get(key)
-        if name and file_sha256(folder / name) != record.get("files", {}).get(name):
+        if name and _sha256_or_none(folder / name) != record.get("files", {}).get(name):
             raise RecordError(f"{name} is not the file its model record describes", where=str(folder / name), fix="build it again")
     return folder, record
+
+
+def _sha256_or_none(path: Path) -> str | None:
+    """None where the file cannot be read (missing, a folder): it is not the file recorded."""
+    try:
+        return file_sha256(path)
+    except OSError:
+        return None
 
 
 def _read_json_record(path: Path) -> dict:
