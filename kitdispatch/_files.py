@@ -99,6 +99,11 @@ def remove_stale_temp_files(folder: Path, *, min_age_s: float = 60.0) -> int:
     return removed
 
 
+# The largest source, header, manifest or MLIR file the kit reads into memory: a sparse file of
+# 100 GB behind an `#include` (even under `#if 0`, which the cache key follows) would not fit.
+MAX_TEXT_BYTES = 64 << 20
+
+
 def open_regular(path: Path):
     """`path` opened for reading as a binary file, refusing anything but a regular file: opening
     a FIFO or a device would block forever or read without end. The open itself cannot block
@@ -116,14 +121,31 @@ def open_regular(path: Path):
         raise
 
 
-def read_regular_file(path: Path, *, max_bytes: int | None = None) -> bytes:
-    """The bytes of `path` (see `open_regular`); with `max_bytes`, a larger file is refused
-    (OSError EFBIG) instead of being read into memory."""
+def read_regular_file(path: Path, *, limit: int | None = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of `path` (see `open_regular`); a file over `limit` bytes would not fit in
+    memory and is refused unread (FileTooLarge, an OSError EFBIG)."""
     with open_regular(Path(path)) as f:
-        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
-    if max_bytes is not None and len(data) > max_bytes:
-        raise OSError(errno.EFBIG, f"is larger than {max_bytes} bytes", str(path))
+        size = os.fstat(f.fileno()).st_size
+        if limit is not None and size > limit:
+            raise FileTooLarge(size, limit, str(path))
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:  # it grew since the fstat
+        raise FileTooLarge(len(data), limit, str(path))
     return data
+
+
+class FileTooLarge(OSError):
+    def __init__(self, size: int, limit: int, filename: str) -> None:
+        what = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+        super().__init__(errno.EFBIG, f"is {size} bytes, over the {what} kitdispatch reads", filename)
+        self.kind = f"{size} bytes, over the {what} kitdispatch reads"
+
+
+def not_an_option(path: Path) -> Path:
+    """`path` as a tool's argument: a relative path that starts with `-` (`Path` drops the
+    `./` a user wrote before it) would be read as an option; absolute, it cannot be."""
+    path = Path(path)
+    return path.absolute() if str(path).startswith("-") else path
 
 
 class NotRegularFile(OSError):

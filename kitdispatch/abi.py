@@ -236,12 +236,28 @@ def argument(row: AbiType, value: object) -> int | float:
             raise ValueError(exc.what) from None
         return _signed(raw, 64 if row.argument == "i64" else 32) if row.size >= 4 else raw
     if row.kind == "float":
-        return float(np.float32(float(value)))
+        number = float(value)
+        with np.errstate(over="ignore"):
+            single = float(np.float32(number))
+        if math.isfinite(number) and not math.isfinite(single):  # 1e300 would arrive as inf
+            raise OverflowError(f"{value!r} is out of range for f32 (largest {float(np.finfo(np.float32).max):.6g})")
+        return single
     number = _integer(value)
-    info = np.iinfo(row.dtype)
-    if not info.min <= number <= info.max:
-        raise OverflowError(f"{value!r} is out of range [{info.min}, {info.max}]")
+    low, high = integer_range(row)
+    if not low <= number <= high:
+        raise OverflowError(f"{value!r} is out of range [{low}, {high}]")
     return _signed(number, 64 if row.argument == "i64" else 32) if row.size >= 4 else number
+
+
+def integer_range(row: AbiType) -> tuple[int, int]:
+    """The integers a bool or integer C parameter holds: what a value computed from sizes
+    or written in a manifest must fit in, or the kernel reads it wrapped."""
+    if row.kind == "bool":
+        return 0, 1
+    if not row.is_integer:
+        raise ValueError(f"{row.name} is not an integer type")
+    info = np.iinfo(row.dtype)
+    return int(info.min), int(info.max)
 
 
 def struct_words(row: AbiType, value: object) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from ._files import write_atomic
+from ._files import not_an_option, write_atomic
 from ._parallel import CpuSlots
 from ._workers import run_in_threads
 from .arch_features import check_arch_features
@@ -258,6 +258,7 @@ def _with_formats(spec: ModuleSpec, options: BuildOptions) -> ModuleSpec:
 
 
 def _run(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Shared, *, make_vmfb: bool) -> BuildResult:
+    out_dir = not_an_option(out_dir)  # its files reach iree-compile's command line
     created = prepare_output_dir(out_dir)
     try:
         return _run_in(spec, options, out_dir, shared, make_vmfb=make_vmfb)

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
-from ._files import is_temp_file, read_regular_file, remove_stale_temp_files, write_atomic
+from ._files import FileTooLarge, is_temp_file, read_regular_file, remove_stale_temp_files, write_atomic
 from .archs import Arch
 from .compilers import CompileOptions, IncludeSearch, ObjectCode
-from .errors import KitError
+from .errors import KitError, ManifestError
 
 SCHEMA = 2
 MAGIC = b"KDC2"
@@ -59,8 +59,11 @@ class CacheWarning(UserWarning):
 def default_cache_dir() -> Path:
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kitdispatch"
+    # The XDG spec: a relative XDG_CACHE_HOME is invalid and ignored (it would name a folder
+    # under whatever the current folder is).
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "kitdispatch"
 
 
 # ------------------------------------------------------------------------------- keys
@@ -109,7 +112,13 @@ def source_closure(source: Path, search: IncludeSearch) -> list[tuple[str, bytes
         path = todo.pop()
         if path in seen:
             continue
-        seen[path] = _read_included(path, source)
+        try:
+            seen[path] = _read_included(path, source)
+        except FileTooLarge as exc:
+            if path == source.resolve():
+                raise ManifestError(f"the kernel source {exc.strerror}", where=str(path), fix="split it, or generate less code") from None
+            # The compile may never read it (under `#if 0`); the key cannot hold it either.
+            raise Uncacheable(f"{path}: {exc.kind}") from None
         for quoted, angled, computed in _INCLUDE_RE.findall(seen[path]):
             if computed:
                 raise Uncacheable(f"{path}: computed #include {computed.decode(errors='replace')}")
@@ -135,8 +144,8 @@ def _exists(path: Path) -> bool:
 def _read_included(path: Path, source: Path) -> bytes:
     try:
         return read_regular_file(path)
-    except FileNotFoundError:
-        raise  # the compiler reports a missing source best
+    except (FileNotFoundError, FileTooLarge):
+        raise  # the compiler reports a missing source best; source_closure decides on a large one
     except OSError as exc:
         what = "kernel source" if path == source.resolve() else f"header {path}, included by the kernel source {source},"
         raise KitError(
@@ -268,7 +277,7 @@ class Cache:
             return None
         path = self._path(kind, key)
         try:
-            blob = read_regular_file(path)
+            blob = read_regular_file(path, limit=None)
         except FileNotFoundError:
             self.stats.bump("misses")
             return None
@@ -403,7 +412,7 @@ def max_bytes_setting() -> int:
 
 def _starts_with(path: Path, prefix: bytes) -> bool:
     try:
-        return read_regular_file(path)[: len(prefix)] == prefix
+        return read_regular_file(path, limit=None)[: len(prefix)] == prefix
     except OSError:
         return False
 

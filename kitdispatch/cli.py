@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import sys
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
     try:
         with _argparse_output(stdout, stderr):
             args = parser.parse_args(argv)
+            _check_usage(parser, args)
     except SystemExit as exc:  # argparse exits on --help/--version/usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = _Out(stdout, stderr, -1 if args.quiet else args.verbose, args.json)
@@ -169,6 +171,30 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
             file=stderr,
         )
         return EXIT_INTERNAL
+
+
+_PATH_OPTIONS = {"output": "-o/--output", "model": "--model", "inputs": "--inputs", "vmfb": "vmfb", "built": "built"}
+_PATH_LISTS = {"manifests": "manifest", "paths": "paths", "include_dirs": "-I"}
+
+
+def _check_usage(parser: argparse.ArgumentParser, args) -> None:
+    """What argparse cannot say: options that need another, and empty paths (`-o ''` would
+    be the current folder)."""
+    if getattr(args, "with_baseline", False) and not getattr(args, "model", None):
+        parser.error("--with-baseline needs --model MODEL (it compiles that model with IREE alone)")
+    if getattr(args, "jobs", None) is not None and args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: give at least 1, or leave it out for one per core")
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None and not (0 < timeout < float("inf")):
+        parser.error(f"--timeout {timeout}: give a positive number of seconds")
+    if getattr(args, "benchmark", 0) < 0:
+        parser.error(f"--benchmark {args.benchmark}: give the number of calls to time (0: none)")
+    for dest, shown in _PATH_OPTIONS.items():
+        if getattr(args, dest, None) == "":
+            parser.error(f"{shown} is an empty path; give a file or folder name ('.' for the current folder)")
+    for dest, shown in _PATH_LISTS.items():
+        if "" in (getattr(args, dest, None) or ()):
+            parser.error(f"{shown}: an empty path; give a file or folder name ('.' for the current folder)")
 
 
 @contextmanager
@@ -216,7 +242,25 @@ def _warnings_as_lines(out: "_Out"):
 
 
 def console_main() -> None:
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # between main's own handler and here
+        print("kitdispatch: interrupted", file=sys.stderr)
+        code = 130
+    # The command is done; a Ctrl-C while Python shuts down (workers, atexit) ends it at once.
+    signal.signal(signal.SIGINT, _interrupted_while_exiting)
+    sys.exit(code)
+
+
+def _interrupted_while_exiting(signum, frame) -> None:
+    """Exit 130 with no traceback. Compiler workers notice their parent has gone and exit
+    (_worker_main.py); the atexit hook that kills them may be what this interrupts."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(130)
 
 
 # ---------------------------------------------------------------------------- commands
@@ -250,8 +294,6 @@ def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
     options = _build_options(args)
     if getattr(args, "model", None):
         return _build_model(args, options, out)
-    if getattr(args, "with_baseline", False):
-        raise KitError("--with-baseline needs --model", fix="add --model MODEL, or leave --with-baseline out")
     if len(args.manifests) == 1:
         step = build if make_vmfb else generate
         results = (step(Path(args.manifests[0]), options, Path(args.output), progress=out.progress),)

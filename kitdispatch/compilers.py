@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ._files import read_regular_file
+from ._files import FileTooLarge, not_an_option, read_regular_file
 from ._parallel import CpuSlots
 from ._proc import run_tool
 from ._resources import installed_version, kit_headers
 from ._workers import POOL, map_in_threads
 from .archs import Arch, check_supported, ptx_fallback_archs
 from .cxx_names import ENTRIES_UNIT, entries_named, entries_unit, entries_unit_digest, name_in_nvrtc_error, name_in_unit_error, unknown_kernel_error
-from .errors import CompileError, KitError, ToolError
+from .errors import CompileError, KitError, ManifestError, ToolError
 from .toolchain import find_nvrtc, load_nvfatbin, not_installed_error
 
 ObjectFormat = Literal["ptx", "cubin", "fatbin"]
@@ -150,6 +150,8 @@ def read_source(source: Path) -> bytes:
     """The source's bytes; a FIFO or device would block the build, so only regular files."""
     try:
         return read_regular_file(source)
+    except FileTooLarge as exc:
+        raise ManifestError(f"the kernel source {exc.strerror}", where=str(source), fix="split it, or generate less code") from None
     except FileNotFoundError:
         raise KitError(
             f"kernel source {source} does not exist",
@@ -399,7 +401,7 @@ class NvccCompiler:
                 if not out_name.endswith(".ptx"):  # a cubin or fatbin lacks the PTX that names the entries: keep nvcc's
                     (folder / "kept").mkdir()
                     keep = ["--keep", f"--keep-dir={folder / 'kept'}"]
-            argv = [self.path, *mode, *options.flags(), *keep, "-o", str(out), str(unit)]
+            argv = [self.path, *mode, *options.flags(), *keep, "-o", str(out), str(not_an_option(unit))]
             self._run(argv, source, what, names, folder)
             data = out.read_bytes()
             lowered = entries_named(_kept_ptx(folder, out), source, names) if names else {}

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import KitError
+from .errors import KitError, UsageError
 
 KDL_CPU, KDL_CUDA = 1, 2  # DLPack device types
 DEFAULT_POOL_BYTES = 2 << 30  # free output buffers kept for reuse, per device
@@ -262,7 +262,13 @@ class Device:
 
         self._rt = rt
         self.uri = uri
-        self.hal = rt.get_device(uri)
+        try:
+            self.hal = rt.get_device(uri)
+        except (RuntimeError, ValueError) as exc:  # IREE's status text: no such GPU, a path it cannot take
+            raise UsageError(
+                f"IREE cannot open device {uri!r}: {str(exc).strip()[:300]}",
+                fix="use cuda, or cuda://N with N below the number of GPUs (`kitdispatch doctor` lists them)",
+            ) from None
         self.is_cuda = uri.split("://")[0] == "cuda"
         self.ordinal = _cuda_ordinal(uri)
         self.pool = OutputPool(self._allocate, pool_bytes)

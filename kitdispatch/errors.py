@@ -38,6 +38,12 @@ class ArchError(KitError):
     exit_code = 2
 
 
+class UsageError(KitError):
+    """The command or call was given something it cannot use (an option, a device)."""
+
+    exit_code = 2
+
+
 class AbiError(KitError):
     """The declared layout does not match the compiled kernel."""
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._files import NotRegularFile, read_regular_file
+from ._files import FileTooLarge, NotRegularFile, read_regular_file
 from .errors import ManifestError
 from .signature import KernelSignature, find_kernel
 from . import abi
@@ -27,6 +27,7 @@ from .spec import (
     check_identifier,
     check_kernel_name,
     check_params,
+    check_scalar_value,
     cpp_base_name,
     infer_params,
     parse_value_type,
@@ -91,6 +92,12 @@ def load_manifest(path: str | Path) -> ModuleSpec:
         raise ManifestError(f"invalid TOML: {exc}", where=str(path), fix="fix the TOML syntax") from None
     except UnicodeDecodeError as exc:
         raise ManifestError(f"not UTF-8 text: {exc}", where=str(path), fix="save it as UTF-8") from None
+    except FileTooLarge as exc:
+        raise ManifestError(f"the manifest {exc.strerror}", where=str(path), fix="a manifest is a few kilobytes of TOML") from None
+    except RecursionError:  # tomllib recurses once per level of nested arrays and tables
+        raise ManifestError(
+            "arrays or tables are nested too deeply to read", where=str(path), fix="a manifest needs at most a few levels of nesting"
+        ) from None
     return parse_manifest(data, root=path.parent, where=str(path))
 
 
@@ -268,12 +275,19 @@ def _infer_params(data: dict, sig: KernelSignature | None, where: str) -> tuple[
         inputs=tuple(_names(data.get("in", []), f"{where}: in")),
         outputs=tuple(_names(data.get("out", []), f"{where}: out")),
         scalars=types,
-        values={
-            k: _parse_scalar_value(v, types.get(k) or c_types.get(k) or "i32", f"{where}: values.{k}")
-            for k, v in values.items()
-        },
+        values={k: _inferred_value(k, v, types.get(k) or c_types.get(k), f"{where}: values.{k}") for k, v in values.items()},
         where=where,
     )
+
+
+def _inferred_value(name: str, value: Any, dtype: str | None, where: str) -> IndexExpr | float | None:
+    """A `values` entry; where its type is known here, range-checked here, so that the error
+    names the `values` key rather than the inferred parameter's index."""
+    parsed = _parse_scalar_value(value, dtype or "i32", where)
+    row = abi.find(dtype)
+    if row is not None and row.kind != "struct":
+        check_scalar_value(Scalar(name, row.name, parsed), row, where)
+    return parsed
 
 
 def _table(value: Any, where: str) -> dict:
@@ -355,8 +369,8 @@ def _parse_test(data: Any, root: Path, where: str) -> TestSpec:
             "sizes must map dimension names to positive integers", where=where, fix="e.g. sizes = { n = 1000 }"
         )
     seed = data.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ManifestError("seed must be an integer", where=where, fix="e.g. seed = 0")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's generators take no negative seed
+        raise ManifestError(f"seed must be a non-negative integer, got {seed!r}", where=where, fix="e.g. seed = 0")
     scalars = data.get("scalars", {})
     if not isinstance(scalars, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scalars.values()):
         raise ManifestError(

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from ._files import is_plain_name, read_regular_file, write_atomic
+from ._files import is_plain_name, not_an_option, read_regular_file, write_atomic
 from .outputs import MODEL_RECORD_SUFFIX, OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
-from .record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, RecordError, file_sha256, read_record, sha256
+from .record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, DamagedRecord, RecordError, file_sha256, read_record, sha256
 from ._proc import run_checked, run_tool
 from .build import BuildOptions, generate, project_files_in
 from .errors import IreeCompileError, KitError, ManifestError
@@ -106,9 +106,9 @@ def build_model(
     `compare_model`; with `with_baseline`, `<name>.baseline.vmfb` compiled by IREE alone."""
     spec = project if isinstance(project, ModuleSpec) else load_manifest(project)
     kernels = replacing_kernels(spec)
-    model = Path(model)
+    model = not_an_option(Path(model))  # both reach IREE's tools as arguments
     name = name or _model_name(model)
-    out_dir = Path(out_dir)
+    out_dir = not_an_option(Path(out_dir))
     codegen = choose_codegen_target(options.archs, options.codegen_target).target
     flags = ["--iree-hal-target-device=cuda", f"--iree-cuda-target={codegen.name}", *options.iree_flags]
     record_name = f"{name}{MODEL_RECORD_SUFFIX}"
@@ -136,12 +136,12 @@ def _model_in(model: Path, out_dir: Path) -> frozenset[str]:
 
 def _claimed_by_model_record(path: Path) -> dict[str, str]:
     try:
-        data = json.loads(read_regular_file(path, max_bytes=MAX_RECORD_BYTES))
+        data = json.loads(read_regular_file(path, limit=MAX_RECORD_BYTES))
         if data.get("schema") != MODEL_RECORD_SCHEMA:
             raise ValueError(f"schema {data.get('schema')!r}")
         return {str(k): str(v) for k, v in data["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-        raise RecordError(f"the model record is damaged ({exc})", where=str(path), fix="build into another folder") from None
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as exc:
+        raise RecordError(f"the model record is damaged ({type(exc).__name__}: {exc})", where=str(path), fix="build into another folder") from None
 
 
 def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codegen, flags, with_baseline) -> ModelBuild:
@@ -664,22 +664,68 @@ def read_model_record(path: str | Path) -> tuple[Path, dict]:
             raise RecordError(f"the model record's {key} {name!r} is not a file it lists", where=str(records[0]), fix="build it again")
         try:
             digest = file_sha256(folder / name)
-        except OSError as exc:
-            raise RecordError(f"{name} cannot be read: {exc.strerror}", where=str(folder / name), fix="build it again") from None
+        except OSError as exc:  # missing, a folder, a FIFO: not the file recorded either
+            raise RecordError(
+                f"{name} cannot be read ({exc.strerror}), so it is not the file its model record describes",
+                where=str(folder / name), fix="build it again",
+            ) from None
         if digest != record["files"][name]:
             raise RecordError(f"{name} is not the file its model record describes", where=str(folder / name), fix="build it again")
     return folder, record
 
 
 def _read_json_record(path: Path) -> dict:
-    """The model record, refused unless every file it lists is a plain name of its folder."""
-    claims = _claimed_by_model_record(path)
-    bad = [n for n in claims if not is_plain_name(n)]
+    """The model record: a regular file of a bounded size, every field of the JSON type
+    compare and profile read, every file it lists a plain name of its folder."""
+    try:
+        raw = read_regular_file(path, limit=MAX_RECORD_BYTES)
+    except OSError as exc:
+        raise RecordError(f"cannot read the model record: {exc.strerror or exc}", where=str(path), fix="build it again") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise DamagedRecord(f"cannot read the model record: {type(exc).__name__}: {exc}", where=str(path), fix="build it again") from None
+    # Names first: a planted record that reaches outside its folder is refused as such.
+    files = data.get("files") if isinstance(data, dict) else None
+    bad = [n for n in files if not is_plain_name(n)] if isinstance(files, dict) else []
     if bad:
         raise RecordError(f"the model record lists {bad[0]!r}, which is not a file name of its folder", where=str(path), fix="build it again")
-    data = json.loads(read_regular_file(path, max_bytes=MAX_RECORD_BYTES))
-    data["files"] = claims
+    _check_model_record_types(data, str(path))
     return data
+
+
+def _check_model_record_types(data: object, where: str) -> None:
+    """Every field `compare` and `profile` read, of the JSON type they read it as: a damaged
+    record is one clear error here, not a TypeError deep inside compare."""
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise DamagedRecord(f"the model record is damaged: {what}", where=where, fix="build it again")
+
+    need(isinstance(data, dict), "it is not a JSON object")
+    need(data.get("schema") == MODEL_RECORD_SCHEMA, f"schema {data.get('schema')!r}, not {MODEL_RECORD_SCHEMA}")
+    need(isinstance(data.get("vmfb"), str), "'vmfb' is not a file name")
+    need(data.get("baseline_vmfb") is None or isinstance(data["baseline_vmfb"], str), "'baseline_vmfb' is not a file name")
+    files = data.get("files")
+    need(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()), "'files' is not a table of SHA-256s")
+    functions = data.get("functions")
+    need(isinstance(functions, list) and all(_is_function_json(f) for f in functions), "'functions' is not a list of signatures")
+    replaced = data.get("replaced", [])
+    need(
+        isinstance(replaced, list) and all(isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("op", "location", "kernel_entry")) for r in replaced),
+        "'replaced' is not a list of replaced ops",
+    )
+
+
+def _is_function_json(f: object) -> bool:
+    """{name, inputs, outputs} as `_signatures` writes it, each tensor {dtype, shape}."""
+    def tensor(t: object) -> bool:
+        return isinstance(t, dict) and isinstance(t.get("dtype"), str) and isinstance(t.get("shape"), list) and all(
+            d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in t["shape"]
+        )
+
+    return isinstance(f, dict) and isinstance(f.get("name"), str) and all(
+        isinstance(f.get(k), list) and all(tensor(t) for t in f[k]) for k in ("inputs", "outputs")
+    )
 
 
 __all__ = ["ModelBuild", "OpFacts", "build_model", "export_torch", "format_report", "import_model", "read_model_record"]

@@ -297,7 +297,7 @@ class OutputFolder:
             return False
         for name, data in outputs.items():
             try:
-                if read_regular_file(self.dir / name, max_bytes=len(data)) != data:
+                if read_regular_file(self.dir / name, limit=len(data)) != data:
                     return False
             except OSError:
                 return False
@@ -407,7 +407,7 @@ def _check_claim(name, source: Path) -> None:
 
 def _journal_files(path: Path) -> dict[str, str]:
     try:
-        entries = json.loads(read_regular_file(path, max_bytes=MAX_RECORD_BYTES))["files"]
+        entries = json.loads(read_regular_file(path, limit=MAX_RECORD_BYTES))["files"]
         if isinstance(entries, dict) and all(isinstance(v, str) for v in entries.values()):
             return entries
     except (OSError, ValueError, KeyError, TypeError):
@@ -431,7 +431,7 @@ def _claims_of_other_builds(folder: Path, mine: set[str]) -> dict[str, str]:
         if name in mine or not name.endswith((RECORD_SUFFIX, MODEL_RECORD_SUFFIX, JOURNAL_SUFFIX)):
             continue
         try:
-            files = json.loads(read_regular_file(folder / name, max_bytes=MAX_RECORD_BYTES)).get("files")
+            files = json.loads(read_regular_file(folder / name, limit=MAX_RECORD_BYTES)).get("files")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(files, dict):
@@ -444,7 +444,7 @@ def _claimed_files(path: Path) -> dict[str, str]:
     Records of schema 1 (kitdispatch 0.1) listed their files without hashes: what they name
     is taken as the kit's whatever its content, so folders built before stay usable."""
     try:
-        raw = read_regular_file(path, max_bytes=MAX_RECORD_BYTES)
+        raw = read_regular_file(path, limit=MAX_RECORD_BYTES)
     except OSError as exc:
         raise RecordError(f"it cannot be read: {exc.strerror}", where=str(path)) from None
     try:

@@ -30,6 +30,13 @@ class RecordError(KitError):
     """A build record is missing, unreadable, of another version, or disagrees with its files."""
 
 
+class DamagedRecord(RecordError):
+    """A record that is not what a build writes (invalid JSON, a field of the wrong type):
+    bad input, as a damaged manifest is."""
+
+    exit_code = 2
+
+
 def record_name(module: str) -> str:
     return f"{module}{RECORD_SUFFIX}"
 
@@ -105,10 +112,10 @@ class BuildRecord:
     def from_bytes(cls, raw: bytes, where: str) -> "BuildRecord":
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RecordError(f"the build record is not valid JSON ({exc})", where=where, fix=_REBUILD) from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
+            raise DamagedRecord(f"the build record is not valid JSON ({type(exc).__name__}: {exc})", where=where, fix=_REBUILD) from None
         if not isinstance(data, dict):
-            raise RecordError("the build record is not a JSON object", where=where, fix=_REBUILD)
+            raise DamagedRecord("the build record is not a JSON object", where=where, fix=_REBUILD)
         schema = data.get("schema")
         if schema != SCHEMA:
             raise RecordError(
@@ -122,32 +129,32 @@ class BuildRecord:
                 kitdispatch=_str(data["kitdispatch"]),
                 mlir=_str(data["mlir"]),
                 vmfb=None if data["vmfb"] is None else _str(data["vmfb"]),
-                archs=tuple(_str(a) for a in data["archs"]),
+                archs=tuple(_str(a) for a in _list(data["archs"])),
                 format=_str(data["format"]),
                 kernel_formats={_str(k): _str(v) for k, v in data["kernel_formats"].items()},
                 ptx_isa=None if data["ptx_isa"] is None else _str(data["ptx_isa"]),
                 compiler={_str(k): _str(v) for k, v in data["compiler"].items()},
                 iree_compiler=None if data["iree_compiler"] is None else _str(data["iree_compiler"]),
                 codegen_target=_str(data["codegen_target"]),
-                objects=tuple(_str(o) for o in data["objects"]),
-                functions=tuple(FunctionSignature.from_json(f, where) for f in data["functions"]),
+                objects=tuple(_str(o) for o in _list(data["objects"])),
+                functions=tuple(_function(f, where) for f in _list(data["functions"])),
                 test=TestSettings(
                     reference=None if data["test"]["reference"] is None else _str(data["test"]["reference"]),
-                    sizes={_str(k): _int(v) for k, v in data["test"]["sizes"].items()},
-                    seed=_int(data["test"]["seed"]),
+                    sizes={_str(k): _int(v, least=1) for k, v in data["test"]["sizes"].items()},
+                    seed=_int(data["test"]["seed"], least=0),
                     scalars={_str(k): _number(v) for k, v in data["test"].get("scalars", {}).items()},
                     ranges={_str(k): InputRange.create(v, k).to_json() for k, v in data["test"].get("ranges", {}).items()},
                     tolerances={_str(k): asdict(Tolerance.create(v, k)) for k, v in data["test"].get("tolerances", {}).items()},
                 ),
                 files={_plain_name(k): _str(v) for k, v in data["files"].items()},
                 names={_str(k): {_str(a): _str(b) for a, b in v.items()} for k, v in data.get("names", {}).items()},
-                diagnostics=tuple(Diagnostic(_str(d["tool"]), _str(d["where"]), _str(d["text"])) for d in data.get("diagnostics", [])),
+                diagnostics=tuple(Diagnostic(_str(d["tool"]), _str(d["where"]), _str(d["text"])) for d in _list(data.get("diagnostics", []))),
                 inputs={_plain_name(k): _str(v) for k, v in data.get("inputs", {}).items()},
             )
         except KitError as exc:
-            raise RecordError(f"the build record is damaged: {exc.what}", where=where, fix=_REBUILD) from None
+            raise DamagedRecord(f"the build record is damaged: {exc.what}", where=where, fix=_REBUILD) from None
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise RecordError(f"the build record is damaged ({type(exc).__name__}: {exc})", where=where, fix=_REBUILD) from None
+            raise DamagedRecord(f"the build record is damaged ({type(exc).__name__}: {exc})", where=where, fix=_REBUILD) from None
 
     def check_file(self, folder: Path, name: str) -> Path:
         """The file `name` of this build, after checking it is the one the build wrote."""
@@ -174,7 +181,7 @@ def read_record(path: Path) -> BuildRecord:
     """The record at `path`; refuses a folder whose last build was interrupted."""
     path = Path(path)
     try:
-        raw = read_regular_file(path, max_bytes=MAX_RECORD_BYTES)
+        raw = read_regular_file(path, limit=MAX_RECORD_BYTES)
     except FileNotFoundError:
         raise RecordError(f"no build record at {path}", fix=_REBUILD) from None
     except OSError as exc:
@@ -199,9 +206,28 @@ def _str(value) -> str:
     return value
 
 
-def _int(value) -> int:
+def _function(data, where: str) -> FunctionSignature:
+    """A function's signature, after checking the JSON types FunctionSignature.from_json reads."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a function is not a JSON object: {data!r:.60}")
+    _str(data["name"])
+    for key in ("args", "results", "arg_names"):
+        _list(data.get(key, []))
+    return FunctionSignature.from_json(data, where)
+
+
+def _list(value) -> list:
+    """A JSON array: a string would iterate as its characters."""
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {value!r:.60}")
+    return value
+
+
+def _int(value, *, least: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
+    if least is not None and value < least:  # a size or seed numpy would refuse in `kitdispatch test`
+        raise ValueError(f"expected an integer of at least {least}, got {value}")
     return value
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ._files import read_regular_file
 from .errors import ManifestError
-from .spec import Buffer, Kernel, ModuleSpec
+from .spec import Buffer, Kernel, ModuleSpec, value_out_of_range
 
 # The discardable attribute that marks an op for the spec: its value is the wrapper to call.
 MARK_ATTRIBUTE = "kitdispatch.replace"
@@ -160,12 +160,30 @@ def read_ops(module, kinds: Sequence[str]) -> list[tuple[object, OpFacts]]:
     found: list[tuple[object, OpFacts]] = []
 
     def visit(op):
-        if op.name in kinds:
+        if op.name in kinds and (op.name == ATTENTION or _takes_tensors(op)):  # attention: _attention_facts
             found.append((op, _facts(op)))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
     return found
+
+
+def _takes_tensors(op) -> bool:
+    """Whether the op has the form every kernel function has: ranked tensors in, at least one
+    ranked tensor out. Others compute nothing a kernel could return: IREE lowers an ONNX
+    Reciprocal with a `linalg.generic` of no `outs` and no result around a `cf.assert`, and a
+    generic may take a scalar `ins` operand."""
+    from iree.compiler import ir
+
+    def ranked(t) -> bool:
+        try:
+            ir.RankedTensorType(t)
+        except ValueError:  # the cast refuses anything else
+            return False
+        return True
+
+    values = [v.type for v in op.operands] + [r.type for r in op.results]
+    return bool(op.results) and all(ranked(t) for t in values)
 
 
 def _facts(op) -> OpFacts:
@@ -625,18 +643,18 @@ def mismatch(op: OpFacts, kernel: Kernel, layout: _Layout) -> str | None:
     semantic = _semantic_mismatch(op, kernel, layout)
     if semantic:
         return semantic
+    sizes: dict[str, int | None] = {}
     if op.attention is not None:
-        return _attention_mismatch(op, layout)
+        return _attention_mismatch(op, layout, sizes) or value_out_of_range(kernel, sizes)
     pairs = [(f"input {i}", t, b) for i, (t, b) in enumerate(zip(op.inputs, layout.inputs))]
     if layout.accumulates:
         pairs.append(("accumulator", op.init, layout.result))
     pairs.append(("result", op.result, layout.result))
-    sizes: dict[str, int | None] = {}
     for role, tensor, buffer in pairs:
         why = _type_mismatch(role, tensor, buffer, sizes)
         if why:
             return why
-    return _limit_mismatch(kernel, sizes)
+    return _limit_mismatch(kernel, sizes) or value_out_of_range(kernel, sizes)
 
 
 def _semantic_mismatch(op: OpFacts, kernel: Kernel, layout: _Layout) -> str | None:
@@ -728,12 +746,12 @@ def _map_text(dims: tuple[int, ...] | None, loops: int) -> str:
     return "(not a projection)" if dims is None else f"({', '.join(f'd{i}' for i in dims)}) of {loops} loops"
 
 
-def _attention_mismatch(op: OpFacts, layout: _Layout) -> str | None:
+def _attention_mismatch(op: OpFacts, layout: _Layout, sizes: dict[str, int | None]) -> str | None:
     """Types and sizes in the kernel's [b, h, s, d] (an op with one batch dim runs as b = 1),
-    the head dim, one static s for queries and keys, and the scale the kernel computes."""
+    the head dim, one static s for queries and keys, and the scale the kernel computes.
+    Fills `sizes` with the kernel's dimensions."""
     tensors = list(op.inputs) + [op.result]
     pad = ATTENTION_BATCH_DIMS + 2 - len(op.result.shape)
-    sizes: dict[str, int | None] = {}
     buffers = list(layout.inputs) + [layout.result]
     for role, tensor, buffer in zip(_ATTENTION_ROLES, tensors, buffers):
         if tensor.dtype != buffer.type.dtype:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._proc import ToolResult, run_checked
 from .device import DeviceArray, element_type, get_device, numpy_dtype
-from .errors import KitError, RuntimeUnavailable
+from .errors import KitError, RuntimeUnavailable, UsageError
 from .record import RECORD_SUFFIX, BuildRecord, read_record, record_beside  # noqa: F401 (RECORD_SUFFIX: API)
 from . import abi
 from .render import ASYNC_SUFFIX, RECORDING_SUFFIX
@@ -40,18 +40,40 @@ def cuda_status(device: str = "cuda") -> DeviceStatus:
         import iree.runtime as rt
     except ImportError as exc:
         return DeviceStatus(False, f"iree-base-runtime is not installed ({exc})")
+    name = _driver_name(device)
     try:
-        driver = rt.get_driver(device.split("://")[0])
+        driver = rt.get_driver(name)
         devices = driver.query_available_devices()
     except Exception as exc:  # the binding raises RuntimeError/ValueError with IREE's status text
-        return DeviceStatus(False, f"IREE's cuda driver cannot start: {str(exc).strip()}")
+        return DeviceStatus(False, f"IREE's {name} driver cannot start: {str(exc).strip()}")
     if not devices:
-        return DeviceStatus(False, "IREE's cuda driver found no CUDA device")
+        return DeviceStatus(False, f"IREE's {name} driver found no device")
     names = ", ".join(str(d.get("name", d)) for d in devices)
-    return DeviceStatus(True, f"{len(devices)} CUDA device(s): {names}")
+    kind = "CUDA" if name == "cuda" else name
+    return DeviceStatus(True, f"{len(devices)} {kind} device(s): {names}")
+
+
+def _driver_name(device: str) -> str:
+    return device.split("://")[0]
+
+
+def check_device_uri(device: str) -> None:
+    """A device URI must name a driver IREE's runtime has: a typo is bad input, not a missing GPU.
+    Without the runtime there is nothing to check (cuda_status says it is missing)."""
+    try:
+        import iree.runtime as rt
+    except ImportError:
+        return
+    drivers = rt.query_available_drivers()
+    if not isinstance(device, str) or _driver_name(device) not in drivers:
+        raise UsageError(
+            f"IREE's runtime has no device {device!r}",
+            fix=f"use cuda (or cuda://N for GPU N); the drivers here: {', '.join(drivers)}",
+        )
 
 
 def require_cuda(device: str = "cuda") -> None:
+    check_device_uri(device)
     status = cuda_status(device)
     if not status.available:
         raise RuntimeUnavailable(
@@ -106,8 +128,11 @@ class Module:
         self.hal_device = self.device.hal
         config = rt.Config(device=self.hal_device)
         self._context = rt.SystemContext(config=config)
-        self._vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
-        self._context.add_vm_module(self._vm_module)
+        try:
+            self._vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
+            self._context.add_vm_module(self._vm_module)
+        except (RuntimeError, ValueError) as exc:
+            raise _load_error(self.path, device, exc) from None
         self._functions = self._context.modules[self._vm_module.name]
         self._bound: dict[str, Function] = {}
         self.name = self._vm_module.name
@@ -145,6 +170,19 @@ class Module:
     def call(self, name: str, *args, out=None):
         """Calls `name` and waits; one result, or a tuple for several."""
         return self.function(name)(*args, out=out)
+
+
+def _load_error(vmfb: Path, device: str, exc: Exception) -> KitError:
+    """IREE's refusal to load a module, as one error: a module compiled for another device
+    (every kit module holds CUDA kernels) is bad input, anything else a failed load."""
+    text = str(exc).strip()
+    if "INCOMPATIBLE" in text:
+        target = re.search(r'#hal\.device\.target<"([^"]+)"', text)
+        return UsageError(
+            f"{vmfb} was compiled for IREE's {target.group(1) if target else 'another'} device and cannot run on {device!r}",
+            fix="run it on the device it was built for: kitdispatch's modules run on --device cuda (or cuda://N)",
+        )
+    return KitError(f"IREE's runtime cannot load {vmfb} on {device!r}: {text[:500]}", fix="rebuild the module")
 
 
 def load_module(vmfb: str | Path, *, device: str = "cuda") -> Module:

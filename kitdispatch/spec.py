@@ -34,6 +34,7 @@ _CPP_NAME_RE = re.compile(r"^(?:::)?[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*(?:<[\w ,:*&<
 MAX_IDENTIFIER_LENGTH = 256
 _TENSOR_RE = re.compile(r"^\s*([a-z0-9]+)\s*\[(.*)\]\s*\Z", re.S)
 MAX_WORKGROUP_THREADS = 1024
+MAX_GRID = (2**31 - 1, 65535, 65535)  # CUDA's gridDim limits, x y z
 MAX_STATIC_DIM = 2**40  # static tensor dimensions (IREE's index is 64-bit; products must fit)
 MAX_EXPRESSION_LENGTH = 1000  # index expressions are short; a longer one is a mistake or an attack
 MAX_CONSTANT = 2**64  # u64 values fit; anything larger is a mistake
@@ -637,6 +638,7 @@ class Kernel:
             IndexExpr.parse(e, f"{where}: workgroup_count")
             for e in _pad3(workgroup_count, 1, f"{where}: workgroup_count")
         )
+        _check_constant_counts(count, f"{where}: workgroup_count")
         if format is not None and format not in OBJECT_FORMATS:
             raise ManifestError(
                 f"unknown object format {format!r}", where=where, fix=f"use one of {', '.join(OBJECT_FORMATS)}"
@@ -769,6 +771,7 @@ class Kernel:
                         where=pwhere,
                         fix="give an integer or an index expression",
                     )
+                check_scalar_value(p, row, pwhere)
         if not self.buffers:
             raise ManifestError(
                 "the kernel has no buffer parameter", where=where, fix="declare its pointers as in/out/inout"
@@ -876,6 +879,74 @@ def check_defines(defines: object, where: str) -> tuple[str, ...]:
             fix='e.g. defines = ["BLOCK=256", "USE_FAST_PATH"] (a NAME is a C identifier; no control characters)',
         )
     return tuple(defines)
+
+
+def check_scalar_value(s: Scalar, row: abi.AbiType, where: str) -> None:
+    """A number the manifest fixes must fit the C parameter: the kernel would read it wrapped
+    (2147483648 as an `int` is -2^31) or rounded to infinity."""
+    if s.value is not None and not isinstance(s.value, (IndexExpr, float)):
+        raise ManifestError(
+            f"value of {s.name!r} is {s.value!r}, not an index expression or a float",
+            where=where,
+            fix=f"write IndexExpr.parse({s.value!r}, ...) for an integer or an expression, or a float for a float scalar",
+        )
+    if isinstance(s.value, float):
+        try:
+            abi.bits(row, s.value)
+        except ManifestError as exc:
+            raise ManifestError(f"value of {s.name!r}: {exc.what}", where=where, fix=exc.fix) from None
+        return
+    constant = s.value.constant if isinstance(s.value, IndexExpr) and row.kind != "float" else None
+    low, high = abi.integer_range(row) if constant is not None else (0, 0)
+    if constant is not None and not low <= constant <= high:
+        raise ManifestError(
+            f"value of {s.name!r}: {constant} does not fit its type {s.dtype} ({low} to {high})",
+            where=where,
+            fix=f"give a value from {low} to {high}, or declare the parameter with a wider C type",
+        )
+
+
+def _check_test_value(s: Scalar, value: int | float, where: str) -> None:
+    """A `[test] scalars` value must be one the argument takes (abi.argument's checks)."""
+    try:
+        abi.argument(s.abi, value)
+    except (ValueError, OverflowError) as exc:
+        raise ManifestError(
+            f"[test] scalars: {s.name} = {value!r} is not a {s.dtype}: {exc}",
+            where=where,
+            fix=f"give {s.name} a value its type {s.dtype} holds",
+        ) from None
+
+
+def value_out_of_range(kernel: "Kernel", sizes: dict[str, int | None]) -> str | None:
+    """Why the sizes of one call give an integer scalar a value its C type cannot hold (a
+    dimension of 2^31 for an `int n`), or None. Values over sizes not known (None) are not
+    checked."""
+    for s in kernel.scalars:
+        value = s.value if s.value is not None else (
+            IndexExpr.parse(s.name, s.name) if s.name in kernel.dimension_symbols else None
+        )
+        if not isinstance(value, IndexExpr) or s.abi.kind not in ("sint", "uint", "bool"):
+            continue
+        if any(sizes.get(sym) is None for sym in value.symbols):
+            continue
+        number, (low, high) = value.evaluate(sizes), abi.integer_range(s.abi)
+        if not low <= number <= high:
+            shown = s.name if value.text == s.name else f"{s.name} = {value.text}"
+            return f"size: {shown} = {number} does not fit the kernel's {s.dtype} parameter {s.name} ({low} to {high})"
+    return None
+
+
+def _check_constant_counts(count: tuple[IndexExpr, ...], where: str) -> None:
+    """CUDA's grid holds 2^31 - 1 blocks in x and 65535 in y and z; a larger constant count
+    would reach the launch wrapped (2^32 is 0 blocks: the kernel silently never runs)."""
+    for axis, limit, expr in zip("xyz", MAX_GRID, count):
+        if expr.constant is not None and not 1 <= expr.constant <= limit:
+            raise ManifestError(
+                f"workgroup_count {axis} = {expr.constant} is not from 1 to CUDA's {limit}",
+                where=where,
+                fix="launch fewer, larger blocks, or loop inside the kernel (a grid-stride loop)",
+            )
 
 
 def _pad3(values, fill, where: str) -> tuple:
@@ -1315,15 +1386,24 @@ class ModuleSpec:
         )
 
     def _check_test_scalars(self, where: str) -> None:
-        arguments = {
-            p.name for k in self.kernels for p in k.function_arguments if isinstance(p, Scalar)
-        }
-        for name, _ in self.test.scalars:
-            if name not in arguments:
+        arguments = [p for k in self.kernels for p in k.function_arguments if isinstance(p, Scalar)]
+        names = {p.name for p in arguments}
+        for name, value in self.test.scalars:
+            if name not in names:
                 raise ManifestError(
                     f"[test] scalars names {name!r}, which is no scalar argument of a kernel's function",
                     where=where,
-                    fix=f"scalar arguments: {', '.join(sorted(arguments)) or 'none'}",
+                    fix=f"scalar arguments: {', '.join(sorted(names)) or 'none'}",
+                )
+            for p in arguments:
+                if p.name == name and p.abi.kind != "struct":
+                    _check_test_value(p, value, where)
+        sizes = dict(self.test.sizes)
+        for k in self.kernels:
+            why = value_out_of_range(k, sizes)
+            if why:
+                raise ManifestError(
+                    f"[test] sizes: kernel {k.name}: {why}", where=where, fix="give sizes the kernel's parameters can hold"
                 )
 
     def _check_test_ranges(self, where: str) -> None:

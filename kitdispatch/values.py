@@ -45,12 +45,19 @@ def parse_input(text: str, want: TensorType | ScalarType, where: str):
         raise KitError(f"{where}: the input is {m.group(2)}, the argument {want}", fix=f"write the input as {want.dtype}")
     words = m.group(3).replace("[", " ").replace("]", " ").replace(",", " ").split()
     try:
-        values = np.array([float(w) if _is_float(want.dtype) else int(w, 0) for w in words], dtype=numpy_dtype(want.dtype))
+        numbers = [float(w) if _is_float(want.dtype) else int(w, 0) for w in words]
+        with np.errstate(over="ignore"):
+            values = np.array(numbers, dtype=numpy_dtype(want.dtype))
     except (ValueError, OverflowError) as exc:
         raise KitError(f"{where}: {exc}", fix=f"write {want.dtype} numbers") from None
+    if _is_float(want.dtype) and not np.array_equal(np.isfinite(values.astype(np.float64)), np.isfinite(numbers)):
+        raise KitError(f"{where}: a number is too large for {want.dtype} (it would be infinity)", fix=f"write {want.dtype} numbers")
     count = math.prod(shape)
     if values.size == 1:
-        return np.full(shape, values[0], dtype=values.dtype)
+        try:
+            return np.full(shape, values[0], dtype=values.dtype)
+        except (MemoryError, ValueError):  # ValueError: numpy's "array is too big"
+            raise KitError(f"{where}: an input of shape {shape} ({count} elements) does not fit in memory", fix="give a smaller shape") from None
     if values.size != count:
         raise KitError(f"{where}: {values.size} values for shape {shape} ({count} elements)", fix="give one value, or one per element")
     return values.reshape(shape)

@@ -14,7 +14,7 @@ import numpy as np
 from .errors import KitError
 from .manifest import MANIFEST_NAME
 from .record import RECORD_SUFFIX, read_record
-from .runtime import Module, cuda_status, numpy_dtype, sizing_scalars
+from .runtime import Module, check_device_uri, cuda_status, numpy_dtype, sizing_scalars
 from . import abi
 from .spec import FunctionSignature, InputRange, ScalarType, TensorType, Tolerance
 
@@ -113,6 +113,7 @@ def verify(
 ) -> Report:
     """Tests every target under `paths`. `build_module(sample_dir, out_dir)` builds a sample
     and returns its build record; it is only needed for sample folders."""
+    check_device_uri(device)
     status = cuda_status(device)
     report = Report(device=status.reason)
     targets = [t for p in paths for t in find_targets(Path(p))]

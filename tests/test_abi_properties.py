@@ -84,3 +84,23 @@ def test_names_that_are_not_identifiers_are_refused_clearly(bad, field):
     text = str(err.value)
     assert "not a valid identifier" in text or "non-empty string" in text
     assert len(text) < 1000  # a 300-character name is shortened in the message
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.floats(allow_nan=False))
+def test_an_f32_argument_is_refused_exactly_when_it_would_arrive_as_infinity(value):
+    """A finite number too large for an f32 used to reach the kernel as inf; infinities stay legal."""
+    import math
+
+    import numpy as np
+
+    from kitdispatch import abi
+
+    with np.errstate(over="ignore"):  # rounding to f32 decides: values just over the largest round down
+        fits = math.isinf(value) or math.isfinite(float(np.float32(value)))
+    try:
+        got = abi.argument(abi.BY_NAME["f32"], value)
+    except OverflowError as exc:
+        assert not fits and "out of range for f32" in str(exc)
+        return
+    assert fits and (math.isinf(got) == math.isinf(value))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -228,3 +229,48 @@ def test_writer_killed_mid_write_leaves_no_entry_and_no_lock(tmp_path, isolated_
     result = generate(root, BuildOptions.create("sm_80"), tmp_path / "next")
     assert time.monotonic() - start < 60
     assert result.compiler_runs == 1 and len(Cache().entries("object")) == 1
+
+
+# ------------------------------------------------------------ issue 21: sizes and the cache's place
+
+
+def test_a_header_too_large_to_read_under_if_0_is_not_read_and_the_build_works(tmp_path, isolated_cache):
+    """A 100 GB (sparse) header behind `#if 0`: the compiler never reads it, and the kit, which
+    follows conditional includes for the key, must not either (it would not fit in memory).
+    The compile goes on uncached, with the real NVRTC."""
+    root = project(tmp_path)
+    cu = root / "k.cu"
+    cu.write_text('#if 0\n#include "huge.h"\n#endif\n' + cu.read_text())
+    with open(root / "huge.h", "wb") as f:
+        f.truncate(100 << 30)
+    from kitdispatch.cache import Uncacheable, source_closure
+
+    with pytest.raises(Uncacheable, match="huge.h: 107374182400 bytes, over the 64 MiB kitdispatch reads"):
+        source_closure(cu, IncludeSearch(()))
+    first = generate(root, BuildOptions.create("sm_80"), tmp_path / "out")
+    second = generate(root, BuildOptions.create("sm_80"), tmp_path / "out2")
+    assert first.compiler_runs == second.compiler_runs == 1  # not cached: the key cannot see the header
+
+
+def test_a_kernel_source_too_large_to_read_is_a_clear_error(tmp_path):
+    root = project(tmp_path)
+    with open(root / "k.cu", "r+b") as f:
+        f.truncate(100 << 30)
+    from test_cli import run
+
+    code, out, err = run("gen", str(root), "-o", str(tmp_path / "out"))
+    assert code == 2, err
+    assert "k.cu: the kernel source is 107374182400 bytes, over the 64 MiB kitdispatch reads" in err
+    assert "Traceback" not in err and "internal error" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("xdg, expected", [("relative/cache", None), ("", None), ("/abs/cache", "/abs/cache/kitdispatch")])
+def test_xdg_cache_home_is_used_only_when_absolute(tmp_path, monkeypatch, xdg, expected):
+    """The XDG spec: a relative path in XDG_CACHE_HOME is invalid and ignored (~/.cache then)."""
+    from kitdispatch.cache import default_cache_dir
+
+    monkeypatch.delenv("KITDISPATCH_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    monkeypatch.chdir(tmp_path)
+    assert default_cache_dir() == Path(expected or tmp_path / "home" / ".cache" / "kitdispatch")

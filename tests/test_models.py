@@ -12,6 +12,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import REPO, SAMPLES, needs_iree_compile
 from kitdispatch import Buffer, Kernel, KitError, ManifestError, Scalar, TensorType
@@ -738,8 +740,9 @@ def test_with_baseline_needs_model(tmp_path):
     from kitdispatch.cli import main
 
     err = io.StringIO()
-    assert main(["build", str(_project(tmp_path)), "--with-baseline", "-o", str(tmp_path / "o")], io.StringIO(), err) == 1
-    assert "--with-baseline needs --model" in err.getvalue()
+    assert main(["build", str(_project(tmp_path)), "--with-baseline", "-o", str(tmp_path / "o")], io.StringIO(), err) == 2
+    assert "--with-baseline needs --model" in err.getvalue() and "usage:" in err.getvalue()
+    assert not (tmp_path / "o").exists()
 
 
 # --------------------------------------------------------------------------------- GPU
@@ -996,3 +999,242 @@ def test_a_model_build_never_overwrites_a_users_file_and_replaces_its_own(tmp_pa
     first.vmfb.write_bytes(first.vmfb.read_bytes() + b"\0")
     with pytest.raises(KitError, match="not the file its model record describes"):
         read_model_record(out)
+
+
+# ------------------------------------------------ issue 21: faults a careless or hostile user brings
+
+LLAMA = REPO / "tests" / "data" / "llama_layer" / "make_model.py"
+ELEMENTWISE_PROJECT = REPO / "kernels" / "elementwise"
+
+
+def make_llama_layer(path, *args) -> None:
+    pytest.importorskip("onnx")
+    subprocess.run([sys.executable, str(LLAMA), str(path), *map(str, args)], check=True, timeout=120)
+
+
+@needs_iree_compile
+@pytest.mark.parametrize("dtype_args", [(), ("--f16",)], ids=["f32", "f16"])
+def test_llama_layer_with_elementwise_kernels_reports_instead_of_crashing(tmp_path, dtype_args):
+    """A Llama-style layer (RMSNorm in Pow/ReduceMean/Add/Sqrt/Reciprocal/Mul, SwiGLU, no biases)
+    once ended in an IndexError: IREE lowers Reciprocal with a result-less linalg.generic around
+    a cf.assert. Now every generic is checked against bias_gelu's pattern and the reasons listed."""
+    model = tmp_path / "layer.onnx"
+    make_llama_layer(model, *dtype_args)
+    rc, out, err = cli_build(ELEMENTWISE_PROJECT, model, tmp_path / "out")
+    assert rc == 1, err
+    assert "internal error" not in err and "Traceback" not in err
+    assert "no op of" in err and "can be replaced by a kernel of elementwise" in err
+    assert "linalg.generic {negf, exp, addf, divf, mulf, mulf}" in err  # the SwiGLU's silu * up, with its reason
+    assert "bias_gelu: not the pattern bias_gelu.pattern.mlir" in err
+    assert not (tmp_path / "out").exists()
+
+
+@needs_iree_compile
+def test_llama_layer_matmuls_take_the_library_matmul(tmp_path):
+    """The same f16 layer with kernels/matmul: its three projections are replaced."""
+    model = tmp_path / "layer.onnx"
+    make_llama_layer(model, "--f16")
+    rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out")
+    assert rc == 0, err
+    replaced = json.loads(out)["replaced"]
+    assert [r["kernel"] for r in replaced] == ["matmul_f16"] * 3
+    assert "matmul_f16" in _dump(tmp_path / "out" / "layer.vmfb")
+
+
+@pytest.mark.gpu
+def test_llama_layer_with_the_library_matmul_agrees_on_gpu(tmp_path, prebuilt_dir):
+    """The f16 Llama-style layer with its three projections replaced agrees with IREE alone
+    (prebuilt as `llama_layer_model` where the GPU machine has no iree-compile)."""
+    from kitdispatch.compare import compare_model
+
+    built = prebuilt_dir / "llama_layer_model" if prebuilt_dir else None
+    if built is None:
+        from kitdispatch import BuildOptions
+        from kitdispatch.models import build_model
+
+        if not __import__("conftest").HAVE_IREE_COMPILE:
+            pytest.skip("iree-compile is not installed")
+        model = tmp_path / "layer.onnx"
+        make_llama_layer(model, "--f16")
+        built = build_model(MATMUL_CU.parent, model, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    elif not built.is_dir():
+        pytest.skip(f"{built} was not prebuilt")
+    result = compare_model(built)
+    assert result.agree, result.worst
+    assert result.kernel_names == ("matmul_f16",)
+
+
+def test_ops_without_a_tensor_result_are_not_candidates():
+    """What IREE makes of ONNX's Reciprocal: a generic with no `outs` and no result (only a
+    cf.assert). No kernel can stand in for it, and reading it must not fail."""
+    mlir = """
+func.func @f(%x: tensor<64xf32>) -> tensor<64xf32> {
+  %zero = arith.constant 0.0 : f32
+  linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]} ins(%x : tensor<64xf32>) {
+  ^bb0(%in: f32):
+    %c = arith.cmpf one, %in, %zero : f32
+    cf.assert %c, "zero"
+    linalg.yield
+  }
+  %e = tensor.empty() : tensor<64xf32>
+  %y = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> ()>, affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]} ins(%x, %zero : tensor<64xf32>, f32) outs(%e : tensor<64xf32>) {
+  ^bb0(%in: f32, %s: f32, %out: f32):
+    %r = arith.addf %in, %s : f32
+    linalg.yield %r : f32
+  } -> tensor<64xf32>
+  return %y : tensor<64xf32>
+}"""
+    assert ops_of(mlir, ("linalg.generic",)) == []  # neither: no result; a scalar (f32) operand
+
+
+@pytest.mark.parametrize(
+    "model, kernel, reason",
+    [
+        (softmax_model(shape="2x2147483648"), softmax_kernel(),
+         "size: cols = 2147483648 does not fit the kernel's i32 parameter cols (-2147483648 to 2147483647)"),
+        (softmax_model(shape="2147483648x2"), softmax_kernel(),
+         "size: rows = 2147483648 does not fit the kernel's i32 parameter rows"),
+        (matmul_model(m=16, k=4294967296, n=16), matmul_kernel(),
+         "size: k = 4294967296 does not fit the kernel's i32 parameter k"),
+    ],
+    ids=["softmax-cols", "softmax-rows", "matmul-k"],
+)
+def test_model_sizes_beyond_the_kernels_index_parameters_are_kept(model, kernel, reason):
+    """A dimension the kernel's `int` cannot hold would reach it wrapped: the op is kept, with
+    the reason, instead of being replaced."""
+    d = only(decide(ops_of(model), [kernel]))
+    assert d.kernel is None
+    assert reason in d.reasons[0], d.reasons
+
+
+def test_model_sizes_through_a_value_expression_are_checked():
+    """A scalar whose value is an expression over the sizes (`value = "rows * 2"`) is checked too."""
+    kernel = Kernel.create(
+        "row_softmax", SOFTMAX_CU,
+        [Buffer("x", "in", TensorType("f32", ("rows", "cols"))), Buffer("out", "out", TensorType("f32", ("rows", "cols"))),
+         Scalar("rows", "i32", IndexExpr.parse("rows * 2", "rows")), Scalar("cols", "i32")],
+        workgroup_size=[256], workgroup_count=["ceildiv(rows, 32) + 1024"], replaces=_replaces("linalg.softmax"),
+    )
+    assert only(decide(ops_of(softmax_model(shape="1073741823x8")), [kernel])).kernel is not None
+    d = only(decide(ops_of(softmax_model(shape="1073741824x8")), [kernel]))
+    assert d.kernel is None and "size: rows = rows * 2 = 2147483648 does not fit" in d.reasons[0]
+
+
+@needs_iree_compile
+def test_model_and_output_paths_that_start_with_a_dash(tmp_path, monkeypatch):
+    """`--model ./-m.mlir` and `-o=-out`: IREE's tools get them as paths, not as options."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "-m.mlir").write_text(softmax_model())
+    stdout, stderr = io.StringIO(), io.StringIO()
+    from kitdispatch.cli import main
+
+    rc = main(["build", str(_project(tmp_path)), "--model", "./-m.mlir", "--arch", "sm_90", "-o=-out", "--json"], stdout, stderr)
+    out, err = stdout.getvalue(), stderr.getvalue()
+    assert rc == 0, err
+    assert (tmp_path / "-out" / "_m.vmfb").is_file()
+    assert json.loads(out)["replaced"][0]["kernel"] == "row_softmax"
+
+
+# A model record as build_model writes it, for the damaged-record tests (files made beside it).
+MODEL_RECORD = {
+    "schema": 1, "kitdispatch": "0.1.0", "model": "m.mlir", "project": "p", "vmfb": "m.vmfb", "baseline_vmfb": "m.baseline.vmfb",
+    "spec": "m.spec.mlir", "archs": ["sm_90"], "codegen_target": "sm_89", "iree_compiler": "3.13", "iree_flags": [],
+    "matched_after": ["global-optimization"],
+    "functions": [{"name": "forward", "inputs": [{"dtype": "f32", "shape": [4, 8]}], "outputs": [{"dtype": "f32", "shape": [4, 8]}]}],
+    "replaced": [{"op": "linalg.softmax", "location": "m.mlir:3:8", "kernel": "row_softmax", "kernel_entry": "row_softmax"}],
+    "not_replaced": [], "kernel_executables": [], "files": {},
+}
+
+
+def _write_model_record(folder, record) -> None:
+    from kitdispatch.record import sha256
+
+    folder.mkdir(exist_ok=True)
+    for name in ("m.vmfb", "m.baseline.vmfb"):
+        (folder / name).write_bytes(name.encode())
+    if isinstance(record, dict) and isinstance(record.get("files"), dict) and not record["files"]:
+        record = dict(record, files={n: sha256(n.encode()) for n in ("m.vmfb", "m.baseline.vmfb")})
+    (folder / "m.model.json").write_text(json.dumps(record))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _paths(value, prefix=()):
+    """Every place in a JSON value, as a path of keys and indexes."""
+    yield prefix
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        yield from _paths(v, prefix + (k,))
+
+
+def _replaced_at(value, path, new):
+    if not path:
+        return new
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[path[0]] = _replaced_at(value[path[0]], path[1:], new)
+    return copy
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_model_records_with_wrong_json_types_are_damaged_records(tmp_path_factory, data):
+    """Property: a model record with any one value swapped for another JSON value is read
+    whole or refused as damaged (exit 2), never a TypeError inside compare."""
+    from kitdispatch.models import read_model_record
+    from kitdispatch.record import DamagedRecord
+
+    folder = tmp_path_factory.mktemp("record")
+    path = data.draw(st.sampled_from(list(_paths(MODEL_RECORD))))
+    _write_model_record(folder, _replaced_at(MODEL_RECORD, path, data.draw(_JSON)))
+    try:
+        read_model_record(folder)
+    except DamagedRecord as exc:
+        assert exc.exit_code == 2 and "model record" in exc.render()
+    except KitError as exc:  # a well-typed record naming files that are not there, or not its own
+        assert "is not the file its model record describes" in exc.render() or "is not a file it lists" in exc.render()
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        (dict(MODEL_RECORD, files=[]), "'files' is not a table of SHA-256s"),
+        (dict(MODEL_RECORD, vmfb=5), "'vmfb' is not a file name"),
+        (dict(MODEL_RECORD, functions=[{"name": "forward", "inputs": [{"dtype": "f32", "shape": "4x8"}], "outputs": []}]),
+         "'functions' is not a list of signatures"),
+        (dict(MODEL_RECORD, replaced=[{"op": 1}]), "'replaced' is not a list of replaced ops"),
+        ("[" * 100000 + "]" * 100000, "cannot read the model record: RecursionError"),
+    ],
+    ids=["files", "vmfb", "functions", "replaced", "deep"],
+)
+@pytest.mark.parametrize("command", ["compare", "profile"])
+def test_compare_and_profile_on_a_damaged_model_record(tmp_path, record, message, command):
+    from kitdispatch.cli import main
+
+    if isinstance(record, str):
+        _write_model_record(tmp_path / "built", {})
+        (tmp_path / "built" / "m.model.json").write_text(record)
+    else:
+        _write_model_record(tmp_path / "built", record)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "built").iterdir()}
+    err = io.StringIO()
+    assert main([command, str(tmp_path / "built")], io.StringIO(), err) == 2, err.getvalue()
+    assert message in err.getvalue() and "Traceback" not in err.getvalue() and "internal error" not in err.getvalue()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "built").iterdir()} == before
+
+
+@needs_iree_compile
+@pytest.mark.parametrize("device, message", [("local-task", "was compiled for IREE's cuda device and cannot run on 'local-task'"),
+                                             ("bogus", "IREE's runtime has no device 'bogus'")])
+def test_compare_on_a_device_that_cannot_run_the_model(linalg_build, device, message):
+    """Without a GPU, `local-task` still opens: the module's load is what refuses, with exit 2."""
+    from kitdispatch.cli import main
+
+    _, _, out = linalg_build
+    err = io.StringIO()
+    assert main(["compare", str(out), "--device", device], io.StringIO(), err) == 2, err.getvalue()
+    assert message in err.getvalue() and "internal error" not in err.getvalue()

@@ -402,10 +402,11 @@ def test_a_cache_entry_that_is_a_folder_or_an_unwritable_cache_is_survived(tmp_p
 @needs_iree_compile
 def test_a_corrupt_build_record_read_by_test_is_one_line(tmp_path):
     result = build(project(tmp_path / "proj"), PTX, tmp_path / "out")
-    for garbage in ["{not json", '{"schema": 2}', '{"schema": 1, "name": "x"}', "[]"]:
+    # Damaged (bad input): exit 2; a record of another schema (another kitdispatch): exit 1.
+    for garbage, exit_code in [("{not json", 2), ('{"schema": 2}', 2), ('{"schema": 1, "name": "x"}', 1), ("[]", 2)]:
         result.record.write_text(garbage)
         code, _, err = run("test", tmp_path / "out")
-        assert code == 1 and "build record" in err and "Traceback" not in err, err
+        assert code == exit_code and "build record" in err and "Traceback" not in err, err
 
 
 @needs_iree_compile
@@ -459,3 +460,112 @@ def test_relative_output_folders_build_through_reused_workers(tmp_path, monkeypa
     assert code == 0, err
     for name in ("one", "two", "three"):
         read_record(tmp_path / "rel" / "out" / name / f"{name}.kitdispatch.json").check_file(tmp_path / "rel" / "out" / name, f"{name}.vmfb")
+
+
+# ----------------------------------------------------- issue 21: records of the wrong JSON types
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _good_record_json() -> dict:
+    import json
+
+    from kitdispatch.record import BuildRecord, Diagnostic, TestSettings
+    from kitdispatch.spec import FunctionSignature, ScalarType, TensorType
+
+    record = BuildRecord(
+        name="m", kitdispatch="0.1.0", mlir="m.mlir", vmfb="m.vmfb", archs=("sm_80",), format="fatbin",
+        kernel_formats={"k": "fatbin"}, ptx_isa=None, compiler={"name": "nvrtc", "version": "13.0"}, iree_compiler="3.13",
+        codegen_target="sm_80", objects=("k.sm_80.fatbin",),
+        functions=(FunctionSignature("k", (TensorType("f32", ("n",)), ScalarType("f32")), (TensorType("f32", ("n",)),), ("x", "a")),),
+        test=TestSettings(reference="reference.py", sizes={"n": 8}, seed=0, scalars={"a": 0.5}),
+        files={"m.vmfb": "0" * 64}, names={"k": {"function": "k", "entry": "k"}}, diagnostics=(Diagnostic("nvrtc", "k.cu:1", "w"),),
+    )
+    return json.loads(record.to_bytes())
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _json_paths(value, prefix=()):
+    yield prefix
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        yield from _json_paths(v, prefix + (k,))
+
+
+def _with_value_at(value, path, new):
+    if not path:
+        return new
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[path[0]] = _with_value_at(value[path[0]], path[1:], new)
+    return copy
+
+
+def test_the_good_record_reads():
+    import json
+
+    from kitdispatch.record import BuildRecord
+
+    assert BuildRecord.from_bytes(json.dumps(_good_record_json()).encode(), "r").functions[0].name == "k"
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_build_record_with_any_value_of_a_wrong_type_is_a_damaged_record(data):
+    """Property: swap any one value of a build record for any JSON value: the reader returns a
+    record whose fields have the types it declares, or refuses it as damaged (exit 2)."""
+    import json
+
+    from kitdispatch.record import BuildRecord, DamagedRecord, RecordError
+
+    good = _good_record_json()
+    path = data.draw(st.sampled_from(list(_json_paths(good))))
+    damaged = _with_value_at(good, path, data.draw(_JSON_VALUES))
+    try:
+        record = BuildRecord.from_bytes(json.dumps(damaged).encode(), "m.kitdispatch.json")
+    except DamagedRecord as exc:
+        assert exc.exit_code == 2 and "m.kitdispatch.json" in exc.render()
+        return
+    except RecordError as exc:  # another schema: not damaged, another version's
+        assert "schema" in exc.render()
+        return
+    assert all(isinstance(v, str) for v in (record.name, record.mlir, *record.archs, *record.objects, *record.files.values()))
+    assert all(isinstance(v, int) and not isinstance(v, bool) for v in record.test.sizes.values())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"functions": "k"}, {"test": {"reference": None, "sizes": [], "seed": 0}}, {"files": {"m.vmfb": 1}}, {"archs": "sm_80"},
+     {"test": {"reference": None, "sizes": {"n": 8}, "seed": -1}}, {"test": {"reference": None, "sizes": {"n": -8}, "seed": 0}}],
+    ids=["functions", "sizes", "files", "archs", "negative-seed", "negative-size"],
+)
+@pytest.mark.parametrize("command", ["test", "run"])
+def test_commands_on_a_damaged_build_record_exit_2(tmp_path, change, command):
+    import json
+
+    folder = tmp_path / "built"
+    folder.mkdir()
+    (folder / "m.vmfb").write_bytes(b"x")
+    (folder / "m.kitdispatch.json").write_text(json.dumps(dict(_good_record_json(), **change)))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    argv = ["test", folder] if command == "test" else ["run", folder / "m.vmfb", "--function", "k"]
+    code, out, err = run(*argv)
+    assert code == 2, err
+    assert "the build record is damaged" in err and "m.kitdispatch.json" in err and "fix:" in err
+    assert "internal error" not in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_a_deeply_nested_build_record_is_a_damaged_record(tmp_path):
+    folder = tmp_path / "built"
+    folder.mkdir()
+    (folder / "m.kitdispatch.json").write_text("[" * 100000 + "]" * 100000)
+    code, out, err = run("test", folder)
+    assert code == 2, err
+    assert "not valid JSON (RecursionError" in err and "internal error" not in err

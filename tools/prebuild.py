@@ -30,11 +30,13 @@ HOPPER = {"matmul", "attention"}
 NOT_CUDA = {"cpu_calls", "cpu_sized"}
 # Projects the GPU tests also run as built by nvcc (OUT/NAME.nvcc), where nvcc is installed.
 NVCC_TOO = {"cxx_kernels"}
-# (sample, project) pairs tests/test_models.py compares on the GPU.
+# The models tests/test_models.py compares on the GPU: OUT/NAME -> (model maker and its
+# arguments, project).
 MODELS = {
-    "onnx_softmax": ROOT / "samples" / "onnx_softmax",
-    "onnx_matmul": ROOT / "kernels" / "matmul",
-    "onnx_bias_gelu": ROOT / "kernels" / "elementwise",
+    "onnx_softmax_model": ((ROOT / "samples" / "onnx_softmax" / "make_model.py",), ROOT / "samples" / "onnx_softmax"),
+    "onnx_matmul_model": ((ROOT / "samples" / "onnx_matmul" / "make_model.py",), ROOT / "kernels" / "matmul"),
+    "onnx_bias_gelu_model": ((ROOT / "samples" / "onnx_bias_gelu" / "make_model.py",), ROOT / "kernels" / "elementwise"),
+    "llama_layer_model": ((ROOT / "tests" / "data" / "llama_layer" / "make_model.py", "--f16"), ROOT / "kernels" / "matmul"),
 }
 
 
@@ -59,16 +61,15 @@ def build_projects(out: Path, failures: list[str]) -> None:
 
 
 def build_models(out: Path, failures: list[str]) -> None:
-    for sample, project in MODELS.items():
+    for name, ((maker, *args), project) in MODELS.items():
         with tempfile.TemporaryDirectory() as tmp:
             model = Path(tmp) / "model.onnx"
-            maker = ROOT / "samples" / sample / "make_model.py"
-            subprocess.run([sys.executable, str(maker), str(model)], check=True, timeout=300)
+            subprocess.run([sys.executable, str(maker), str(model), *args], check=True, timeout=300)
             try:
-                kd.build_model(project, model, kd.BuildOptions.create("sm_90"), out / f"{sample}_model", with_baseline=True)
-                print(f"built the {sample} model with {project.relative_to(ROOT)}", flush=True)
+                kd.build_model(project, model, kd.BuildOptions.create("sm_90"), out / name, with_baseline=True)
+                print(f"built {name} with {project.relative_to(ROOT)}", flush=True)
             except kd.KitError as exc:
-                failures.append(f"{sample} model: {str(exc).splitlines()[0]}")
+                failures.append(f"{name}: {str(exc).splitlines()[0]}")
 
 
 def main(argv: list[str] | None = None) -> int:
