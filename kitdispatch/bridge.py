@@ -219,7 +219,7 @@ def _check_same_cuda_major() -> None:
     if linker == "none":
         raise KitError(
             "a bridged kernel (bridge.py) needs nvJitLink to assemble its PTX, and it is not installed",
-            fix="pip install 'nvidia-nvjitlink>=13.0,<13.1' (in kitdispatch[build]), or build with --format ptx",
+            fix="pip install 'nvidia-nvjitlink>=13.0,<13.1' (in kitdispatch's build extra), or build with --format ptx",
         )
     if nvrtc is not None and linker.split(".")[0] != str(nvrtc.cuda_major):
         raise KitError(

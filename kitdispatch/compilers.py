@@ -317,7 +317,7 @@ def _check_nvrtc_importable() -> None:
     except ImportError as exc:
         raise KitError(
             f"NVRTC is not available: {exc}",
-            fix="pip install 'kitdispatch[build]' (cuda-python and nvidia-cuda-nvrtc), or use --compiler nvcc",
+            fix="pip install cuda-python 'nvidia-cuda-nvrtc==13.0.*' (kitdispatch's build extra), or use --compiler nvcc",
         ) from None
 
 

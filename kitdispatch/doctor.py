@@ -139,7 +139,7 @@ def _warnings(report: dict) -> list[str]:
     if driver and nvrtc.get("cuda_major", 0) > Version.parse(driver).major:
         out.append(
             f"NVRTC is CUDA {nvrtc['cuda_major']} but this driver is CUDA {driver}: it loads neither "
-            f"its cubins nor its PTX; pip install 'kitdispatch[cu{Version.parse(driver).major}]' to build for it"
+            f"its cubins nor its PTX; install kitdispatch's cu{Version.parse(driver).major} extra (pip install -e '.[cu{Version.parse(driver).major}]' in its checkout) to build for it"
         )
     if nvrtc.get("missing_headers"):
         out.append(f"NVRTC has no {', '.join(nvrtc['missing_headers'])} (kernels that include CUDA headers "

@@ -149,7 +149,7 @@ def find_iree_compile() -> str:
     except ImportError:
         raise KitError(
             "iree-compile is not installed",
-            fix=f"pip install 'kitdispatch[build]' ({SUPPORTED_PIN}); running needs only the runtime",
+            fix=f"pip install '{SUPPORTED_PIN}' (kitdispatch's build extra); running needs only the runtime",
         ) from None
     return find_tool("iree-compile")
 

@@ -274,7 +274,7 @@ def import_model(model: Path, dest: Path, *, timeout: float = IREE_COMPILE_TIMEO
         try:
             import onnx  # noqa: F401  (iree-import-onnx needs it; say so before it fails)
         except ImportError:
-            raise KitError("importing ONNX models needs the onnx package", fix="pip install 'kitdispatch[onnx]'") from None
+            raise KitError("importing ONNX models needs the onnx package", fix="pip install onnx (kitdispatch's onnx extra)") from None
         argv = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(model), "-o", str(dest)]
         run_checked(
             argv,
@@ -293,13 +293,13 @@ def import_model(model: Path, dest: Path, *, timeout: float = IREE_COMPILE_TIMEO
 
 def export_torch(module, example_args: Sequence, path: str | Path) -> Path:
     """Exports a PyTorch module through iree-turbine (`iree.turbine.aot.export`) to an MLIR
-    file (torch dialect) that `build_model` takes. Needs `pip install 'kitdispatch[torch]'`."""
+    file (torch dialect) that `build_model` takes. Needs kitdispatch's torch extra (torch and iree-turbine)."""
     try:
         from iree.turbine import aot
     except ImportError as exc:
         raise KitError(
             f"exporting a PyTorch module needs torch and iree-turbine ({exc})",
-            fix="pip install 'kitdispatch[torch]'",
+            fix="pip install torch iree-turbine (kitdispatch's torch extra)",
         ) from None
     path = Path(path)
     try:
@@ -328,7 +328,7 @@ def _find_tool(name: str) -> str:
     try:
         from iree.compiler.tools.binaries import find_tool
     except ImportError:
-        raise KitError(f"{name} is not installed", fix="pip install 'kitdispatch[build]' (iree-base-compiler)") from None
+        raise KitError(f"{name} is not installed", fix="pip install iree-base-compiler (kitdispatch's build extra)") from None
     return find_tool(name)
 
 

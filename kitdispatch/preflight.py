@@ -90,4 +90,4 @@ def nvrtc_for_driver(driver: Version) -> str:
     release = f"{driver.major}.{max(m for m in _NVRTC_WHEEL_MINORS[driver.major] if m <= driver.minor)}"
     extra = "cu12" if driver.major == 12 else "build"
     pins = " ".join(f"'{d}=={release}.*'" for d in wheel_distributions(driver.major))
-    return f"install NVRTC {release}, whose PTX loads there: pip install 'kitdispatch[{extra}]' {pins}"
+    return f"install NVRTC {release}, whose PTX loads there: pip install {pins} (kitdispatch's {extra} extra)"

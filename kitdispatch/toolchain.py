@@ -6,8 +6,8 @@ Where each toolchain puts its files (Linux):
 
 | install | NVRTC | CUDA headers (cuda_fp16.h, mma.h, crt/) | nvFatbin |
 | --- | --- | --- | --- |
-| CUDA 13 wheels: `pip install 'kitdispatch[build]'` | nvidia/cu13/lib | nvidia/cu13/include (nvidia-cuda-runtime, nvidia-cuda-crt) | nvidia/cu13/lib |
-| CUDA 12 wheels: `pip install 'kitdispatch[cu12]'` | nvidia/cuda_nvrtc/lib | nvidia/cuda_runtime/include and, for crt/, nvidia/cuda_nvcc/include | nvidia/nvfatbin/lib |
+| CUDA 13 wheels: the `build` extra | nvidia/cu13/lib | nvidia/cu13/include (nvidia-cuda-runtime, nvidia-cuda-crt) | nvidia/cu13/lib |
+| CUDA 12 wheels: the `cu12` extra | nvidia/cuda_nvrtc/lib | nvidia/cuda_runtime/include and, for crt/, nvidia/cuda_nvcc/include | nvidia/nvfatbin/lib |
 | a CUDA toolkit (`$CUDA_HOME`, `$CUDA_PATH`, /usr/local/cuda) | lib64 | include | lib64 |
 
 When several are installed the first in that order wins (the order cuda-python's own loader
@@ -188,7 +188,7 @@ def _file_version(library: Path) -> str:
 def not_installed_error() -> KitError:
     return KitError(
         "NVRTC is not installed",
-        fix="pip install 'kitdispatch[build]' (CUDA 13) or 'kitdispatch[cu12]' (CUDA 12 drivers, Volta), "
+        fix="install kitdispatch's build extra (CUDA 13) or its cu12 extra (CUDA 12 drivers, Volta): pip install -e '.[build]' in its checkout, "
         "or use --compiler nvcc",
     )
 
@@ -210,7 +210,7 @@ def load_nvrtc():
     except ImportError as exc:
         raise KitError(
             f"cuda-python is not installed ({exc})",
-            fix="pip install 'kitdispatch[build]' or 'kitdispatch[cu12]', or use --compiler nvcc",
+            fix="pip install cuda-python (kitdispatch's build or cu12 extra), or use --compiler nvcc",
         ) from None
     try:
         err, major, _ = nvrtc.nvrtcVersion()
@@ -238,11 +238,11 @@ def load_nvfatbin():
 
         nvfatbin.version()
     except ImportError as exc:
-        raise KitError(f"nvFatbin is not available: {exc}", fix="pip install 'kitdispatch[build]'") from None
+        raise KitError(f"nvFatbin is not available: {exc}", fix="pip install 'nvidia-nvfatbin==13.0.*' cuda-python (kitdispatch's build extra)") from None
     except Exception as exc:  # cuda-pathfinder raises when it finds no libnvfatbin
         raise KitError(
             f"nvFatbin library could not be loaded: {str(exc).splitlines()[0]}",
-            fix="pip install 'kitdispatch[build]' (or 'kitdispatch[cu12]'), or use --compiler nvcc",
+            fix="pip install 'nvidia-nvfatbin==13.0.*' (kitdispatch's build extra; 'nvidia-nvfatbin-cu12' for cu12), or use --compiler nvcc",
         ) from None
     return nvfatbin
 
