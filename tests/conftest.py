@@ -80,6 +80,24 @@ def simple_mul_build(tmp_path_factory, prebuilt_dir):
     return prebuilt_or_build(SAMPLES / "simple_mul", tmp_path_factory, prebuilt_dir)
 
 
+# A kernel that doubles `x` into `y`, described from its C signature: the project the safety,
+# output-folder and record tests build and break.
+DOUBLING_CU = 'extern "C" __global__ void k(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = 2 * x[i]; }\n'
+DOUBLING_TOML = """
+[[kernels]]
+name = "k"
+source = "k.cu"
+workgroup_size = [64]
+workgroup_count = ["ceildiv(n, 64)"]
+shapes = { x = "f32[n]", y = "f32[n]" }
+"""
+
+
+def doubling_project(root: Path, cu: str = DOUBLING_CU, toml: str = DOUBLING_TOML) -> Path:
+    """The doubling kernel's project at `root` (its source or manifest replaced where given)."""
+    return write_kernel_project(root, cu, toml)
+
+
 def write_kernel_project(root: Path, cu: str, toml: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "k.cu").write_text(cu)

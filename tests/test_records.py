@@ -15,17 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, needs_iree_compile, write_kernel_project
+from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, needs_iree_compile, write_kernel_project
 
-CU = 'extern "C" __global__ void k(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = 2 * x[i]; }\n'
-TOML = """
-[[kernels]]
-name = "k"
-source = "k.cu"
-workgroup_size = [64]
-workgroup_count = ["ceildiv(n, 64)"]
-shapes = { x = "f32[n]", y = "f32[n]" }
-"""
+CU, TOML = DOUBLING_CU, DOUBLING_TOML
 LIMIT_S = 120  # far beyond what any of these commands needs; a hang is what it catches
 
 

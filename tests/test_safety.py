@@ -19,17 +19,9 @@ from kitdispatch.cli import main
 from kitdispatch.outputs import STAGING_MARKER, STAGING_PREFIX
 from kitdispatch.record import RecordError, journal_name, read_record
 
-from conftest import REPO, needs_iree_compile, write_kernel_project
+from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, needs_iree_compile, write_kernel_project
 
-CU = 'extern "C" __global__ void k(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = 2 * x[i]; }\n'
-TOML = """
-[[kernels]]
-name = "k"
-source = "k.cu"
-workgroup_size = [64]
-workgroup_count = ["ceildiv(n, 64)"]
-shapes = { x = "f32[n]", y = "f32[n]" }
-"""
+CU, TOML = DOUBLING_CU, DOUBLING_TOML
 
 
 def run(*argv):
@@ -38,8 +30,7 @@ def run(*argv):
     return code, out.getvalue(), err.getvalue()
 
 
-def project(root: Path, cu: str = CU, toml: str = TOML) -> Path:
-    return write_kernel_project(root, cu, toml)
+project = doubling_project
 
 
 PTX = BuildOptions.create("sm_80", format="ptx")
@@ -294,7 +285,9 @@ def test_a_macro_that_expands_without_end_is_stopped_at_the_time_limit(tmp_path)
     assert not (tmp_path / "out").exists()
 
 
-def test_ctrl_c_during_a_compile_stops_cleanly(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_during_a_compile_stops_cleanly(tmp_path, stop):
+    """Ctrl-C, and SIGTERM alike (what `kill` and service managers send)."""
     lines = ["#define E0 x"] + [f"#define E{i} E{i-1} E{i-1}" for i in range(1, 41)]
     root = project(tmp_path / "proj", cu="\n".join(lines) + "\nint never() { int x = 0; return sizeof((E40)); }\n" + CU)
     proc = subprocess.Popen(
@@ -302,7 +295,7 @@ def test_ctrl_c_during_a_compile_stops_cleanly(tmp_path):
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     time.sleep(4)  # well inside the compile
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
