@@ -5,12 +5,15 @@ The bookkeeping runs everywhere (on stand-in tensors: the cache reads only data_
 stride and dtype); the rest needs torch with CUDA and a GPU (skipped otherwise)."""
 
 import gc
+import sys
 import time
+import types
 
 import numpy as np
 import pytest
 
 from kitdispatch.device import TorchImports
+from kitdispatch.runtime import TorchCalls
 
 
 class Tensor:
@@ -71,6 +74,86 @@ def test_real_torch_tensors_take_their_imports_with_them():
         assert len(imports) == (0 if detached else 1)
 
 
+class _Prepared:
+    """A PreparedCall holds the imports of the tensors, not the tensors."""
+
+    def __init__(self):
+        self.launches, self._after_torch, self._returned = 0, True, "out"
+
+    def launch(self):
+        self.launches += 1
+
+
+class _Function:
+    """What TorchCalls uses of a Function: prepare, and the device's torch ordering."""
+
+    def __init__(self):
+        self.prepared = []
+        self.orders = 0
+        self._device = types.SimpleNamespace(order_after_torch=self._order)
+
+    def _order(self):
+        self.orders += 1
+
+    def prepare(self, *args, out=None):
+        self.prepared.append(_Prepared())
+        return self.prepared[-1]
+
+
+@pytest.fixture
+def stand_in_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(Tensor=Tensor))
+
+
+def test_launches_on_the_same_tensors_are_prepared_at_the_second_and_reused(stand_in_torch):
+    function = _Function()
+    calls = TorchCalls(function)
+    x, y, out = Tensor(0x1000), Tensor(0x2000), Tensor(0x3000)
+    assert not calls.launched((x, y, 2.0), out)  # seen once: the usual path
+    assert calls.launched((x, y, 2.0), out) and calls.launched((x, y, 2.0), out)
+    assert len(function.prepared) == 1 and function.prepared[0].launches == 2 and len(calls) == 1
+    assert function.prepared[0]._returned is None  # the caller returns `out`: it is not held
+    assert not calls.launched((x, y, 3.0), out)  # another scalar is another call
+    assert not calls.launched((x, y, np.float32(2.0)), out)  # and another type
+    assert not calls.launched((x, y, 2.0), (out, Tensor(0x4000)))  # other outputs too
+
+
+def test_a_changed_tensor_is_prepared_again(stand_in_torch):
+    function = _Function()
+    calls = TorchCalls(function)
+    x, y, out = Tensor(0x1000), Tensor(0x2000), Tensor(0x3000)
+    calls.launched((x, y), out), calls.launched((x, y), out)
+    for change in (("ptr", 0x5000), ("shape", (2, 2)), ("_stride", (2,)), ("dtype", "float16")):
+        setattr(x, *change)  # set_, resize_, an in-place transpose, a view as another type
+        assert not calls.launched((x, y), out), change  # the usual path re-imports and checks
+        assert calls.launched((x, y), out)
+    assert len(function.prepared) == 5 and len(calls) == 1
+
+
+def test_calls_go_with_their_tensors_and_stay_bounded(stand_in_torch):
+    function = _Function()
+    calls = TorchCalls(function)
+    x, y, out = Tensor(0x1000), Tensor(0x2000), Tensor(0x3000)
+    calls.launched((x, y), out), calls.launched((x, y), out)
+    assert len(calls) == 1
+    del x
+    gc.collect()
+    assert len(calls) == 0 and not calls._entries
+    kept = [Tensor(i) for i in range(TorchCalls.LIMIT + 5)]
+    for t in kept:
+        calls.launched((t, y), out), calls.launched((t, y), out)
+    assert len(calls) == TorchCalls.LIMIT
+
+
+def test_only_calls_on_torch_tensors_device_arrays_and_numbers(stand_in_torch):
+    calls = TorchCalls(_Function())
+    x, out = Tensor(0x1000), Tensor(0x3000)
+    for other in (np.ones(4, np.float32), [1.0], "2"):  # host arrays are copied each call: no reuse
+        calls.launched((x, other), out)
+        assert not calls.launched((x, other), out)
+    assert not calls.launched((1.0, 2.0), (1.0,)) and not calls.launched((1.0, 2.0), (1.0,))  # no tensor
+
+
 # ---------------------------------------------------------------------- on a GPU
 
 
@@ -102,7 +185,8 @@ def test_torch_tensors_are_imported_once(module, torch):
         module.simple_mul.launch(x, y, out=out)
     dev.synchronize()
     assert all(dev.torch_imports.get(t) is v for t, v in zip((x, y, out), views))
-    assert len(module.simple_mul._recorded) == 1
+    # The second launch recorded the call; the third prepared it on the same tensors.
+    assert len(module.simple_mul._recorded) == 1 and len(module.simple_mul._torch_calls) == 1
     assert dev.asarray(x) is views[0]
     torch.testing.assert_close(out, x * y, rtol=0, atol=0)
 
@@ -162,3 +246,25 @@ def test_calls_run_after_torch_work_queued_before_them(module, torch, side_strea
             x.fill_(value)
             call()
         np.testing.assert_array_equal(out.cpu().numpy(), np.full(1 << 20, value, np.float32))
+
+
+@pytest.mark.gpu
+def test_repeated_launches_are_prepared_and_still_see_every_change(module, torch):
+    """From the third launch on the same tensors the call is a prepared one (TorchCalls): it
+    must still read what torch wrote since, and a tensor given other memory is checked anew."""
+    f, dev = module.simple_mul, module.device
+    x, y = torch.rand(4096, device="cuda"), torch.rand(4096, device="cuda")
+    out = torch.zeros_like(x)
+    for _ in range(3):
+        assert f.launch(x, y, out=out) is out
+    assert len(f._torch_calls) == 1
+    x.mul_(2)  # queued on torch's stream just before the next launch
+    f.launch(x, y, out=out)
+    dev.synchronize()
+    torch.testing.assert_close(out, x * y, rtol=0, atol=0)
+    other = torch.zeros_like(x)
+    out.set_(other)
+    for _ in range(3):
+        f.launch(x, y, out=out)
+    dev.synchronize()
+    torch.testing.assert_close(other, x * y, rtol=0, atol=0)
