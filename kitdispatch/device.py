@@ -525,7 +525,16 @@ class _LegacyStream:
         self._check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
         self._check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
         self._context = context
-        self._popped = ctypes.byref(ctypes.c_void_p())  # where cuCtxPopCurrent writes the context
+        # settle's calls, bound once with their argument types: it runs once a call, and
+        # building its arguments cost as much as the calls (benchmarks/investigations/
+        # torch_launch_profile.py). `lib` is this stream's own CDLL (_libcuda makes one a call).
+        push, query, pop = lib.cuCtxPushCurrent_v2, lib.cuStreamQuery, lib.cuCtxPopCurrent_v2
+        push.argtypes = query.argtypes = pop.argtypes = [ctypes.c_void_p]
+        push.restype = query.restype = pop.restype = ctypes.c_int
+        self._push, self._query, self._pop = push, query, pop
+        self._context_value = context.value
+        self._popped_value = ctypes.c_void_p()
+        self._pop_slot = ctypes.addressof(self._popped_value)
 
     CUDA_ERROR_NOT_READY = 600
 
@@ -539,17 +548,19 @@ class _LegacyStream:
 
     def settle(self, stream: int) -> None:
         """Until `stream` (a raw CUstream of this context; 0: the legacy default stream) has
-        run what it holds; no wait when it holds nothing. Called once a call: ~1 us."""
-        lib = self._lib
-        handle = ctypes.c_void_p(stream or self.CU_STREAM_LEGACY)
-        self._check(lib.cuCtxPushCurrent_v2(self._context), "cuCtxPushCurrent")
+        run what it holds; no wait when it holds nothing. Called once a call."""
+        handle = stream or self.CU_STREAM_LEGACY
+        code = self._push(self._context_value)
+        if code:
+            self._check(code, "cuCtxPushCurrent")
         try:
-            code = lib.cuStreamQuery(handle)
+            code = self._query(handle)
             if code == self.CUDA_ERROR_NOT_READY:
-                code = lib.cuStreamSynchronize(handle)
-            self._check(code, "cuStreamSynchronize")
+                code = self._lib.cuStreamSynchronize(ctypes.c_void_p(handle))
+            if code:
+                self._check(code, "cuStreamSynchronize")
         finally:
-            lib.cuCtxPopCurrent_v2(self._popped)
+            self._pop(self._pop_slot)
 
     @staticmethod
     def _check(code: int, call: str) -> None:
