@@ -103,3 +103,31 @@ def write_kernel_project(root: Path, cu: str, toml: str) -> Path:
     (root / "k.cu").write_text(cu)
     (root / "kitdispatch.toml").write_text(toml)
     return root
+
+
+# Property tests of records: any JSON value, every place in a JSON value, and one place replaced.
+def json_values():
+    from hypothesis import strategies as st
+
+    return st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+        max_leaves=6,
+    )
+
+
+def json_paths(value, prefix=()):
+    """Every place in a JSON value, as a path of keys and indexes."""
+    yield prefix
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        yield from json_paths(v, prefix + (k,))
+
+
+def json_replaced_at(value, path, new):
+    """`value` with the place at `path` replaced by `new` (a copy; `value` is unchanged)."""
+    if not path:
+        return new
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[path[0]] = json_replaced_at(value[path[0]], path[1:], new)
+    return copy

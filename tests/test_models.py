@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, SAMPLES, needs_iree_compile
+from conftest import REPO, SAMPLES, json_paths, json_replaced_at, json_values, needs_iree_compile
 from kitdispatch import Buffer, Kernel, KitError, ManifestError, Scalar, TensorType
 from kitdispatch.spec import IndexExpr
 from kitdispatch.manifest import parse_manifest
@@ -1157,27 +1157,7 @@ def _write_model_record(folder, record) -> None:
     (folder / "m.model.json").write_text(json.dumps(record))
 
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=6,
-)
-
-
-def _paths(value, prefix=()):
-    """Every place in a JSON value, as a path of keys and indexes."""
-    yield prefix
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        yield from _paths(v, prefix + (k,))
-
-
-def _replaced_at(value, path, new):
-    if not path:
-        return new
-    copy = dict(value) if isinstance(value, dict) else list(value)
-    copy[path[0]] = _replaced_at(value[path[0]], path[1:], new)
-    return copy
+_JSON = json_values()
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -1189,8 +1169,8 @@ def test_model_records_with_wrong_json_types_are_damaged_records(tmp_path_factor
     from kitdispatch.record import DamagedRecord
 
     folder = tmp_path_factory.mktemp("record")
-    path = data.draw(st.sampled_from(list(_paths(MODEL_RECORD))))
-    _write_model_record(folder, _replaced_at(MODEL_RECORD, path, data.draw(_JSON)))
+    path = data.draw(st.sampled_from(list(json_paths(MODEL_RECORD))))
+    _write_model_record(folder, json_replaced_at(MODEL_RECORD, path, data.draw(_JSON)))
     try:
         read_model_record(folder)
     except DamagedRecord as exc:

@@ -19,7 +19,7 @@ from kitdispatch.cli import main
 from kitdispatch.outputs import STAGING_MARKER, STAGING_PREFIX
 from kitdispatch.record import RecordError, journal_name, read_record
 
-from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, needs_iree_compile, write_kernel_project
+from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, json_paths, json_replaced_at, json_values, needs_iree_compile, write_kernel_project
 
 CU, TOML = DOUBLING_CU, DOUBLING_TOML
 
@@ -478,26 +478,7 @@ def _good_record_json() -> dict:
     return json.loads(record.to_bytes())
 
 
-_JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=6,
-)
-
-
-def _json_paths(value, prefix=()):
-    yield prefix
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        yield from _json_paths(v, prefix + (k,))
-
-
-def _with_value_at(value, path, new):
-    if not path:
-        return new
-    copy = dict(value) if isinstance(value, dict) else list(value)
-    copy[path[0]] = _with_value_at(value[path[0]], path[1:], new)
-    return copy
+_JSON_VALUES = json_values()
 
 
 def test_the_good_record_reads():
@@ -518,8 +499,8 @@ def test_a_build_record_with_any_value_of_a_wrong_type_is_a_damaged_record(data)
     from kitdispatch.record import BuildRecord, DamagedRecord, RecordError
 
     good = _good_record_json()
-    path = data.draw(st.sampled_from(list(_json_paths(good))))
-    damaged = _with_value_at(good, path, data.draw(_JSON_VALUES))
+    path = data.draw(st.sampled_from(list(json_paths(good))))
+    damaged = json_replaced_at(good, path, data.draw(_JSON_VALUES))
     try:
         record = BuildRecord.from_bytes(json.dumps(damaged).encode(), "m.kitdispatch.json")
     except DamagedRecord as exc:
