@@ -56,7 +56,7 @@ def way_iree_sample(work: Path, jobs: int = 1) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     from kitdispatch import load_manifest
-    from kitdispatch.iree_compile import find_iree_compile
+    from kitdispatch.iree.tools import find_iree_compile
 
     nvcc, iree_compile = shutil.which("nvcc"), find_iree_compile()
     ptx_commands, link_commands = [], []
@@ -77,7 +77,8 @@ def way_iree_sample(work: Path, jobs: int = 1) -> dict:
 
 
 def way_kitdispatch(work: Path, tag: str) -> dict:
-    from kitdispatch import BuildOptions, build, build_all
+    from kitdispatch import BuildOptions, build_all
+    from kitdispatch import build
 
     # "p": the same objects as (a), PTX per architecture, to compare like with like.
     options = BuildOptions.create(ARCHS, **({"format": "ptx"} if tag == "p" else {}))
@@ -91,7 +92,7 @@ def way_kitdispatch(work: Path, tag: str) -> dict:
 
 
 def child(way: str, work: Path) -> None:
-    import kitdispatch.build  # noqa: F401  (interpreter start and imports stay out of every way's time)
+    import kitdispatch.builder.pipeline  # noqa: F401  (interpreter start and imports stay out of every way's time)
 
     start = time.perf_counter()
     if way in ("a", "j"):

@@ -129,7 +129,7 @@ def median_us(call, calls: int) -> float:
 
 def kernel_us(launch, wait, reps: int = 200) -> float:
     """Mean device time of the kernels one `launch` runs (CUPTI)."""
-    from kitdispatch.timing import KernelTimer
+    from kitdispatch.run.timing import KernelTimer
 
     launch()
     wait()
@@ -459,7 +459,7 @@ def iree_caching_allocator(vmfb: Path) -> None:
 
 @section
 def iree_benchmark_module(vmfb: Path, host: dict) -> None:
-    from kitdispatch.runtime import find_runtime_tool
+    from kitdispatch.run.module import find_runtime_tool
 
     tool = find_runtime_tool("iree-benchmark-module")
     runner = find_runtime_tool("iree-run-module")
@@ -593,7 +593,7 @@ def cli_benchmark(vmfb: Path) -> None:
 def environment() -> dict:
     from environment import base
 
-    from kitdispatch.timing import find_cupti
+    from kitdispatch.run.timing import find_cupti
 
     return {
         **base("iree-base-runtime", "cuda-bindings", "torch"),

@@ -30,7 +30,7 @@ def gpu(fields: str = "name,driver_version") -> str:
 
 
 def cuda_driver() -> str | None:
-    from kitdispatch.cuda_driver import driver_info
+    from kitdispatch.run.cuda_driver import driver_info
 
     info = driver_info()
     return info.version if info else None

@@ -308,7 +308,7 @@ def build(out: Path) -> None:
     """Kit modules (kernels/* for sm_90a + sm_80) and one IREE codegen module per case."""
     sys.path.insert(0, str(REPO))
     import kitdispatch as kd
-    from kitdispatch.iree_compile import find_iree_compile
+    from kitdispatch.iree.tools import find_iree_compile
 
     modules = sorted({c.module for c in CASES})
     kd.build_all([REPO / "kernels" / m for m in modules], kd.BuildOptions.create(ARCHS), out / "kit")

@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 
 import kitdispatch as kd
-from kitdispatch.compare import compare_model, format_comparison
-from kitdispatch.runtime import cuda_status
+from kitdispatch.models.compare import compare_model, format_comparison
+from kitdispatch.run.module import cuda_status
 
 
 def environment() -> dict:
@@ -32,8 +32,8 @@ def environment() -> dict:
 
 
 def call_only(folders, n: int) -> None:
-    from kitdispatch.compare import _function, random_inputs
-    from kitdispatch.models import read_model_record
+    from kitdispatch.models.compare import _function, random_inputs
+    from kitdispatch.models.pipeline import read_model_record
 
     for folder in folders:
         root, record = read_model_record(folder)

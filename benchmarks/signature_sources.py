@@ -24,11 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kitdispatch import signature  # noqa: E402
-from kitdispatch.archs import Arch  # noqa: E402
-from kitdispatch.compilers import CompileOptions, NvrtcCompiler  # noqa: E402
-from kitdispatch.toolchain import find_nvrtc  # noqa: E402
-from kitdispatch.ptx import parse_entries  # noqa: E402
+from kitdispatch.describe import c_signature as signature  # noqa: E402
+from kitdispatch.compile.archs import Arch  # noqa: E402
+from kitdispatch.compile.compilers import CompileOptions, NvrtcCompiler  # noqa: E402
+from kitdispatch.compile.toolchain import find_nvrtc  # noqa: E402
+from kitdispatch.check.ptx import parse_entries  # noqa: E402
 
 CUDA_ATTRIBUTES = [
     "-D__global__=__attribute__((global))", "-D__device__=__attribute__((device))",

@@ -2,58 +2,67 @@
 
 Describe kernels (`Kernel`, `ModuleSpec` or a kitdispatch.toml), `build` them into a
 .vmfb for IREE's cuda device, and call it with numpy through `load_module`.
+
+The public names load on first use, each from the stage that owns it, so that a program that
+only runs modules (`from kitdispatch import load_module`) imports the run side alone: no jinja2,
+no compilers, no iree.compiler.
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
+# Public name -> the module that defines it (packages by stage: README "Layout").
+_PUBLIC = {
+    **dict.fromkeys(("Arch", "parse_arch_list"), "kitdispatch.compile.archs"),
+    **dict.fromkeys(("BuildOptions", "BuildResult", "build", "build_all", "generate", "generate_all"),
+                    "kitdispatch.builder.pipeline"),
+    "CompileOptions": "kitdispatch.compile.compilers",
+    **dict.fromkeys(("Device", "DeviceArray", "get_device"), "kitdispatch.run.device"),
+    **dict.fromkeys(("AbiError", "ArchError", "BuildsFailed", "CompileError", "IreeCompileError", "KitError",
+                     "ManifestError", "RuntimeUnavailable", "ToolError", "UsageError"), "kitdispatch.errors"),
+    **dict.fromkeys(("kernel_from_source", "load_manifest"), "kitdispatch.describe.manifest"),
+    **dict.fromkeys(("Function", "Module", "cuda_status", "load_module", "run_function", "run_module"),
+                    "kitdispatch.run.module"),
+    **dict.fromkeys(("ModelBuild", "build_model", "export_torch"), "kitdispatch.models.pipeline"),
+    **dict.fromkeys(("Comparison", "compare_model", "profile_module"), "kitdispatch.models.compare"),
+    **dict.fromkeys(("Buffer", "Kernel", "Replaces", "Scalar"), "kitdispatch.describe.kernel"),
+    **dict.fromkeys(("FunctionSignature", "TensorType"), "kitdispatch.describe.types"),
+    **dict.fromkeys(("ModuleSpec", "Program", "TestSpec"), "kitdispatch.describe.module"),
+}
+__all__ = sorted(_PUBLIC)
 
-def _interrupted_as_command() -> None:
-    """A Ctrl-C while the `kitdispatch` command imports the package ends it as the command
-    documents (exit 130, one line), not with a traceback; a program importing it gets its
-    KeyboardInterrupt."""
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'kitdispatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
+
+def _running_as_command() -> bool:
     import os
     import sys
 
     argv = list(getattr(sys, "orig_argv", sys.argv))
-    command = os.path.basename(sys.argv[0]).removesuffix(".exe") == "kitdispatch" or any(
+    return os.path.basename(sys.argv[0]).removesuffix(".exe") == "kitdispatch" or any(
         a == "-m" and b == "kitdispatch" for a, b in zip(argv, argv[1:])
     )
-    if command:
+
+
+# A Ctrl-C while the `kitdispatch` command imports its CLI ends it as the command documents
+# (exit 130, one line), not with a traceback; a program importing the package gets its
+# KeyboardInterrupt.
+if _running_as_command():
+    try:
+        from kitdispatch import cli  # noqa: F401  (the console script's own import: inside this guard)
+    except KeyboardInterrupt:
+        import sys
+
         print("kitdispatch: interrupted", file=sys.stderr)
-        raise SystemExit(130)
-
-
-try:
-    from .archs import Arch, parse_arch_list  # noqa: E402
-    from .build import BuildOptions, BuildResult, build, build_all, generate, generate_all  # noqa: E402
-    from .compilers import CompileOptions  # noqa: E402
-    from .device import Device, DeviceArray, get_device  # noqa: E402
-    from .errors import (  # noqa: E402
-        AbiError,
-        ArchError,
-        BuildsFailed,
-        CompileError,
-        IreeCompileError,
-        KitError,
-        ManifestError,
-        RuntimeUnavailable,
-        ToolError,
-        UsageError,
-    )
-    from .manifest import kernel_from_source, load_manifest  # noqa: E402
-    from .runtime import Function, Module, cuda_status, load_module, run_function, run_module  # noqa: E402
-    from .models import ModelBuild, build_model, export_torch  # noqa: E402
-    from .compare import Comparison, compare_model, profile_module  # noqa: E402
-    from .spec import Buffer, FunctionSignature, Kernel, ModuleSpec, Program, Replaces, Scalar, TensorType, TestSpec  # noqa: E402
-    from . import cli  # noqa: E402, F401  (the console script's own import: inside this guard)
-except KeyboardInterrupt:
-    _interrupted_as_command()
-    raise
-
-__all__ = [
-    "AbiError", "Arch", "ArchError", "Buffer", "BuildOptions", "BuildResult", "BuildsFailed", "CompileError",
-    "CompileOptions", "Device", "DeviceArray", "Function", "FunctionSignature", "IreeCompileError", "Kernel", "KitError", "ManifestError",
-    "Module", "ModuleSpec", "Program", "Replaces", "RuntimeUnavailable", "Scalar", "TensorType", "TestSpec",
-    "ToolError", "UsageError", "build", "build_all", "cuda_status", "generate", "generate_all", "kernel_from_source", "load_manifest", "load_module", "parse_arch_list",
-    "get_device", "run_function", "run_module", "ModelBuild", "build_model", "export_torch", "Comparison", "compare_model", "profile_module",
-]
+        raise SystemExit(130) from None

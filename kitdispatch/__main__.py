@@ -1,5 +1,5 @@
 try:
-    from .cli import console_main
+    from kitdispatch.cli import console_main
 except KeyboardInterrupt:  # the package itself says so when it was importing (__init__.py)
     import sys
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ToolError
+from kitdispatch.errors import ToolError
 
 
 @dataclass(frozen=True)

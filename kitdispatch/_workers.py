@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from .errors import ToolError
+from kitdispatch.errors import ToolError
 
 _SCRIPT = Path(__file__).with_name("_worker_main.py")
 

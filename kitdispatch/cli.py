@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from . import __version__
-from .errors import KitError
+from kitdispatch import __version__
+from kitdispatch.errors import KitError
 
 EXIT_USAGE = 2
 EXIT_NOTHING_CHECKED = 5  # as pytest: the command ran, but no check did
@@ -267,8 +267,8 @@ def _interrupted_while_exiting(signum, frame) -> None:
 
 
 def _build_options(args):
-    from .build import BuildOptions
-    from .compilers import CompileOptions
+    from kitdispatch.builder.pipeline import BuildOptions
+    from kitdispatch.compile.compilers import CompileOptions
 
     return BuildOptions.create(
         args.arch,
@@ -289,7 +289,7 @@ def _build_options(args):
 
 
 def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
-    from .build import build, build_all, generate, generate_all
+    from kitdispatch.builder.pipeline import build, build_all, generate, generate_all
 
     options = _build_options(args)
     if getattr(args, "model", None):
@@ -322,7 +322,7 @@ def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
 
 
 def _build_model(args, options, out: _Out) -> int:
-    from .models import build_model, format_report
+    from kitdispatch.models.pipeline import build_model, format_report
 
     if len(args.manifests) != 1:
         raise KitError("--model takes one manifest", fix="pass the one project whose kernels replace the model's ops")
@@ -335,7 +335,7 @@ def _build_model(args, options, out: _Out) -> int:
 
 
 def _cmd_compare(args, out: _Out) -> int:
-    from .compare import compare_model, format_comparison
+    from kitdispatch.models.compare import compare_model, format_comparison
 
     result = compare_model(Path(args.built), inputs=args.inputs, function=args.function, device=args.device)
     out.result(result.to_json(), format_comparison(result))
@@ -343,7 +343,7 @@ def _cmd_compare(args, out: _Out) -> int:
 
 
 def _cmd_profile(args, out: _Out) -> int:
-    from .compare import format_dispatch, profile_module
+    from kitdispatch.models.compare import format_dispatch, profile_module
 
     vmfb, times = profile_module(Path(args.built), inputs=args.inputs, function=args.function, device=args.device)
     text = "\n".join([f"heaviest dispatches of {vmfb} (device time, Nsight Compute):"] + [format_dispatch(t) for t in times])
@@ -356,7 +356,7 @@ def _cmd_gen(args, out: _Out) -> int:
 
 
 def _cmd_run(args, out: _Out) -> int:
-    from .runtime import read_signatures, run_function, run_module
+    from kitdispatch.run.module import read_signatures, run_function, run_module
 
     if args.function not in read_signatures(Path(args.vmfb)) and not args.benchmark:
         res = run_module(Path(args.vmfb), args.function, args.input, device=args.device)  # not built by kitdispatch
@@ -375,10 +375,10 @@ def _cmd_run(args, out: _Out) -> int:
 
 
 def _cmd_test(args, out: _Out) -> int:
-    from .verify import format_table, verify
+    from kitdispatch.run.sample_tests import format_table, verify
 
     def build_sample(sample: Path, dest: Path) -> Path:
-        from .build import BuildOptions, build
+        from kitdispatch.builder.pipeline import BuildOptions, build
 
         options = BuildOptions.create(args.arch, compiler=args.compiler)
         return build(sample, options, dest, progress=out.progress).record
@@ -401,7 +401,7 @@ def _cmd_test(args, out: _Out) -> int:
 
 
 def _cmd_doctor(args, out: _Out) -> int:
-    from .doctor import collect, format_report
+    from kitdispatch.doctor import collect, format_report
 
     report = collect()
     out.result(report, format_report(report))
@@ -409,7 +409,7 @@ def _cmd_doctor(args, out: _Out) -> int:
 
 
 def _cmd_cache(args, out: _Out) -> int:
-    from .cache import Cache
+    from kitdispatch.compile.cache import Cache
 
     cache = Cache()
     if args.action == "clear":

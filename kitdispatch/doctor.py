@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from importlib.metadata import PackageNotFoundError, version
 
-from . import __version__
+from kitdispatch import __version__
 
 
 def collect() -> dict:
@@ -24,7 +24,7 @@ def collect() -> dict:
 
 def _nvrtc_install() -> dict:
     """Which NVRTC the nvrtc backend loads, from where, with which headers and nvFatbin."""
-    from .toolchain import find_all_nvrtc, find_nvrtc
+    from kitdispatch.compile.toolchain import find_all_nvrtc, find_nvrtc
 
     install = find_nvrtc()
     if install is None:
@@ -45,7 +45,7 @@ def _nvrtc_install() -> dict:
 
 
 def _kit_headers() -> dict:
-    from ._resources import kit_headers
+    from kitdispatch._resources import kit_headers
 
     headers = kit_headers()
     return {"folder": str(headers.folder), "prelude": headers.prelude.name, "files": list(headers.names), "digest": headers.digest}
@@ -53,8 +53,8 @@ def _kit_headers() -> dict:
 
 def _iree_release() -> dict:
     """The IREE release the MLIR is generated for, and its codegen targets."""
-    from .errors import KitError
-    from .iree_compile import target_release
+    from kitdispatch.errors import KitError
+    from kitdispatch.iree.tools import target_release
 
     try:
         release = target_release()
@@ -76,9 +76,9 @@ def _pkg(name: str) -> str | None:
 
 
 def _compiler(name: str) -> dict:
-    from .archs import Arch
-    from .compilers import CompileOptions, get_compiler
-    from .errors import KitError
+    from kitdispatch.compile.archs import Arch
+    from kitdispatch.compile.compilers import CompileOptions, get_compiler
+    from kitdispatch.errors import KitError
 
     try:
         compiler = get_compiler(name)
@@ -106,9 +106,9 @@ def _ptx_isa(compiler, arch, options) -> str | None:
 
 
 def _gpu() -> dict:
-    from .cuda_driver import driver_info
-    from .preflight import Version, max_ptx_isa
-    from .runtime import cuda_status
+    from kitdispatch.run.cuda_driver import driver_info
+    from kitdispatch.run.driver_ptx import Version, max_ptx_isa
+    from kitdispatch.run.module import cuda_status
 
     status = cuda_status()
     info: dict = {"available": status.available, "detail": status.reason}
@@ -123,7 +123,7 @@ def _gpu() -> dict:
 def _warnings(report: dict) -> list[str]:
     """What will fail later: PTX or cubins the local driver cannot load, headers or nvFatbin
     missing beside NVRTC, two NVRTCs, an IREE release kitdispatch does not support."""
-    from .preflight import Version, nvrtc_for_driver
+    from kitdispatch.run.driver_ptx import Version, nvrtc_for_driver
 
     limit = report["gpu"].get("driver_max_ptx_isa")
     driver = report["gpu"].get("driver_cuda_version")

@@ -10,7 +10,7 @@ SAMPLES = REPO / "samples"
 
 def _iree_compile_available() -> bool:
     try:
-        from kitdispatch.iree_compile import find_iree_compile
+        from kitdispatch.iree.tools import find_iree_compile
 
         return bool(find_iree_compile())
     except Exception:
@@ -18,7 +18,7 @@ def _iree_compile_available() -> bool:
 
 
 def _cuda_available() -> bool:
-    from kitdispatch.runtime import cuda_status
+    from kitdispatch.run.module import cuda_status
 
     return cuda_status().available
 
@@ -67,7 +67,8 @@ def prebuilt_or_build(source: Path, tmp_path_factory, prebuilt_dir, archs: str =
         pytest.skip("neither iree-compile nor KITDISPATCH_PREBUILT is available")
     if compiler == "nvcc" and not HAVE_NVCC:
         pytest.skip("nvcc is not on PATH")
-    from kitdispatch import BuildOptions, build
+    from kitdispatch import BuildOptions
+    from kitdispatch import build
 
     out = tmp_path_factory.mktemp(name)
     build(source, BuildOptions.create(archs, compiler=compiler), out)

@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from kitdispatch import BuildOptions, KitError, ManifestError, build, generate, load_manifest
-from kitdispatch.compilers import CompileOptions, NvrtcCompiler
-from kitdispatch.record import read_record
-from kitdispatch.toolchain import find_nvrtc
-from kitdispatch.archs import Arch
-from kitdispatch.ptx import check_kernel_against_ptx, parse_entries
-from kitdispatch.runtime import scalar_argument
-from kitdispatch.spec import Buffer, Scalar, float_bits
+from kitdispatch import BuildOptions, KitError, ManifestError, generate, load_manifest
+from kitdispatch import build
+from kitdispatch.compile.compilers import CompileOptions, NvrtcCompiler
+from kitdispatch.describe.record import read_record
+from kitdispatch.compile.toolchain import find_nvrtc
+from kitdispatch.compile.archs import Arch
+from kitdispatch.check.ptx import check_kernel_against_ptx, parse_entries
+from kitdispatch.run.module import scalar_argument
+from kitdispatch.describe.kernel import Buffer, Scalar
+from kitdispatch.describe.types import float_bits
 
 from conftest import needs_iree_compile, write_kernel_project
 
@@ -269,7 +271,7 @@ def test_cuda_headers_work_under_nvrtc_from_pip(tmp_path, header):
 
 @pytest.mark.parametrize("project", sorted(p.parent.name for p in (Path(__file__).parent.parent / "kernels").glob("*/kitdispatch.toml")))
 def test_the_store_analysis_finds_exactly_the_results_of_the_library(project):
-    from kitdispatch.ptx import written_params
+    from kitdispatch.check.ptx import written_params
 
     spec = load_manifest(Path(__file__).parent.parent / "kernels" / project)
     names = tuple(k.name for k in spec.kernels if k.cpp_name)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kitdispatch import ManifestError, ModuleSpec
-from kitdispatch.manifest import parse_manifest
+from kitdispatch.describe.manifest import parse_manifest
 
 ROOT = Path(tempfile.mkdtemp(prefix="kitdispatch-props-"))
 (ROOT / "k.cu").write_text(
@@ -94,7 +94,7 @@ def test_an_f32_argument_is_refused_exactly_when_it_would_arrive_as_infinity(val
 
     import numpy as np
 
-    from kitdispatch import abi
+    from kitdispatch.describe import abi
 
     with np.errstate(over="ignore"):  # rounding to f32 decides: values just over the largest round down
         fits = math.isinf(value) or math.isfinite(float(np.float32(value)))

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kitdispatch import BuildOptions, KitError, build, generate, load_manifest
-from kitdispatch.bridge import rewrite_entry
+from kitdispatch import BuildOptions, KitError, generate, load_manifest
+from kitdispatch import build
+from kitdispatch.compile.bridge import rewrite_entry
 from kitdispatch.errors import AbiError
-from kitdispatch.ptx import parse_entries
+from kitdispatch.check.ptx import parse_entries
 
 from conftest import needs_iree_compile, write_kernel_project
 
@@ -70,8 +71,8 @@ def test_rewrite_puts_pointers_first_and_splits_wide_scalars_into_words():
 def test_rewritten_ptx_assembles(tmp_path):
     if not shutil.which("ptxas"):
         pytest.skip("ptxas is not on PATH")
-    from kitdispatch.archs import Arch
-    from kitdispatch.bridge import assemble
+    from kitdispatch.compile.archs import Arch
+    from kitdispatch.compile.bridge import assemble
 
     cubin, _ = assemble(rewrite_entry(PTX, "k", (1,)).encode(), Arch.parse("sm_90"), "nvrtc")
     assert cubin[:4] == b"\x7fELF"

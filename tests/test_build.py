@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from kitdispatch import BuildOptions, IreeCompileError, KitError, ManifestError, build, generate, load_manifest
-from kitdispatch.render import ExecutableObjects, render_module
+from kitdispatch import BuildOptions, IreeCompileError, KitError, ManifestError, generate, load_manifest
+from kitdispatch import build
+from kitdispatch.emit.render import ExecutableObjects, render_module
 
 from conftest import SAMPLES, needs_iree_compile, write_kernel_project
 
@@ -222,8 +223,8 @@ def test_missing_program_file(tmp_path):
 
 
 def test_render_without_compiling():
-    from kitdispatch.archs import Arch
-    from kitdispatch.render import VariantObject
+    from kitdispatch.compile.archs import Arch
+    from kitdispatch.emit.render import VariantObject
 
     spec = load_manifest(SAMPLES / "simple_mul")
     objs = [ExecutableObjects(spec.kernels[0].source, "ptx", (VariantObject(Arch.parse("sm_80"), "ptx", "x.ptx"),))]
@@ -278,7 +279,7 @@ def test_per_kernel_format_overrides_the_build(tmp_path):
 
 
 def test_ptx_newer_than_the_minimum_driver_fails_early(tmp_path):
-    from kitdispatch.preflight import PreflightError
+    from kitdispatch.run.driver_ptx import PreflightError
 
     with pytest.raises(PreflightError) as err:
         build(PROBE, BuildOptions.create("sm_80", format="ptx", min_driver="12.4"), tmp_path)

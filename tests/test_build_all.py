@@ -7,13 +7,14 @@ import threading
 
 import pytest
 
-from kitdispatch import BuildOptions, BuildsFailed, CompileError, KitError, ManifestError, build, build_all, generate_all
+from kitdispatch import BuildOptions, BuildsFailed, CompileError, KitError, ManifestError, build_all, generate_all
+from kitdispatch import build
 from kitdispatch._parallel import CpuSlots
 from kitdispatch.cli import main
 
 from conftest import SAMPLES, needs_iree_compile, write_kernel_project
 
-build_module = importlib.import_module("kitdispatch.build")  # the package's `build` is the function
+build_module = importlib.import_module("kitdispatch.builder.pipeline")  # the package's `build` is the function
 
 pytestmark = needs_iree_compile
 

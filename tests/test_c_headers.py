@@ -10,11 +10,11 @@ import pytest
 
 import kitdispatch as kd
 from kitdispatch import _resources
-from kitdispatch.archs import Arch
-from kitdispatch.cache import object_key
+from kitdispatch.compile.archs import Arch
+from kitdispatch.compile.cache import object_key
 from kitdispatch.cli import main
-from kitdispatch.compilers import CompileOptions, NvccCompiler, NvrtcCompiler, rerun_command
-from kitdispatch.toolchain import find_nvrtc
+from kitdispatch.compile.compilers import CompileOptions, NvccCompiler, NvrtcCompiler, rerun_command
+from kitdispatch.compile.toolchain import find_nvrtc
 
 from conftest import needs_iree_compile, prebuilt_or_build
 

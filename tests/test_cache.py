@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from kitdispatch import BuildOptions, CompileOptions, KitError, build, generate
-from kitdispatch.archs import Arch
-from kitdispatch.cache import Cache, CacheWarning, object_key
-from kitdispatch.compilers import IncludeSearch, NvrtcCompiler
+from kitdispatch import BuildOptions, CompileOptions, KitError, generate
+from kitdispatch import build
+from kitdispatch.compile.archs import Arch
+from kitdispatch.compile.cache import Cache, CacheWarning, object_key
+from kitdispatch.compile.compilers import IncludeSearch, NvrtcCompiler
 
 from conftest import REPO, SAMPLES, needs_iree_compile, write_kernel_project
 
@@ -72,7 +73,7 @@ def test_same_kernel_name_different_sources_never_share(tmp_path):
 
 
 def test_uncacheable_computed_include_still_compiles(tmp_path):
-    from kitdispatch.cache import Uncacheable, source_closure
+    from kitdispatch.compile.cache import Uncacheable, source_closure
 
     path = tmp_path / "k.cu"
     path.write_text('#define H "h.h"\n#include H\n')
@@ -243,7 +244,7 @@ def test_a_header_too_large_to_read_under_if_0_is_not_read_and_the_build_works(t
     cu.write_text('#if 0\n#include "huge.h"\n#endif\n' + cu.read_text())
     with open(root / "huge.h", "wb") as f:
         f.truncate(100 << 30)
-    from kitdispatch.cache import Uncacheable, source_closure
+    from kitdispatch.compile.cache import Uncacheable, source_closure
 
     with pytest.raises(Uncacheable, match="huge.h: 107374182400 bytes, over the 64 MiB kitdispatch reads"):
         source_closure(cu, IncludeSearch(()))
@@ -267,7 +268,7 @@ def test_a_kernel_source_too_large_to_read_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("xdg, expected", [("relative/cache", None), ("", None), ("/abs/cache", "/abs/cache/kitdispatch")])
 def test_xdg_cache_home_is_used_only_when_absolute(tmp_path, monkeypatch, xdg, expected):
     """The XDG spec: a relative path in XDG_CACHE_HOME is invalid and ignored (~/.cache then)."""
-    from kitdispatch.cache import default_cache_dir
+    from kitdispatch.compile.cache import default_cache_dir
 
     monkeypatch.delenv("KITDISPATCH_CACHE_DIR")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -190,7 +190,7 @@ def _interrupted_run(tmp_path, argv, entry, **env):
 
 
 @pytest.mark.parametrize("entry", ["module", "console-script"])
-@pytest.mark.parametrize("module", ["kitdispatch.build", "kitdispatch.cli", "numpy"])
+@pytest.mark.parametrize("module", ["kitdispatch.compile.toolchain", "kitdispatch.cli", "numpy"])
 def test_ctrl_c_while_the_package_imports_exits_130_without_a_traceback(tmp_path, entry, module):
     res = _interrupted_run(tmp_path, ["doctor"], entry, KD_INTERRUPT_AT=module)
     assert res.returncode == 130, res.stderr
@@ -207,8 +207,8 @@ def test_a_program_importing_the_package_still_gets_its_keyboard_interrupt(tmp_p
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), str(REPO)]), KD_INTERRUPT_AT="kitdispatch.build")
-    res = subprocess.run([sys.executable, "-c", "import kitdispatch"], capture_output=True, text=True, timeout=120, env=env)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), str(REPO)]), KD_INTERRUPT_AT="kitdispatch.builder.pipeline")
+    res = subprocess.run([sys.executable, "-c", "from kitdispatch import build"], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode != 0 and "KeyboardInterrupt" in res.stderr
 
 
@@ -233,8 +233,8 @@ def test_ctrl_c_as_a_finished_build_exits_is_130_without_a_traceback(tmp_path, e
 def test_run_inputs_that_do_not_fit_their_type_or_memory(text, dtype, message):
     """`run --input`: numbers beyond the element type, and shapes beyond memory, are one error."""
     from kitdispatch import KitError
-    from kitdispatch.spec import TensorType
-    from kitdispatch.values import parse_input
+    from kitdispatch.describe.types import TensorType
+    from kitdispatch.run.text_forms import parse_input
 
     with pytest.raises(KitError) as err:
         parse_input(text, TensorType(dtype, ("n",)), "--input 1")

@@ -3,10 +3,11 @@
 import pytest
 
 from kitdispatch import AbiError, ArchError, CompileError, CompileOptions, KitError, parse_arch_list
-from kitdispatch.archs import Arch
-from kitdispatch.compilers import NvccCompiler, NvrtcCompiler, check_archs
-from kitdispatch.ptx import check_kernel_against_ptx, parse_entries
-from kitdispatch.spec import Buffer, Kernel, Scalar, TensorType
+from kitdispatch.compile.archs import Arch
+from kitdispatch.compile.compilers import NvccCompiler, NvrtcCompiler, check_archs
+from kitdispatch.check.ptx import check_kernel_against_ptx, parse_entries
+from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
+from kitdispatch.describe.types import TensorType
 
 from conftest import SAMPLES
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 import kitdispatch as kd
-from kitdispatch import compilers, cxx_names
-from kitdispatch.archs import Arch
-from kitdispatch.bridge import rewrite_entry
-from kitdispatch.cache import object_key
+from kitdispatch.compile import compilers, cxx_names
+from kitdispatch.compile.archs import Arch
+from kitdispatch.compile.bridge import rewrite_entry
+from kitdispatch.compile.cache import object_key
 from kitdispatch.cli import main
-from kitdispatch.compilers import CompileOptions, NvccCompiler, NvrtcCompiler
+from kitdispatch.compile.compilers import CompileOptions, NvccCompiler, NvrtcCompiler
 from kitdispatch.errors import CompileError, KitError
-from kitdispatch.ptx import parse_entries
-from kitdispatch.toolchain import find_nvrtc
+from kitdispatch.check.ptx import parse_entries
+from kitdispatch.compile.toolchain import find_nvrtc
 
 from conftest import needs_iree_compile, prebuilt_or_build, write_kernel_project
 

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from conftest import needs_iree_compile, write_kernel_project
 
-from kitdispatch import BuildOptions, build, generate, load_manifest
+from kitdispatch import BuildOptions, generate, load_manifest
+from kitdispatch import build
 from kitdispatch.cli import main
 from kitdispatch.errors import ManifestError
-from kitdispatch.record import read_record
-from kitdispatch.signature import compiled_signature, parse_kernels
+from kitdispatch.describe.record import read_record
+from kitdispatch.describe.c_signature import compiled_signature, parse_kernels
 
 HEADERS = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
 TOML = ('[[kernels]]\nname = "{name}"\nsource = "k.cu"\nworkgroup_size = [64]\nworkgroup_count = ["ceildiv(n, 64)"]\n'

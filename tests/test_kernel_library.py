@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kitdispatch import BuildOptions, build, load_manifest
-from kitdispatch.manifest import MANIFEST_NAME
+from kitdispatch import BuildOptions, load_manifest
+from kitdispatch import build
+from kitdispatch.describe.manifest import MANIFEST_NAME
 
 from conftest import HAVE_IREE_COMPILE, REPO, needs_iree_compile
 
@@ -96,7 +97,7 @@ MATMUL_SHAPES = [(256, 512, 64), (300, 1000, 264), (1, 8, 8), (129, 264, 8), (25
 
 
 def _numpy_dtype(name):
-    from kitdispatch.runtime import numpy_dtype
+    from kitdispatch.run.module import numpy_dtype
 
     return numpy_dtype(name)
 
@@ -156,8 +157,8 @@ def test_attention_refuses_other_head_dims_loudly(tensor_core_builds):
 def test_sm90a_code_uses_wgmma_and_the_copy_engine_and_sm80_code_does_not(family):
     """The sm_90a path is really compiled in (not just the mma.sync fallback): its PTX has
     wgmma, TMA tensor copies with device-built tensor maps and mbarriers; sm_80's has none."""
-    from kitdispatch.archs import Arch
-    from kitdispatch.compilers import CompileOptions, get_compiler
+    from kitdispatch.compile.archs import Arch
+    from kitdispatch.compile.compilers import CompileOptions, get_compiler
 
     compiler = get_compiler("nvrtc")
     source = REPO / "kernels" / family / f"{family}.cu"

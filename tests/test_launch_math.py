@@ -14,17 +14,18 @@ import numpy as np
 import pytest
 
 import kitdispatch as kd
-from kitdispatch import BuildOptions, KitError, ManifestError, build, load_manifest
-from kitdispatch.archs import Arch
-from kitdispatch.build import compile_options_for
-from kitdispatch.cache import object_key
+from kitdispatch import BuildOptions, KitError, ManifestError, load_manifest
+from kitdispatch import build
+from kitdispatch.compile.archs import Arch
+from kitdispatch.builder.pipeline import compile_options_for
+from kitdispatch.compile.cache import object_key
 from kitdispatch.cli import main
-from kitdispatch.compilers import CompileOptions, NvccCompiler, NvrtcCompiler
-from kitdispatch.index_ops import IndexOps
-from kitdispatch.iree_compile import find_iree_compile
-from kitdispatch.render import _SsaNames
-from kitdispatch.spec import IndexExpr
-from kitdispatch.toolchain import find_nvrtc
+from kitdispatch.compile.compilers import CompileOptions, NvccCompiler, NvrtcCompiler
+from kitdispatch.emit.index_ops import IndexOps
+from kitdispatch.iree.tools import find_iree_compile
+from kitdispatch.emit.render import _SsaNames
+from kitdispatch.describe.index_expr import IndexExpr
+from kitdispatch.compile.toolchain import find_nvrtc
 
 from conftest import needs_iree_compile, prebuilt_or_build
 

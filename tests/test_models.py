@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from conftest import REPO, SAMPLES, json_paths, json_replaced_at, json_values, needs_iree_compile
 from kitdispatch import Buffer, Kernel, KitError, ManifestError, Scalar, TensorType
-from kitdispatch.spec import IndexExpr
-from kitdispatch.manifest import parse_manifest
-from kitdispatch.replace import check_kernel, decide, read_ops
+from kitdispatch.describe.index_expr import IndexExpr
+from kitdispatch.describe.manifest import parse_manifest
+from kitdispatch.models.replace import check_kernel, decide, read_ops
 
 SOFTMAX_CU = REPO / "kernels" / "softmax" / "softmax.cu"
 MATMUL_CU = REPO / "kernels" / "matmul" / "matmul.cu"
@@ -214,7 +214,7 @@ ELEMENTWISE = REPO / "kernels" / "elementwise"
 @functools.cache
 def bias_gelu_kernel() -> Kernel:
     """The library's fused bias + tanh GELU, with its pattern (kernels/elementwise)."""
-    from kitdispatch.manifest import load_manifest
+    from kitdispatch.describe.manifest import load_manifest
 
     return next(k for k in load_manifest(ELEMENTWISE).kernels if k.name == "bias_gelu")
 
@@ -295,7 +295,7 @@ def test_generic_near_misses(model, reason):
 
 
 def test_report_lists_every_generic_kept_with_its_reason():
-    from kitdispatch.models import format_report
+    from kitdispatch.models.pipeline import format_report
 
     hit, miss = bias_gelu_model(), bias_gelu_model(beta="7.977240e-01").replace("@forward", "@other")
     decisions = decide(generics_of(hit + miss), [bias_gelu_kernel()])
@@ -464,7 +464,7 @@ def _project(tmp_path, extra='replaces = ["linalg.softmax"]'):
 @pytest.fixture(scope="module")
 def linalg_build(tmp_path_factory):
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     if not __import__("conftest").HAVE_IREE_COMPILE:
         pytest.skip("iree-compile is not installed")
@@ -477,7 +477,7 @@ def linalg_build(tmp_path_factory):
 
 
 def _dump(vmfb) -> str:
-    from kitdispatch.models import _find_tool
+    from kitdispatch.models.pipeline import _find_tool
 
     return subprocess.run([_find_tool("iree-dump-module"), str(vmfb)], capture_output=True, text=True, timeout=120, check=True).stdout
 
@@ -518,7 +518,7 @@ def test_kept_spec_reapplies_with_iree_tools(linalg_build, tmp_path):
     interpreter on the marked global-optimization stage, then iree-compile from there."""
     from iree.compiler import ir
 
-    from kitdispatch.models import SPEC_PIPELINE, _find_tool
+    from kitdispatch.models.pipeline import SPEC_PIPELINE, _find_tool
 
     result, model, out = linalg_build
     spec = result.spec.read_text()
@@ -678,7 +678,7 @@ def test_onnx_gelu_op_differs_in_a_constant(tmp_path):
 @needs_iree_compile
 def test_no_match_is_an_error_listing_the_candidates(tmp_path):
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     model = tmp_path / "m.mlir"
     model.write_text(softmax_model(dtype="f16"))
@@ -693,7 +693,7 @@ def test_no_match_is_an_error_listing_the_candidates(tmp_path):
 @needs_iree_compile
 def test_model_without_candidates_lists_its_ops(tmp_path):
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     model = tmp_path / "m.mlir"
     model.write_text(matmul_model(dtype="f32"))
@@ -718,7 +718,7 @@ def test_model_that_does_not_import(tmp_path):
 
 def test_unknown_model_format(tmp_path):
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     model = tmp_path / "m.pt"
     model.write_bytes(b"x")
@@ -729,7 +729,7 @@ def test_unknown_model_format(tmp_path):
 
 def test_project_without_replaces(tmp_path):
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     with pytest.raises(ManifestError) as err:
         build_model(_project(tmp_path, extra=""), tmp_path / "m.mlir", BuildOptions.create("sm_90"), tmp_path / "out")
@@ -751,13 +751,13 @@ def test_with_baseline_needs_model(tmp_path):
 @pytest.mark.gpu
 def test_compare_onnx_sample_on_gpu(tmp_path, prebuilt_dir):
     """The ONNX sample's softmax replaced by the library kernel agrees with IREE's own build."""
-    from kitdispatch.compare import compare_model
+    from kitdispatch.models.compare import compare_model
 
     built = prebuilt_dir / "onnx_softmax_model" if prebuilt_dir else None
     if built is None:
         pytest.importorskip("onnx")
         from kitdispatch import BuildOptions
-        from kitdispatch.models import build_model
+        from kitdispatch.models.pipeline import build_model
 
         model = tmp_path / "model.onnx"
         subprocess.run([sys.executable, str(SAMPLES / "onnx_softmax" / "make_model.py"), str(model)], check=True, timeout=120)
@@ -772,12 +772,12 @@ def test_compare_onnx_sample_on_gpu(tmp_path, prebuilt_dir):
 def test_compare_library_kernel_samples_on_gpu(tmp_path, prebuilt_dir, sample, project):
     """The library's matmul and bias_gelu in place of IREE's codegen agree with IREE's own build
     (f16 outputs within f16's tolerance, f32 within f32's)."""
-    from kitdispatch.compare import compare_model
+    from kitdispatch.models.compare import compare_model
 
     built = prebuilt_dir / f"{sample}_model" if prebuilt_dir else None
     if built is None:
         from kitdispatch import BuildOptions
-        from kitdispatch.models import build_model
+        from kitdispatch.models.pipeline import build_model
 
         model = tmp_path / "model.onnx"
         make_sample_model(sample, model)
@@ -793,7 +793,7 @@ def test_torch_sample_exports_and_builds(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("iree.turbine")
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     sys.path.insert(0, str(SAMPLES / "torch_mlp"))
     try:
@@ -821,8 +821,8 @@ PLAIN_V = "(d0, d4, d2)"
 
 @functools.cache
 def attention_kernels() -> tuple[Kernel, ...]:
-    from kitdispatch.manifest import load_manifest
-    from kitdispatch.replace import replacing_kernels
+    from kitdispatch.describe.manifest import load_manifest
+    from kitdispatch.models.replace import replacing_kernels
 
     return replacing_kernels(load_manifest(ATTENTION))
 
@@ -920,7 +920,7 @@ def test_attention_build_dispatches_the_library_kernel(tmp_path):
     puts V through a transpose, the kernel reads V through it, and the module dispatches the
     library's attention in place of IREE's attention dispatch (and the transpose)."""
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     model = tmp_path / "attn.mlir"
     model.write_text(attention_model(batch=6, seq=300))
@@ -939,7 +939,7 @@ def test_attention_build_dispatches_the_library_kernel(tmp_path):
 @needs_iree_compile
 def test_masked_attention_is_kept_with_its_reason(tmp_path):
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     model = tmp_path / "attn.mlir"
     model.write_text(attention_model(mask=True))
@@ -956,7 +956,7 @@ def test_torch_attention_sample_exports_and_builds(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("iree.turbine")
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     sys.modules.pop("model", None)  # torch_mlp's sample module has the same name
     sys.path.insert(0, str(SAMPLES / "torch_attention"))
@@ -979,7 +979,7 @@ def test_a_model_build_never_overwrites_a_users_file_and_replaces_its_own(tmp_pa
     """Model builds publish under the same rules as module builds: a file of the user's in the
     way stops the build untouched; the kit's own files of an earlier build are replaced."""
     from kitdispatch import BuildOptions
-    from kitdispatch.models import build_model, read_model_record
+    from kitdispatch.models.pipeline import build_model, read_model_record
 
     model = tmp_path / "mm_softmax.mlir"
     model.write_text(LINALG_MODEL)
@@ -1045,12 +1045,12 @@ def test_llama_layer_matmuls_take_the_library_matmul(tmp_path):
 def test_llama_layer_with_the_library_matmul_agrees_on_gpu(tmp_path, prebuilt_dir):
     """The f16 Llama-style layer with its three projections replaced agrees with IREE alone
     (prebuilt as `llama_layer_model` where the GPU machine has no iree-compile)."""
-    from kitdispatch.compare import compare_model
+    from kitdispatch.models.compare import compare_model
 
     built = prebuilt_dir / "llama_layer_model" if prebuilt_dir else None
     if built is None:
         from kitdispatch import BuildOptions
-        from kitdispatch.models import build_model
+        from kitdispatch.models.pipeline import build_model
 
         if not __import__("conftest").HAVE_IREE_COMPILE:
             pytest.skip("iree-compile is not installed")
@@ -1147,7 +1147,7 @@ MODEL_RECORD = {
 
 
 def _write_model_record(folder, record) -> None:
-    from kitdispatch.record import sha256
+    from kitdispatch.describe.record import sha256
 
     folder.mkdir(exist_ok=True)
     for name in ("m.vmfb", "m.baseline.vmfb"):
@@ -1165,8 +1165,8 @@ _JSON = json_values()
 def test_model_records_with_wrong_json_types_are_damaged_records(tmp_path_factory, data):
     """Property: a model record with any one value swapped for another JSON value is read
     whole or refused as damaged (exit 2), never a TypeError inside compare."""
-    from kitdispatch.models import read_model_record
-    from kitdispatch.record import DamagedRecord
+    from kitdispatch.models.pipeline import read_model_record
+    from kitdispatch.describe.record import DamagedRecord
 
     folder = tmp_path_factory.mktemp("record")
     path = data.draw(st.sampled_from(list(json_paths(MODEL_RECORD))))

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kitdispatch.cli import main
-from kitdispatch.outputs import STAGING_MARKER, STAGING_PREFIX, TRANSIT_PREFIX
-from kitdispatch.record import journal_name, read_record
+from kitdispatch.builder.publish import STAGING_MARKER, STAGING_PREFIX, TRANSIT_PREFIX
+from kitdispatch.describe.record import journal_name, read_record
 
 from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, needs_iree_compile, write_kernel_project
 

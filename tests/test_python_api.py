@@ -1,7 +1,7 @@
 """The README's Python API, as a user writes it: both ways of describing a kernel build."""
 
 import kitdispatch as kd
-from kitdispatch.manifest import parse_manifest
+from kitdispatch.describe.manifest import parse_manifest
 
 from conftest import needs_iree_compile
 

@@ -3,8 +3,8 @@
 import re
 from pathlib import Path
 
-from kitdispatch.archs import Arch
-from kitdispatch.iree_compile import iree_flags
+from kitdispatch.compile.archs import Arch
+from kitdispatch.iree.tools import iree_flags
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
@@ -24,7 +24,7 @@ def test_the_quick_start_and_the_api_come_before_the_manifest_reference():
 def test_install_lines_name_the_checkout_or_a_wheel_not_an_index():
     """kitdispatch is on no package index: every install line takes the checkout or a wheel
     built from it, named as `pip wheel .` names it."""
-    from kitdispatch.manifest import tomllib  # tomli before Python 3.11
+    from kitdispatch.describe.manifest import tomllib  # tomli before Python 3.11
 
     assert not re.findall(r"pip install[^\n`]*?(?<![\w./-])'?kitdispatch\b", README)
     project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]

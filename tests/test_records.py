@@ -161,10 +161,10 @@ def test_build_model_timeout_bounds_every_step(tmp_path, tool):
 def test_an_input_file_that_is_a_fifo_is_refused_at_once(tmp_path):
     """`run --input @FILE.npy` and `compare/profile --inputs FILE.npz` open user-named files:
     a FIFO there would block numpy's reader forever."""
-    from kitdispatch.compare import load_inputs
+    from kitdispatch.models.compare import load_inputs
     from kitdispatch.errors import KitError
-    from kitdispatch.spec import TensorType
-    from kitdispatch.values import parse_input
+    from kitdispatch.describe.types import TensorType
+    from kitdispatch.run.text_forms import parse_input
 
     fifo = tmp_path / "inputs.npz"
     os.mkfifo(fifo)

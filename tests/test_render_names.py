@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kitdispatch import BuildOptions, KitError, build
+from kitdispatch import BuildOptions, KitError
+from kitdispatch import build
 from kitdispatch.cli import main
-from kitdispatch.mlir_text import mlir_comment, mlir_string, mlir_symbol
+from kitdispatch.emit.mlir_text import mlir_comment, mlir_string, mlir_symbol
 
 from conftest import needs_iree_compile
 
@@ -181,8 +182,8 @@ def test_two_kernels_of_one_entry_are_refused_naming_both(tmp_path):
 
 def test_render_refuses_a_duplicate_entry_without_building():
     from kitdispatch import Buffer, Kernel, ModuleSpec, TensorType
-    from kitdispatch.archs import Arch
-    from kitdispatch.render import ExecutableObjects, VariantObject, render_module
+    from kitdispatch.compile.archs import Arch
+    from kitdispatch.emit.render import ExecutableObjects, VariantObject, render_module
 
     params = [Buffer("o", "out", TensorType("f32", (64,))), Buffer("x", "in", TensorType("f32", (64,)))]
     kernels = [Kernel.create(n, "k.cu", params, workgroup_size=[64], workgroup_count=[1], symbol="k") for n in ("a", "b")]
@@ -233,9 +234,9 @@ def test_a_program_defining_a_generated_function_is_refused(tmp_path, helper):
 
 
 def test_two_objects_of_one_file_name_are_an_error_not_a_loss():
-    from kitdispatch.archs import Arch
-    from kitdispatch.build import _Built, _Job, _object_files
-    from kitdispatch.compilers import ObjectCode
+    from kitdispatch.compile.archs import Arch
+    from kitdispatch.builder.pipeline import _Built, _Job, _object_files
+    from kitdispatch.compile.compilers import ObjectCode
 
     arch = Arch.parse("sm_80")
     built = [

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kitdispatch as kd
-from kitdispatch.archs import Arch
-from kitdispatch.iree_compile import choose_codegen_target, find_iree_compile, iree_flags
-from kitdispatch.render import ExecutableObjects, VariantObject, render_module
+from kitdispatch.compile.archs import Arch
+from kitdispatch.iree.tools import choose_codegen_target, find_iree_compile, iree_flags
+from kitdispatch.emit.render import ExecutableObjects, VariantObject, render_module
 
 from conftest import HAVE_IREE_COMPILE, needs_iree_compile, prebuilt_or_build
 
@@ -138,7 +138,7 @@ SOFTMAX_MODEL = """func.func @forward(%x: tensor<64x100xf32>) -> tensor<64x100xf
 @needs_iree_compile
 def test_a_model_takes_a_kernel_whose_result_precedes_its_input(tmp_path):
     # The spec's wrapper is the kernel function's body: its result is an alloca of its own there too.
-    from kitdispatch.models import build_model
+    from kitdispatch.models.pipeline import build_model
 
     root = tmp_path / "project"
     root.mkdir()

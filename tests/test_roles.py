@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from conftest import needs_iree_compile, write_kernel_project
 
-from kitdispatch import BuildOptions, build, generate, load_manifest
-from kitdispatch.archs import Arch
+from kitdispatch import BuildOptions, generate, load_manifest
+from kitdispatch import build
+from kitdispatch.compile.archs import Arch
 from kitdispatch.cli import main
-from kitdispatch.compilers import CompileOptions, NvrtcCompiler
+from kitdispatch.compile.compilers import CompileOptions, NvrtcCompiler
 from kitdispatch.errors import ManifestError
-from kitdispatch.ptx import param_accesses
-from kitdispatch.record import read_record
+from kitdispatch.check.ptx import param_accesses
+from kitdispatch.describe.record import read_record
 
 DATA = Path(__file__).parent / "data" / "pointer_roles"
 
@@ -122,7 +123,7 @@ def test_roles_are_the_same_with_nvcc(tmp_path):
 
 
 def test_settled_roles_come_from_the_cache_on_a_rebuild(tmp_path, monkeypatch):
-    build_module = sys.modules["kitdispatch.build"]  # the package's `build` is the function
+    build_module = sys.modules["kitdispatch.builder.pipeline"]  # the package's `build` is the function
     settled = []
     real = build_module.settle_roles
     monkeypatch.setattr(build_module, "settle_roles", lambda *a, **k: settled.append(a[0].name) or real(*a, **k))
@@ -253,7 +254,7 @@ def test_the_record_keeps_the_settled_functions(tmp_path):
 def test_a_replacing_kernel_whose_code_settles_other_roles_is_refused(tmp_path):
     """Model ops are matched against the kernels as described: a function that the compiled
     code changes (out -> inout here) must not be spliced in as if it had not changed."""
-    from kitdispatch import models
+    from kitdispatch.models import pipeline as models
 
     cu = r"""
     extern "C" __global__ void k(const float* x, float* out, int rows, int cols) {
@@ -307,8 +308,8 @@ def test_the_code_gives_the_library_kernels_the_roles_their_manifests_declare(pr
     matmul's inputs to tensor maps, where the analysis stops)."""
     import dataclasses
 
-    from kitdispatch.roles import settle_roles
-    from kitdispatch.spec import Buffer
+    from kitdispatch.check.roles import settle_roles
+    from kitdispatch.describe.kernel import Buffer
 
     spec = load_manifest(LIBRARY / project)
     names = tuple(k.name for k in spec.kernels if k.cpp_name)

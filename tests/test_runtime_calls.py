@@ -13,9 +13,9 @@ import pytest
 import kitdispatch as kd
 from kitdispatch import KitError
 from kitdispatch.cli import main
-from kitdispatch.device import OutputPool
-from kitdispatch.spec import ScalarType, TensorType
-from kitdispatch.values import format_result, parse_input
+from kitdispatch.run.device import OutputPool
+from kitdispatch.describe.types import ScalarType, TensorType
+from kitdispatch.run.text_forms import format_result, parse_input
 
 from conftest import REPO, needs_iree_compile
 
@@ -24,7 +24,7 @@ DEVICE = "local-task"
 
 @pytest.fixture(scope="module")
 def vmfb(tmp_path_factory):
-    from kitdispatch.iree_compile import find_iree_compile
+    from kitdispatch.iree.tools import find_iree_compile
 
     if not find_iree_compile():
         pytest.skip("iree-compile is not installed")
@@ -46,8 +46,8 @@ def write_record(functions_json, vmfb):
     """The module's build record, as a kit build writes it (its functions from the data file)."""
     import json
 
-    from kitdispatch.record import BuildRecord, TestSettings, file_sha256, record_beside
-    from kitdispatch.spec import FunctionSignature
+    from kitdispatch.describe.record import BuildRecord, TestSettings, file_sha256, record_beside
+    from kitdispatch.describe.types import FunctionSignature
 
     functions = tuple(FunctionSignature.from_json(f, "calls") for f in json.loads(functions_json.read_text())["functions"])
     record = BuildRecord(
@@ -291,7 +291,7 @@ def test_recorded_calls_record_the_second_call_and_forget_dead_arrays():
     the entry (which holds the arrays' memory) dropped when one of its arrays is collected."""
     import gc
 
-    from kitdispatch.runtime import RecordedCalls
+    from kitdispatch.run.module import RecordedCalls
 
     class Array:  # what matters here: a weak-referenceable array with its own ref
         def __init__(self):

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from kitdispatch import BuildOptions, KitError, ManifestError, build, generate
-from kitdispatch.cache import Cache, CacheWarning, TAG_NAME
+from kitdispatch import BuildOptions, KitError, ManifestError, generate
+from kitdispatch import build
+from kitdispatch.compile.cache import Cache, CacheWarning, TAG_NAME
 from kitdispatch.cli import main
-from kitdispatch.outputs import STAGING_MARKER, STAGING_PREFIX
-from kitdispatch.record import RecordError, journal_name, read_record
+from kitdispatch.builder.publish import STAGING_MARKER, STAGING_PREFIX
+from kitdispatch.describe.record import RecordError, journal_name, read_record
 
 from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, json_paths, json_replaced_at, json_values, needs_iree_compile, write_kernel_project
 
@@ -171,8 +172,8 @@ def test_an_angled_include_found_through_a_search_folder_is_in_the_key(tmp_path,
 
 
 def test_header_package_versions_are_in_the_key(tmp_path):
-    from kitdispatch.cache import object_key
-    from kitdispatch.compilers import CompileOptions, IncludeSearch
+    from kitdispatch.compile.cache import object_key
+    from kitdispatch.compile.compilers import CompileOptions, IncludeSearch
 
     src = tmp_path / "k.cu"
     src.write_text(CU)
@@ -193,7 +194,7 @@ def test_a_build_killed_while_publishing_is_never_trusted_and_the_next_one_repai
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(REPO)!r})
-        import kitdispatch.outputs as outputs
+        import kitdispatch.builder.publish as outputs
         real = os.replace
         def replace(src, dst):
             real(src, dst)
@@ -321,7 +322,7 @@ def test_staging_left_by_a_killed_build_is_removed_by_the_next(tmp_path):
 def test_a_full_disk_while_publishing_is_a_clear_error_and_leaves_nothing_half_written(tmp_path, monkeypatch):
     import errno
 
-    import kitdispatch.outputs as outputs
+    import kitdispatch.builder.publish as outputs
 
     out = tmp_path / "out"
     generate(project(tmp_path / "proj"), PTX, out)
@@ -464,8 +465,8 @@ from hypothesis import strategies as st  # noqa: E402
 def _good_record_json() -> dict:
     import json
 
-    from kitdispatch.record import BuildRecord, Diagnostic, TestSettings
-    from kitdispatch.spec import FunctionSignature, ScalarType, TensorType
+    from kitdispatch.describe.record import BuildRecord, Diagnostic, TestSettings
+    from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
 
     record = BuildRecord(
         name="m", kitdispatch="0.1.0", mlir="m.mlir", vmfb="m.vmfb", archs=("sm_80",), format="fatbin",
@@ -484,7 +485,7 @@ _JSON_VALUES = json_values()
 def test_the_good_record_reads():
     import json
 
-    from kitdispatch.record import BuildRecord
+    from kitdispatch.describe.record import BuildRecord
 
     assert BuildRecord.from_bytes(json.dumps(_good_record_json()).encode(), "r").functions[0].name == "k"
 
@@ -496,7 +497,7 @@ def test_a_build_record_with_any_value_of_a_wrong_type_is_a_damaged_record(data)
     record whose fields have the types it declares, or refuses it as damaged (exit 2)."""
     import json
 
-    from kitdispatch.record import BuildRecord, DamagedRecord, RecordError
+    from kitdispatch.describe.record import BuildRecord, DamagedRecord, RecordError
 
     good = _good_record_json()
     path = data.draw(st.sampled_from(list(json_paths(good))))

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kitdispatch import ManifestError
-from kitdispatch.signature import CParam, KernelSignature, find_kernel, parse_kernels
+from kitdispatch.describe.c_signature import CParam, KernelSignature, find_kernel, parse_kernels
 
 
 def ptr(name, type_, base, *, const=False):

@@ -17,8 +17,8 @@ import pytest
 import kitdispatch as kd
 from kitdispatch import KitError
 from kitdispatch.cli import main
-from kitdispatch.runtime import sizing_scalars
-from kitdispatch.spec import FunctionSignature, ScalarType, TensorType
+from kitdispatch.run.module import sizing_scalars
+from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
 
 from conftest import REPO, needs_iree_compile, prebuilt_or_build
 from test_runtime_calls import write_record
@@ -29,7 +29,7 @@ PROJECT = REPO / "tests" / "data" / "sized_by_scalar"
 
 @pytest.fixture(scope="module")
 def cpu_vmfb(tmp_path_factory):
-    from kitdispatch.iree_compile import find_iree_compile
+    from kitdispatch.iree.tools import find_iree_compile
 
     if not find_iree_compile():
         pytest.skip("iree-compile is not installed")
@@ -152,7 +152,7 @@ def test_gpu_run_and_test_size_results_from_scalars(sized_build):
 def test_kitdispatch_test_gives_sizing_scalars_their_sizes(cpu_module):
     """`kitdispatch test`'s inputs: a scalar that sizes a result is that size ([test] sizes, or
     the default), unless [test] scalars fixes it, which then sizes the result."""
-    from kitdispatch.verify import DEFAULT_SIZE, _verify_function
+    from kitdispatch.run.sample_tests import DEFAULT_SIZE, _verify_function
 
     sig = cpu_module.iota.signature
     seen = []

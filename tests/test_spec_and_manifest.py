@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kitdispatch import Buffer, Kernel, ManifestError, ModuleSpec, Scalar, TensorType, load_manifest
-from kitdispatch.manifest import parse_manifest
-from kitdispatch.spec import IndexExpr
+from kitdispatch.describe.manifest import parse_manifest
+from kitdispatch.describe.index_expr import IndexExpr
 
 from conftest import SAMPLES
 
@@ -154,7 +154,7 @@ def test_scalar_from_shape_and_free_scalars():
 def test_test_scalars_keep_integers_exact_through_the_record(tmp_path):
     """A u64 test value above 2^53 must reach the kernel as written, not rounded by a float."""
     from kitdispatch import BuildOptions, generate
-    from kitdispatch.record import read_record
+    from kitdispatch.describe.record import read_record
 
     cu = 'extern "C" __global__ void k(unsigned long long* o, unsigned long long v) { o[0] = v; }\n'
     toml = ('[[kernels]]\nname = "k"\nsource = "k.cu"\nworkgroup_size = [1]\nworkgroup_count = [1]\n'

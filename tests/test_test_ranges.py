@@ -14,10 +14,11 @@ import pytest
 import kitdispatch as kd
 from kitdispatch import ManifestError
 from kitdispatch.cli import main
-from kitdispatch.manifest import load_manifest
-from kitdispatch.record import read_record
-from kitdispatch.spec import InputRange, ScalarType, TensorType, Tolerance
-from kitdispatch.verify import _limits, _make_input, _verify_function
+from kitdispatch.describe.manifest import load_manifest
+from kitdispatch.describe.record import read_record
+from kitdispatch.describe.module import InputRange, Tolerance
+from kitdispatch.describe.types import ScalarType, TensorType
+from kitdispatch.run.sample_tests import _limits, _make_input, _verify_function
 
 from conftest import REPO, needs_iree_compile, prebuilt_or_build, write_kernel_project
 from test_sized_by_scalar import cpu_module, cpu_vmfb  # noqa: F401 (fixtures)

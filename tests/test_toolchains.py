@@ -12,14 +12,14 @@ import pytest
 
 from conftest import REPO, SAMPLES, needs_iree_compile, write_kernel_project
 from kitdispatch import BuildOptions, generate
-from kitdispatch.arch_features import FEATURES, find_unsupported
-from kitdispatch.archs import Arch
-from kitdispatch.compilers import CompileOptions, NvrtcCompiler
+from kitdispatch.check.arch_features import FEATURES, find_unsupported
+from kitdispatch.compile.archs import Arch
+from kitdispatch.compile.compilers import CompileOptions, NvrtcCompiler
 from kitdispatch.errors import ArchError, KitError
-from kitdispatch.iree_compile import IREE_RELEASES, choose_codegen_target, installed_release, release_of
-from kitdispatch.preflight import Version, max_ptx_isa
-from kitdispatch.render import render_module
-from kitdispatch.toolchain import REQUIRED_HEADERS, find_all_nvrtc, find_nvrtc
+from kitdispatch.iree.tools import IREE_RELEASES, choose_codegen_target, installed_release, release_of
+from kitdispatch.run.driver_ptx import Version, max_ptx_isa
+from kitdispatch.emit.render import render_module
+from kitdispatch.compile.toolchain import REQUIRED_HEADERS, find_all_nvrtc, find_nvrtc
 
 KERNELS = REPO / "kernels"
 LIBRARY = sorted(p.parent for p in KERNELS.glob("*/kitdispatch.toml"))
@@ -84,7 +84,7 @@ def _fake_wheel(nvidia: Path, files: list[str]) -> None:
 def test_cuda13_wheels_come_before_cuda12_ones_and_each_keeps_its_headers(tmp_path, monkeypatch):
     """The search order of cuda-python's loader, on a site-packages tree laid out as the
     wheels lay it out (files only: nothing is loaded)."""
-    from kitdispatch import toolchain
+    from kitdispatch.compile import toolchain
 
     nvidia = tmp_path / "nvidia"
     cu12 = ["cuda_nvrtc/lib/libnvrtc.so.12", "cuda_runtime/include/cuda_fp16.h", "cuda_nvcc/include/crt/host_defines.h",
@@ -107,7 +107,7 @@ def test_cuda13_wheels_come_before_cuda12_ones_and_each_keeps_its_headers(tmp_pa
 
 
 def test_preflight_hint_names_an_nvrtc_that_exists():
-    from kitdispatch.preflight import PreflightError, check_ptx_loads
+    from kitdispatch.run.driver_ptx import PreflightError, check_ptx_loads
 
     with pytest.raises(PreflightError) as info:
         check_ptx_loads(Version(9, 0), Version(12, 4), compiler="nvrtc", where="k.ptx")
@@ -269,9 +269,9 @@ def test_installed_iree_takes_its_own_syntax_and_rejects_the_other(root, tmp_pat
     """One template set, two spellings: the installed IREE compiles the MLIR rendered for its
     release and rejects the other release's spelling (so the difference is real)."""
     from kitdispatch.errors import IreeCompileError
-    from kitdispatch.iree_compile import compile_args, compile_vmfb
-    from kitdispatch.manifest import load_manifest
-    from kitdispatch.render import ExecutableObjects, VariantObject
+    from kitdispatch.iree.tools import compile_args, compile_vmfb
+    from kitdispatch.describe.manifest import load_manifest
+    from kitdispatch.emit.render import ExecutableObjects, VariantObject
 
     sm_80 = Arch.parse("sm_80")
     spec = load_manifest(root)
@@ -291,8 +291,8 @@ def test_installed_iree_takes_its_own_syntax_and_rejects_the_other(root, tmp_pat
 
 
 def test_workgroup_attributes_are_spelled_per_release(tmp_path):
-    from kitdispatch.manifest import load_manifest
-    from kitdispatch.render import ExecutableObjects, VariantObject
+    from kitdispatch.describe.manifest import load_manifest
+    from kitdispatch.emit.render import ExecutableObjects, VariantObject
 
     spec = load_manifest(REPO / "tests" / "data" / "dynamic_shared")
     objects = [ExecutableObjects(k.source, "ptx", (VariantObject(Arch.parse("sm_80"), "ptx", "k.ptx"),)) for k in spec.kernels[:1]]

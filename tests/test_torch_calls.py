@@ -12,8 +12,8 @@ import types
 import numpy as np
 import pytest
 
-from kitdispatch.device import TorchImports
-from kitdispatch.runtime import TorchCalls
+from kitdispatch.run.device import TorchImports
+from kitdispatch.run.module import TorchCalls
 
 
 class Tensor:
@@ -62,7 +62,7 @@ def test_real_torch_tensors_take_their_imports_with_them():
     its C++ tensor has other owners, as the DLPack import is), so its entry would never go;
     the import of a detached view, as the kit makes, goes with the tensor."""
     torch = pytest.importorskip("torch")
-    from kitdispatch.device import DeviceArray, get_device
+    from kitdispatch.run.device import DeviceArray, get_device
 
     dev = get_device("local-task")
     for detached in (False, True):

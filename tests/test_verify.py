@@ -2,8 +2,8 @@
 
 import pytest
 
-from kitdispatch.spec import FunctionSignature, TensorType
-from kitdispatch.verify import CaseResult, Report, _tolerance_dtype
+from kitdispatch.describe.types import FunctionSignature, TensorType
+from kitdispatch.run.sample_tests import CaseResult, Report, _tolerance_dtype
 
 F32, F16, I32 = (TensorType(d, ("n",)) for d in ("f32", "f16", "i32"))
 
@@ -29,7 +29,7 @@ def test_summary_line_counts_every_status():
 
 def test_a_folder_of_builds_passes_over_subfolders_with_nothing_to_test(tmp_path):
     from kitdispatch import KitError
-    from kitdispatch.verify import find_targets
+    from kitdispatch.run.sample_tests import find_targets
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "a.kitdispatch.json").write_text("{}")

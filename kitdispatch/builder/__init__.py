@@ -1,0 +1,1 @@
+"""Build: options, the pipeline from description to .vmfb, and publishing into output folders."""

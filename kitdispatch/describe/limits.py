@@ -1,0 +1,32 @@
+"""Limits a description is checked against (CUDA's launch limits, sizes, lengths)."""
+
+from __future__ import annotations
+
+
+MAX_WORKGROUP_THREADS = 1024
+
+
+MAX_GRID = (2**31 - 1, 65535, 65535)  # CUDA's gridDim limits, x y z
+
+
+MAX_STATIC_DIM = 2**40  # static tensor dimensions (IREE's index is 64-bit; products must fit)
+
+
+MAX_EXPRESSION_LENGTH = 1000  # index expressions are short; a longer one is a mistake or an attack
+
+
+MAX_CONSTANT = 2**64  # u64 values fit; anything larger is a mistake
+
+
+# The largest per-block opt-in of current GPUs (sm_90: 227 KiB). IREE's CUDA driver sets the
+# kernel's MAX_DYNAMIC_SHARED_SIZE_BYTES to the export's value and checks the device's own
+# limit when it loads the module (runtime/src/iree/hal/drivers/cuda/native_executable.c).
+MAX_DYNAMIC_SHARED_MEMORY = 227 * 1024
+
+
+# What each launch reserves for a dynamic_shared_memory expression unless
+# dynamic_shared_memory_max says otherwise: what every CUDA GPU gives a block without opting in.
+DEFAULT_DYNAMIC_SHARED_MEMORY_MAX = 48 * 1024
+
+
+OBJECT_FORMATS = ("ptx", "cubin", "fatbin")

@@ -1,0 +1,1 @@
+"""Emit MLIR: the module IREE compiles, rendered from mlir_templates/."""

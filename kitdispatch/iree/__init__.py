@@ -1,0 +1,1 @@
+"""Drive IREE's tools: find them, run iree-compile with the kit's flags."""

@@ -1,0 +1,277 @@
+"""Driving iree-compile: the generated MLIR and its objects to a .vmfb."""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kitdispatch._proc import run_tool
+from kitdispatch._resources import installed_version
+from kitdispatch._workers import POOL
+from kitdispatch.compile.archs import Arch
+from kitdispatch.errors import ArchError, IreeCompileError, KitError
+
+IREE_COMPILE_TIMEOUT_S = 600.0
+EXCERPT_CONTEXT_LINES = 4
+
+
+@dataclass(frozen=True)
+class IreeRelease:
+    """What kitdispatch knows of one IREE release series, measured with iree-base-compiler
+    3.10.0, 3.11.0, 3.12.0 and 3.13.0 (a dispatch IREE generates, compiled for every target
+    from sm_50 to sm_121)."""
+
+    series: tuple[int, int]
+    # How the MLIR spells the inherent attributes of hal.executable.source (objects) and
+    # hal.executable.export (workgroup_size, workgroup_local_memory): "properties", `<...>`
+    # (3.13), or "attr-dict", `attributes {...}` (3.10 to 3.12, which reject properties).
+    syntax: str
+    # How hal.command_buffer.dispatch names its entry point (render.py's NAME$record):
+    # "function", an i64 function id (hal.executable.lookup.function, 3.12 and later), or
+    # "ordinal", an index (hal.executable.export.ordinal, 3.10 and 3.11).
+    entry_points: str
+    # CUDA targets IREE's codegen knows; any other gives "missing GPU target in
+    # #hal.executable.target" for an IREE-generated dispatch. Hand-written kernels are not
+    # limited by this list.
+    codegen_targets: tuple[Arch, ...]
+    # Targets that abort the whole process (an LLVM ERROR, in process as well) instead of failing.
+    crashing_targets: tuple[Arch, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.series[0]}.{self.series[1]}"
+
+
+def _archs(names: str) -> tuple[Arch, ...]:
+    return tuple(Arch.parse(n) for n in names.split())
+
+
+_PASCAL_TO_ORIN = "sm_60 sm_61 sm_62 sm_70 sm_72 sm_75 sm_80 sm_86 sm_87"
+IREE_RELEASES = {
+    (3, 10): IreeRelease((3, 10), "attr-dict", "ordinal", _archs(_PASCAL_TO_ORIN)),
+    (3, 11): IreeRelease((3, 11), "attr-dict", "ordinal", _archs(_PASCAL_TO_ORIN)),
+    # "PTX version 7.6 does not support target 'sm_120'": LLVM ERROR, the process aborts.
+    (3, 12): IreeRelease((3, 12), "attr-dict", "function", _archs(_PASCAL_TO_ORIN + " sm_89"), _archs("sm_120 sm_121")),
+    (3, 13): IreeRelease((3, 13), "properties", "function", _archs(_PASCAL_TO_ORIN + " sm_89 sm_120 sm_121")),
+}
+OLDEST_RELEASE, NEWEST_RELEASE = IREE_RELEASES[min(IREE_RELEASES)], IREE_RELEASES[max(IREE_RELEASES)]
+SUPPORTED_RANGE = f"{OLDEST_RELEASE.name} through {NEWEST_RELEASE.name}"
+SUPPORTED_PIN = f"iree-base-compiler>={OLDEST_RELEASE.name},<{NEWEST_RELEASE.series[0]}.{NEWEST_RELEASE.series[1] + 1}"
+
+
+def release_of(version: str) -> IreeRelease:
+    """The release series of an iree-base-compiler version ("3.13.0", "3.13.0rc20261016")."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    release = IREE_RELEASES.get((int(m.group(1)), int(m.group(2)))) if m else None
+    if release is None:
+        raise KitError(
+            f"IREE {version} is not supported: kitdispatch generates MLIR for IREE {SUPPORTED_RANGE}",
+            fix=f"pip install '{SUPPORTED_PIN}' (and the iree-base-runtime of the same release)",
+        )
+    return release
+
+
+@functools.cache
+def installed_release() -> IreeRelease | None:
+    """The installed IREE compiler's release; None where no compiler is installed (then the
+    MLIR is generated for the newest release). An unsupported version is an error."""
+    try:
+        version = iree_compiler_version()
+    except KitError:  # no compiler here: generating MLIR still works
+        return None
+    return release_of(version)
+
+
+def target_release() -> IreeRelease:
+    return installed_release() or NEWEST_RELEASE
+
+
+@dataclass(frozen=True)
+class CodegenChoice:
+    target: Arch
+    note: str | None  # one line for the user when the choice differs from what they asked
+
+
+def choose_codegen_target(
+    archs: Sequence[Arch], override: str | None = None, *, release: IreeRelease | None = None
+) -> CodegenChoice:
+    """IREE-generated dispatches must run on every requested GPU: compile them for the best
+    target the IREE release (default: the installed one) knows at or below the oldest
+    requested architecture (PTX runs forward)."""
+    release = release or target_release()
+    if override:
+        target = Arch.parse(override)
+        check_codegen_target(target, release)
+        return CodegenChoice(target, None)
+    oldest = min(archs)
+    plain = Arch(oldest.major, oldest.minor)
+    candidates = [t for t in release.codegen_targets if t <= plain]
+    if not candidates:
+        # Hand-written kernels do not care; an IREE-generated dispatch would not run there.
+        lowest = min(release.codegen_targets)
+        return CodegenChoice(
+            lowest,
+            f"IREE {release.name} has no codegen target at or below {oldest.name}; IREE-generated "
+            f"dispatches use {lowest.name} and will not run on {oldest.name} (custom kernels keep their own objects)",
+        )
+    best = max(candidates)
+    note = None
+    if best != plain:
+        note = (
+            f"IREE {release.name} has no codegen target for {oldest.name}; "
+            f"IREE-generated dispatches use {best.name} (custom kernels keep their own objects)"
+        )
+    return CodegenChoice(best, note)
+
+
+def check_codegen_target(target: Arch, release: IreeRelease | None = None) -> None:
+    """Refuses a target that would abort iree-compile, and the Python process linking in process."""
+    release = release or target_release()
+    if target in release.crashing_targets:
+        safe = max(t for t in release.codegen_targets if t < target)
+        raise ArchError(
+            f"IREE {release.name} aborts with an LLVM error when compiling for --iree-cuda-target={target.name}",
+            fix=f"pass --codegen-target {safe.name} (its PTX runs on {target.name} too), or use IREE {NEWEST_RELEASE.name}",
+        )
+
+
+@functools.cache
+def find_iree_compile() -> str:
+    found = shutil.which("iree-compile")
+    if found:
+        return found
+    try:
+        from iree.compiler.tools.binaries import find_tool
+    except ImportError:
+        raise KitError(
+            "iree-compile is not installed",
+            fix=f"pip install '{SUPPORTED_PIN}' (kitdispatch's build extra); running needs only the runtime",
+        ) from None
+    return find_tool("iree-compile")
+
+
+@functools.cache
+def iree_compiler_version() -> str:
+    """The installed iree-base-compiler's version (part of every link's cache key)."""
+    return installed_version("iree-base-compiler", "iree") or _version_from_metadata() or _version_from_tool()
+
+
+def _version_from_metadata() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("iree-base-compiler")
+    except Exception:
+        return None
+
+
+def _version_from_tool() -> str:
+    out = run_tool([find_iree_compile(), "--version"], timeout=60).stdout
+    m = re.search(r"compiler version (\S+)", out)
+    return m.group(1) if m else "unknown"
+
+
+def iree_flags(codegen: Arch, extra: Sequence[str] = ()) -> list[str]:
+    """The flags every link uses, in process or as a subprocess."""
+    check_codegen_target(codegen)
+    return [
+        "--iree-hal-target-device=cuda",
+        f"--iree-cuda-target={codegen.name}",
+        # Const-eval JIT-runs constant subgraphs on the host at compile time; a custom CUDA
+        # dispatch whose inputs are all constant (e.g. a kernel function with no tensor
+        # arguments) crashes iree-compile 3.13 in LinkExecutables when it tries.
+        "--iree-opt-const-eval=false",
+        # IREE demotes f64 to f32 by default; a hand-written kernel that takes double* must
+        # get the f64 buffers it was written for.
+        "--iree-input-demote-f64-to-f32=false",
+        *extra,
+    ]
+
+
+def compile_args(mlir: Path, vmfb: Path, codegen: Arch, object_dir: Path, extra: Sequence[str] = ()) -> list[str]:
+    return [
+        find_iree_compile(),
+        str(mlir),
+        *iree_flags(codegen, extra),
+        f"--iree-hal-executable-object-search-path={object_dir}",
+        "-o",
+        str(vmfb),
+    ]
+
+
+def link_in_worker(mlir_text: str, stage: Path, vmfb: Path, codegen: Arch, extra: Sequence[str], *, timeout: float) -> tuple[bool, str]:
+    """Links through IREE's compiler API in a worker process (`_workers`): it saves the ~0.2 s
+    each iree-compile process spends loading the compiler library (0.25 s against 0.43 s a
+    module, measured), and a link that hangs is killed at `timeout`. The objects are files in
+    `stage`, named relative to it.
+
+    Returns (ok, what the compiler printed). On failure the caller runs iree-compile as a
+    subprocess, which gives the full log and a command to re-run.
+    """
+    stage, vmfb = Path(stage).resolve(), Path(vmfb).resolve()  # the worker's folder is not ours
+    request = {
+        "mlir": mlir_text,
+        "buffer_name": vmfb.with_suffix(".mlir").name,
+        "output": str(vmfb),
+        "flags": iree_flags(codegen, extra),
+        "cwd": str(stage),
+    }
+    reply = POOL.call("iree_link", request, timeout=timeout, what=f"linking {vmfb.name}", argv=compile_args(stage / request["buffer_name"], vmfb, codegen, stage, extra))
+    return reply["ok"], reply["log"]
+
+
+def compile_vmfb(argv: list[str], mlir: Path, *, timeout: float = IREE_COMPILE_TIMEOUT_S) -> str:
+    """Runs iree-compile; returns what it printed on success (warnings)."""
+    res = run_tool(argv, timeout=timeout)
+    if res.returncode != 0:
+        log = res.stderr + res.stdout
+        raise IreeCompileError(
+            "iree-compile rejected the generated MLIR",
+            where=_first_location(log, mlir),
+            argv=argv,
+            returncode=res.returncode,
+            log=_excerpt(log, mlir) + _trim(log),
+            fix="check the kernel description; if it looks right, report the excerpt as a kitdispatch bug",
+        )
+    return res.stderr
+
+
+_ERROR_RE = re.compile(r"^(?P<file>[^\n:]+):(?P<line>\d+):(?P<col>\d+): error: (?P<msg>.*)$", re.M)
+
+
+def _first_location(log: str, mlir: Path) -> str | None:
+    m = _ERROR_RE.search(log)
+    return f"{m.group('file')}:{m.group('line')}:{m.group('col')}" if m else str(mlir)
+
+
+def _excerpt(log: str, mlir: Path) -> str:
+    """The generated MLIR around the first error, with line numbers and a caret."""
+    m = _ERROR_RE.search(log)
+    if not m or Path(m.group("file")).name != mlir.name:
+        return ""
+    try:
+        lines = mlir.read_text().splitlines()
+    except OSError:
+        return ""
+    line, col = int(m.group("line")), int(m.group("col"))
+    lo, hi = max(1, line - EXCERPT_CONTEXT_LINES), min(len(lines), line + EXCERPT_CONTEXT_LINES)
+    width = len(str(hi))
+    out = [f"generated MLIR around {mlir.name}:{line}: {m.group('msg')}"]
+    for n in range(lo, hi + 1):
+        mark = ">" if n == line else " "
+        out.append(f"{mark}{n:>{width}} | {lines[n - 1]}")
+        if n == line:
+            out.append(" " * (width + 4) + " " * (col - 1) + "^")
+    return "\n".join(out) + "\n\niree-compile output:\n"
+
+
+def _trim(log: str, limit: int = 60) -> str:
+    """iree-compile dumps whole operations after notes; the first lines say what matters."""
+    lines = log.splitlines()
+    if len(lines) <= limit:
+        return log
+    return "\n".join(lines[:limit]) + f"\n... ({len(lines) - limit} more lines)"

@@ -1,0 +1,1 @@
+"""Kernels inside models: import, match ops to kernels, build, compare."""

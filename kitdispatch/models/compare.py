@@ -1,0 +1,356 @@
+"""Running a model built by `build_model` on the GPU: the replaced model against IREE's own
+(baseline) build, and the heaviest dispatches of a module.
+
+Needs only the runtime: a folder built on another machine (`build --model ... --with-baseline`)
+is all it reads. Outputs are compared in process through `iree.runtime`. Whole calls are
+timed by `iree-benchmark-module` (its JSON report, inputs from .npy files). Device time per
+dispatch comes from Nsight Compute (`ncu`, `gpu__time_duration`, clocks left alone) over
+iree-benchmark-module: IREE 3.13's own HAL profiler answers "CUDA HAL-native profiling is
+not implemented" on the cuda device (measured on an H100), so it cannot serve.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import statistics
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kitdispatch._files import open_regular
+from kitdispatch._proc import run_tool
+from kitdispatch.errors import KitError, ToolError
+from kitdispatch.models.pipeline import read_model_record
+from kitdispatch.run.module import Module, find_runtime_tool, numpy_dtype, require_cuda
+from kitdispatch.describe import abi
+
+BENCH_TIMEOUT_S = 600.0
+WORST_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class DispatchTime:
+    """Device time of one executable function, over every dispatch of it in the profile.
+    The median is the figure to read: the program's first kernel runs while the GPU's clock
+    is still rising from idle (an H100 at 345 MHz: the first of ten matmuls took 3051 us, the
+    other nine 142 us, measured), which a mean over a few calls carries."""
+
+    name: str
+    count: int
+    average_us: float
+    total_us: float
+    median_us: float
+    per_call_us: float  # the median times the dispatches per call
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "count": self.count, "average_us": self.average_us, "total_us": self.total_us,
+                "median_us": self.median_us, "per_call_us": self.per_call_us}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    function: str
+    agree: bool
+    max_abs_error: float
+    tolerance: str
+    worst: tuple[str, ...]  # the worst elements, where the outputs disagree
+    call_us: dict[str, float]  # "replaced"/"baseline" -> median whole call
+    dispatches: dict[str, tuple[DispatchTime, ...]] = field(default_factory=dict)
+    kernel_names: tuple[str, ...] = ()  # exports of the kit's kernels in the replaced module
+    replaced_ops: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def replaced_dispatches(self) -> tuple[tuple[DispatchTime, ...], tuple[DispatchTime, ...]]:
+        """(the replaced module's dispatches the baseline lacks: the kit's kernels, and any op
+        that IREE had fused into the replaced one and now compiles alone, such as an f16
+        matmul's truncation; the baseline's dispatches the replaced module lacks). Names are
+        compared without their numbers, which shift when a dispatch goes. Where IREE had fused
+        the replaced op into a dispatch that stays (a bias and activation into their matmul),
+        nothing went: only the whole call compares."""
+        mine, base = self.dispatches.get("replaced", ()), self.dispatches.get("baseline", ())
+        mine_names, base_names = {_unnumbered(t.name) for t in mine}, {_unnumbered(t.name) for t in base}
+        kit = tuple(t for t in mine if t.name in self.kernel_names or _unnumbered(t.name) not in base_names)
+        iree = tuple(t for t in base if _unnumbered(t.name) not in mine_names)
+        return kit, iree
+
+    def to_json(self) -> dict:
+        return {
+            "function": self.function,
+            "agree": self.agree,
+            "max_abs_error": self.max_abs_error,
+            "tolerance": self.tolerance,
+            "worst": list(self.worst),
+            "call_us": self.call_us,
+            "dispatches": {k: [d.to_json() for d in v] for k, v in self.dispatches.items()},
+            "kernel_names": list(self.kernel_names),
+            "replaced_ops": list(self.replaced_ops),
+            "replaced_dispatches": [
+                {"kit": [d.to_json() for d in kit], "iree": [d.to_json() for d in iree]} for kit, iree in [self.replaced_dispatches()]
+            ],
+            "notes": list(self.notes),
+            "timing_tools": "whole call: iree-benchmark-module (median real time); dispatches: Nsight Compute gpu__time_duration",
+        }
+
+
+def compare_model(
+    built: str | Path,
+    *,
+    inputs: str | Path | None = None,
+    function: str | None = None,
+    device: str = "cuda",
+    seed: int = 0,
+    repetitions: int = 50,
+) -> Comparison:
+    """Runs the replaced and the baseline module of a `build_model` folder (built with the
+    baseline) on the same inputs, checks the outputs agree, and times both."""
+    folder, record = read_model_record(built)
+    if not record.get("baseline_vmfb"):
+        raise KitError(
+            f"{folder} has no baseline module",
+            fix="build it with the baseline: kitdispatch build PROJECT --model MODEL --with-baseline -o DIR",
+        )
+    require_cuda(device)
+    vmfbs = {"replaced": folder / record["vmfb"], "baseline": folder / record["baseline_vmfb"]}
+    sig = _function(record, function)
+    args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
+    outputs = {k: _call(v, sig["name"], args, device) for k, v in vmfbs.items()}
+    agree, err, tol, worst = check_agreement(outputs["replaced"], outputs["baseline"], sig)
+    with tempfile.TemporaryDirectory(prefix="kitdispatch-compare-") as tmp:
+        flags = _input_flags(args, Path(tmp))
+        calls = {k: benchmark_call(v, sig["name"], flags, device=device, repetitions=repetitions) for k, v in vmfbs.items()}
+        notes, dispatches = [], {}
+        for k, v in vmfbs.items():
+            try:
+                dispatches[k] = profile_dispatches(v, sig["name"], flags, Path(tmp), device=device)
+            except ToolError as exc:
+                notes.append(f"no dispatch times for the {k} module: {exc.what}")
+    return Comparison(
+        function=sig["name"],
+        agree=agree,
+        max_abs_error=err,
+        tolerance=tol,
+        worst=worst,
+        call_us=calls,
+        dispatches=dispatches,
+        kernel_names=tuple(dict.fromkeys(r["kernel_entry"] for r in record.get("replaced", []))),
+        replaced_ops=tuple(f"{r['op']} at {r['location']}" for r in record.get("replaced", [])),
+        notes=tuple(notes),
+    )
+
+
+def _unnumbered(dispatch: str) -> str:
+    return re.sub(r"_dispatch_\d+_", "_dispatch_", dispatch)
+
+
+def _function(record: dict, name: str | None) -> dict:
+    functions = {f["name"]: f for f in record.get("functions", [])}
+    if name is None and functions:
+        return next(iter(functions.values()))
+    if name not in functions:
+        raise KitError(
+            f"the model has no function {name!r}", fix=f"pass --function with one of {', '.join(functions) or '(none)'}"
+        )
+    return functions[name]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def random_inputs(sig: dict, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, t in enumerate(sig["inputs"]):
+        if any(d is None for d in t["shape"]):
+            raise KitError(
+                f"input {i} of {sig['name']} has dynamic sizes ({t['shape']})",
+                fix="pass --inputs FILE.npz with arrays of the sizes to run",
+            )
+        row = abi.BY_NAME.get(t["dtype"])
+        if row is None or not row.tensor:
+            raise KitError(f"input {i} has element type {t['dtype']}, which kitdispatch cannot make", fix="pass --inputs FILE.npz")
+        dtype = numpy_dtype(t["dtype"])
+        shape = tuple(t["shape"])
+        if row.kind == "float":
+            out.append(rng.uniform(-2.0, 2.0, size=shape).astype(dtype))
+        else:
+            out.append(rng.integers(-100, 100, size=shape).astype(dtype))
+    return out
+
+
+def load_inputs(path: str | Path, sig: dict) -> list[np.ndarray]:
+    """The arrays of an .npz in the function's argument order (the order they were saved)."""
+    try:
+        with open_regular(Path(path)) as f, np.load(f) as data:  # never a FIFO: it would block
+            arrays = [data[k] for k in data.files]
+    except (OSError, ValueError, TypeError) as exc:  # TypeError: a .npy, not an .npz
+        raise KitError(f"cannot read inputs {path}: {exc}", fix="save them with numpy.savez(path, x0, x1, ...)") from None
+    if len(arrays) != len(sig["inputs"]):
+        raise KitError(
+            f"{path} holds {len(arrays)} arrays; {sig['name']} takes {len(sig['inputs'])}",
+            fix="save one array per input, in argument order",
+        )
+    for i, (a, t) in enumerate(zip(arrays, sig["inputs"])):
+        shape_ok = a.ndim == len(t["shape"]) and all(d is None or d == s for d, s in zip(t["shape"], a.shape))
+        if a.dtype != numpy_dtype(t["dtype"]) or not shape_ok:
+            raise KitError(
+                f"input {i} in {path} is {a.dtype}{list(a.shape)}; {sig['name']} takes {t['dtype']}{t['shape']}",
+                fix="save arrays of the model's input types and shapes",
+            )
+    return arrays
+
+
+def _input_flags(args: Sequence[np.ndarray], folder: Path) -> list[str]:
+    flags = []
+    for i, a in enumerate(args):
+        path = folder / f"input{i}.npy"
+        np.save(path, a)
+        flags.append(f"--input=@{path}")
+    return flags
+
+
+# ----------------------------------------------------------------------- agreement
+
+
+def _call(vmfb: Path, function: str, args: Sequence[np.ndarray], device: str) -> list[np.ndarray]:
+    result = Module(vmfb, device=device).call(function, *args)
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def check_agreement(got: Sequence[np.ndarray], expected: Sequence[np.ndarray], sig: dict) -> tuple[bool, float, str, tuple[str, ...]]:
+    """(agree, max abs error, the tolerance used, the worst elements where they disagree).
+    Floats get their type's tolerance (abi.AbiType.tolerance), the least precise input's when
+    inputs are less precise; integers must match exactly."""
+    tol_dtype = abi.tolerance_type([t["dtype"] for t in sig["inputs"] + sig["outputs"]])
+    rtol, atol = abi.lookup(tol_dtype).tolerance if tol_dtype else (0.0, 0.0)
+    agree, max_err, worst = True, 0.0, []
+    for n, (g, e) in enumerate(zip(got, expected)):
+        g64, e64 = np.asarray(g, np.float64), np.asarray(e, np.float64)
+        excess = np.abs(g64 - e64) - (atol + rtol * np.abs(e64))
+        excess = np.where(np.isnan(g64) != np.isnan(e64), np.inf, np.nan_to_num(excess, nan=0.0))
+        max_err = max(max_err, float(np.nanmax(np.abs(g64 - e64))) if g64.size else 0.0)
+        if (excess > 0).any():
+            agree = False
+            for flat in np.argsort(excess, axis=None)[::-1][:WORST_SHOWN]:
+                idx = np.unravel_index(flat, g64.shape)
+                worst.append(f"output {n}{list(map(int, idx))}: replaced {g64[idx]:.7g}, baseline {e64[idx]:.7g}")
+    tolerance = f"rtol {rtol:g}, atol {atol:g} ({tol_dtype})" if tol_dtype else "exact"
+    return agree, max_err, tolerance, tuple(worst)
+
+
+# -------------------------------------------------------------------------- timing
+
+
+def benchmark_call(vmfb: Path, function: str, input_flags: Sequence[str], *, device: str = "cuda", repetitions: int = 50) -> float:
+    """Median real time of a whole call (microseconds), by iree-benchmark-module."""
+    argv = [
+        find_runtime_tool("iree-benchmark-module"), f"--device={device}", f"--module={vmfb}", f"--function={function}",
+        *input_flags, f"--benchmark_min_time={repetitions}x", "--benchmark_repetitions=5", "--benchmark_format=json",
+    ]
+    report = json.loads(_run(argv, "iree-benchmark-module").stdout)
+    medians = [b for b in report["benchmarks"] if b.get("aggregate_name") == "median"]
+    runs = medians or report["benchmarks"]
+    return _to_us(runs[0]["real_time"], runs[0].get("time_unit", "ns"))
+
+
+def profile_dispatches(
+    vmfb: Path, function: str, input_flags: Sequence[str], workdir: Path, *, device: str = "cuda", calls: int = 5
+) -> tuple[DispatchTime, ...]:
+    """Device time per dispatch (kernel), heaviest first, by Nsight Compute over `calls` calls."""
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        raise ToolError("Nsight Compute (ncu) is not on PATH", fix="install Nsight Compute, or read only the whole-call times")
+    log = workdir / f"{vmfb.stem}.ncu.csv"
+    _run(
+        [
+            ncu, "--csv", "--log-file", str(log), "--metrics", "gpu__time_duration.sum", "--clock-control", "none",
+            find_runtime_tool("iree-benchmark-module"), f"--device={device}", f"--module={vmfb}", f"--function={function}",
+            *input_flags, f"--benchmark_min_time={calls}x", "--benchmark_repetitions=1",
+        ],
+        "ncu over iree-benchmark-module",
+    )
+    times: dict[str, list[float]] = {}
+    for row in _csv_rows(log.read_text(errors="replace")):
+        if row.get("Metric Name") == "gpu__time_duration.sum":
+            value = float(row["Metric Value"].replace(",", ""))
+            times.setdefault(row["Kernel Name"], []).append(value * _NCU_UNITS_US[row.get("Metric Unit", "nsecond")])
+    if not times:
+        raise ToolError("Nsight Compute measured no kernel", argv=[ncu, str(vmfb)], log=log.read_text()[-2000:],
+                        fix="check that ncu may read GPU counters here (it needs profiling permission)")
+    rows = [
+        DispatchTime(k, len(v), sum(v) / len(v), sum(v), statistics.median(v), statistics.median(v) * len(v) / calls)
+        for k, v in times.items()
+    ]
+    return tuple(sorted(rows, key=lambda t: t.per_call_us, reverse=True))
+
+
+_NCU_UNITS_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
+
+
+def _csv_rows(text: str) -> list[dict]:
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    return [] if start is None else list(csv.DictReader(lines[start:]))
+
+
+def profile_module(
+    target: str | Path, *, inputs: str | Path | None = None, function: str | None = None, device: str = "cuda", seed: int = 0
+) -> tuple[str, tuple[DispatchTime, ...]]:
+    """The heaviest dispatches of a model's IREE-only build (a `build_model` folder's baseline,
+    else its replaced module): which op is worth a kernel."""
+    folder, record = read_model_record(target)
+    require_cuda(device)
+    sig = _function(record, function)
+    vmfb = folder / (record.get("baseline_vmfb") or record["vmfb"])
+    args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
+    with tempfile.TemporaryDirectory(prefix="kitdispatch-profile-") as tmp:
+        flags = _input_flags(args, Path(tmp))
+        return str(vmfb), profile_dispatches(vmfb, sig["name"], flags, Path(tmp), device=device)
+
+
+def _run(argv: list[str], what: str):
+    res = run_tool(argv, timeout=BENCH_TIMEOUT_S)
+    if res.returncode != 0:
+        raise ToolError(f"{what} failed", argv=argv, returncode=res.returncode, log=res.stderr + res.stdout,
+                        fix="check that the module runs: kitdispatch run MODULE --function F --input ...")
+    return res
+
+
+def _to_us(value: float, unit: str) -> float:
+    return value * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[unit]
+
+
+# ------------------------------------------------------------------------ printing
+
+
+def format_comparison(c: Comparison) -> str:
+    lines = [f"function {c.function}: outputs {'agree' if c.agree else 'DISAGREE'} "
+             f"(max abs error {c.max_abs_error:.3g}; tolerance {c.tolerance})"]
+    lines += [f"  {w}" for w in c.worst]
+    base, mine = c.call_us["baseline"], c.call_us["replaced"]
+    lines.append(f"whole call (iree-benchmark-module, median): baseline {base:.1f} us, replaced {mine:.1f} us ({base / mine:.2f}x)")
+    for op in c.replaced_ops:
+        lines.append(f"replaced: {op}")
+    kit, iree = c.replaced_dispatches()
+    if kit or iree:
+        total = lambda ts: sum(t.per_call_us for t in ts)  # noqa: E731
+        lines.append(
+            f"dispatches that changed, device time per call (Nsight Compute): IREE's that went {total(iree):.1f} us "
+            f"({', '.join(t.name for t in iree) or 'none: IREE had fused the op into a dispatch that stays'}), "
+            f"the new ones {total(kit):.1f} us ({', '.join(t.name for t in kit)})"
+        )
+    for k in ("baseline", "replaced"):
+        if k in c.dispatches:
+            lines.append(f"device time per dispatch, {k} (Nsight Compute):")
+            lines += [f"  {format_dispatch(t)}" for t in c.dispatches[k]]
+    lines += [f"note: {n}" for n in c.notes]
+    return "\n".join(lines)
+
+
+def format_dispatch(t: DispatchTime) -> str:
+    return f"{t.median_us:9.1f} us median  {t.average_us:9.1f} us mean  x{t.count:<4} {t.per_call_us:9.1f} us per call  {t.name}"
