@@ -459,7 +459,7 @@ def iree_caching_allocator(vmfb: Path) -> None:
 
 @section
 def iree_benchmark_module(vmfb: Path, host: dict) -> None:
-    from kitdispatch.run.module import find_runtime_tool
+    from kitdispatch.run.cli_calls import find_runtime_tool
 
     tool = find_runtime_tool("iree-benchmark-module")
     runner = find_runtime_tool("iree-run-module")

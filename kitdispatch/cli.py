@@ -356,7 +356,8 @@ def _cmd_gen(args, out: _Out) -> int:
 
 
 def _cmd_run(args, out: _Out) -> int:
-    from kitdispatch.run.module import read_signatures, run_function, run_module
+    from kitdispatch.run.module import read_signatures
+    from kitdispatch.run.cli_calls import run_function, run_module
 
     if args.function not in read_signatures(Path(args.vmfb)) and not args.benchmark:
         res = run_module(Path(args.vmfb), args.function, args.input, device=args.device)  # not built by kitdispatch

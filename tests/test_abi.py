@@ -17,7 +17,7 @@ from kitdispatch.describe.record import read_record
 from kitdispatch.compile.toolchain import find_nvrtc
 from kitdispatch.compile.archs import Arch
 from kitdispatch.check.ptx import check_kernel_against_ptx, parse_entries
-from kitdispatch.run.module import scalar_argument
+from kitdispatch.run.arguments import scalar_argument
 from kitdispatch.describe.kernel import Buffer, Scalar
 from kitdispatch.describe.types import float_bits
 

@@ -97,7 +97,7 @@ MATMUL_SHAPES = [(256, 512, 64), (300, 1000, 264), (1, 8, 8), (129, 264, 8), (25
 
 
 def _numpy_dtype(name):
-    from kitdispatch.run.module import numpy_dtype
+    from kitdispatch.run.device import numpy_dtype
 
     return numpy_dtype(name)
 

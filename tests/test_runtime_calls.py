@@ -291,7 +291,7 @@ def test_recorded_calls_record_the_second_call_and_forget_dead_arrays():
     the entry (which holds the arrays' memory) dropped when one of its arrays is collected."""
     import gc
 
-    from kitdispatch.run.module import RecordedCalls
+    from kitdispatch.run.prepared import RecordedCalls
 
     class Array:  # what matters here: a weak-referenceable array with its own ref
         def __init__(self):

@@ -17,7 +17,7 @@ import pytest
 import kitdispatch as kd
 from kitdispatch import KitError
 from kitdispatch.cli import main
-from kitdispatch.run.module import sizing_scalars
+from kitdispatch.run.arguments import sizing_scalars
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
 
 from conftest import REPO, needs_iree_compile, prebuilt_or_build

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kitdispatch.run.device import TorchImports
-from kitdispatch.run.module import TorchCalls
+from kitdispatch.run.prepared import TorchCalls
 
 
 class Tensor:
@@ -78,7 +78,10 @@ class _Prepared:
     """A PreparedCall holds the imports of the tensors, not the tensors."""
 
     def __init__(self):
-        self.launches, self._after_torch, self._returned = 0, True, "out"
+        self.launches, self.after_torch, self.holds_out = 0, True, True
+
+    def forget_given(self):
+        self.holds_out = False
 
     def launch(self):
         self.launches += 1
@@ -90,7 +93,7 @@ class _Function:
     def __init__(self):
         self.prepared = []
         self.orders = 0
-        self._device = types.SimpleNamespace(order_after_torch=self._order)
+        self.device = types.SimpleNamespace(order_after_torch=self._order)
 
     def _order(self):
         self.orders += 1
@@ -112,7 +115,7 @@ def test_launches_on_the_same_tensors_are_prepared_at_the_second_and_reused(stan
     assert not calls.launched((x, y, 2.0), out)  # seen once: the usual path
     assert calls.launched((x, y, 2.0), out) and calls.launched((x, y, 2.0), out)
     assert len(function.prepared) == 1 and function.prepared[0].launches == 2 and len(calls) == 1
-    assert function.prepared[0]._returned is None  # the caller returns `out`: it is not held
+    assert not function.prepared[0].holds_out  # the caller returns `out`: it is not held
     assert not calls.launched((x, y, 3.0), out)  # another scalar is another call
     assert not calls.launched((x, y, np.float32(2.0)), out)  # and another type
     assert not calls.launched((x, y, 2.0), (out, Tensor(0x4000)))  # other outputs too

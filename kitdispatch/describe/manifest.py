@@ -17,6 +17,7 @@ from kitdispatch.describe.module import ModuleSpec, Program, TestSpec, Tolerance
 from kitdispatch.describe.names import check_identifier, check_kernel_name, cpp_base_name
 from kitdispatch.describe.reconcile import check_params, infer_params, with_split_halves
 
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # the same parser, as a package (kitdispatch depends on it there)

@@ -27,7 +27,9 @@ from kitdispatch._files import open_regular
 from kitdispatch._proc import run_tool
 from kitdispatch.errors import KitError, ToolError
 from kitdispatch.models.pipeline import read_model_record
-from kitdispatch.run.module import Module, find_runtime_tool, numpy_dtype, require_cuda
+from kitdispatch.run.module import Module, require_cuda
+from kitdispatch.run.cli_calls import find_runtime_tool
+from kitdispatch.run.device import numpy_dtype
 from kitdispatch.describe import abi
 
 BENCH_TIMEOUT_S = 600.0

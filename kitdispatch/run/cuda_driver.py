@@ -32,7 +32,7 @@ class DriverInfo:
 
 
 @functools.cache
-def _libcuda() -> ctypes.CDLL | None:
+def libcuda() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -44,7 +44,7 @@ def driver_version() -> str | None:
     """The CUDA version the driver supports, e.g. "13.0"; None where there is no driver.
     No cuInit: that alone takes a tenth of a second or more on a GPU machine, and a build
     only needs the version (its PTX check)."""
-    lib = _libcuda()
+    lib = libcuda()
     version = ctypes.c_int()
     if lib is None or lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
         return None
@@ -54,7 +54,7 @@ def driver_version() -> str | None:
 @functools.cache
 def driver_info() -> DriverInfo | None:
     """The version and the devices. None where there is no libcuda (no NVIDIA driver)."""
-    lib, text = _libcuda(), driver_version()
+    lib, text = libcuda(), driver_version()
     if lib is None or text is None:
         return None
     if lib.cuInit(0) != 0:

@@ -56,6 +56,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kitdispatch.errors import KitError, UsageError
+from kitdispatch.describe import abi
+from kitdispatch.run.cuda_driver import libcuda
 
 KDL_CPU, KDL_CUDA = 1, 2  # DLPack device types
 DEFAULT_POOL_BYTES = 2 << 30  # free output buffers kept for reuse, per device
@@ -234,7 +236,7 @@ def _forget_import(imports_ref, key: int, token: int) -> None:
         del imports._entries[key]
 
 
-def _is_torch_tensor(value) -> bool:
+def is_torch_tensor(value) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
@@ -351,7 +353,7 @@ class Device:
                 f"a CUDA tensor on device {index} cannot go to {self.uri}",
                 fix="move it to the module's device, or load the module with device='cuda://N'",
             )
-        torch_tensor = _is_torch_tensor(tensor)
+        torch_tensor = is_torch_tensor(tensor)
         try:
             # A torch tensor is exported as a detached view: the import then holds its storage,
             # not the tensor itself, which can die and take its cache entry with it.
@@ -475,8 +477,6 @@ class _PoolType:
 
 
 def _kit_type_name(dtype: np.dtype) -> str:
-    from kitdispatch.describe import abi
-
     row = abi.BY_NUMPY.get(dtype.name)
     if row is None:
         raise KitError(f"kitdispatch has no element type for {dtype}", fix=f"use one of {', '.join(abi.BY_NUMPY)}")
@@ -485,8 +485,6 @@ def _kit_type_name(dtype: np.dtype) -> str:
 
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype of a kit element type ('f32', 'bf16', ...)."""
-    from kitdispatch.describe import abi
-
     return abi.lookup(name).dtype
 
 
@@ -514,9 +512,7 @@ class _LegacyStream:
     CU_STREAM_LEGACY = 0x1
 
     def __init__(self, ordinal: int):
-        from kitdispatch.run.cuda_driver import _libcuda
-
-        lib = _libcuda()
+        lib = libcuda()
         if lib is None:
             raise KitError("libcuda is not loadable", fix="install the NVIDIA driver")
         self._lib = lib
@@ -527,7 +523,7 @@ class _LegacyStream:
         self._context = context
         # settle's calls, bound once with their argument types: it runs once a call, and
         # building its arguments cost as much as the calls (benchmarks/investigations/
-        # torch_launch_profile.py). `lib` is this stream's own CDLL (_libcuda makes one a call).
+        # torch_launch_profile.py). `lib` is this stream's own CDLL (libcuda makes one a call).
         push, query, pop = lib.cuCtxPushCurrent_v2, lib.cuStreamQuery, lib.cuCtxPopCurrent_v2
         push.argtypes = query.argtypes = pop.argtypes = [ctypes.c_void_p]
         push.restype = query.restype = pop.restype = ctypes.c_int

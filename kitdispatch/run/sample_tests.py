@@ -14,7 +14,9 @@ import numpy as np
 from kitdispatch.errors import KitError
 from kitdispatch.describe.manifest import MANIFEST_NAME
 from kitdispatch.describe.record import RECORD_SUFFIX, read_record
-from kitdispatch.run.module import Module, check_device_uri, cuda_status, numpy_dtype, sizing_scalars
+from kitdispatch.run.module import Module, check_device_uri, cuda_status
+from kitdispatch.run.device import numpy_dtype
+from kitdispatch.run.arguments import sizing_scalars
 from kitdispatch.describe import abi
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
 from kitdispatch.describe.module import InputRange, Tolerance

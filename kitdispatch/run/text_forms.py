@@ -17,6 +17,7 @@ from kitdispatch.describe import abi
 from kitdispatch._files import open_regular
 from kitdispatch.errors import KitError
 from kitdispatch.describe.types import ScalarType, TensorType
+from kitdispatch.run.device import numpy_dtype
 
 MAX_PRINTED = 1024  # iree-run-module's --print_max_element_count default
 _INPUT_RE = re.compile(r"^\s*((?:\d+x)*)([a-z]+\d*)\s*=(.*)$", re.S)
@@ -24,8 +25,6 @@ _INPUT_RE = re.compile(r"^\s*((?:\d+x)*)([a-z]+\d*)\s*=(.*)$", re.S)
 
 def parse_input(text: str, want: TensorType | ScalarType, where: str):
     """One --input for an argument of type `want`: a numpy array, or a number for a scalar."""
-    from kitdispatch.run.module import numpy_dtype
-
     if isinstance(want, ScalarType):
         try:
             return float(text) if _is_float(want.dtype) else int(text, 0)
