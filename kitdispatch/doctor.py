@@ -62,7 +62,7 @@ def _iree_release() -> dict:
         return {"iree_release": None, "iree_error": exc.render(), "iree_codegen_targets": []}
     return {
         "iree_release": release.name,
-        "iree_mlir_syntax": release.syntax,
+        "iree_mlir_syntax": release.syntax.value,
         "iree_codegen_targets": [a.name for a in release.codegen_targets],
         "iree_crashing_targets": [a.name for a in release.crashing_targets],
     }
@@ -123,7 +123,8 @@ def _gpu() -> dict:
 def _warnings(report: dict) -> list[str]:
     """What will fail later: PTX or cubins the local driver cannot load, headers or nvFatbin
     missing beside NVRTC, two NVRTCs, an IREE release kitdispatch does not support."""
-    from kitdispatch.run.driver_ptx import Version, nvrtc_for_driver
+    from kitdispatch.compile.toolchain import nvrtc_for_driver
+    from kitdispatch.run.driver_ptx import Version
 
     limit = report["gpu"].get("driver_max_ptx_isa")
     driver = report["gpu"].get("driver_cuda_version")

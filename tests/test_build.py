@@ -7,6 +7,7 @@ import pytest
 from kitdispatch import BuildOptions, IreeCompileError, KitError, ManifestError, generate, load_manifest
 from kitdispatch import build
 from kitdispatch.emit.render import ExecutableObjects, render_module
+from kitdispatch.iree.tools import target_release
 
 from conftest import SAMPLES, needs_iree_compile, write_kernel_project
 
@@ -228,7 +229,7 @@ def test_render_without_compiling():
 
     spec = load_manifest(SAMPLES / "simple_mul")
     objs = [ExecutableObjects(spec.kernels[0].source, "ptx", (VariantObject(Arch.parse("sm_80"), "ptx", "x.ptx"),))]
-    text = render_module(spec, objs).text
+    text = render_module(spec, objs, spelling=target_release().spelling).text
     assert text.count("hal.executable.export public") == 2
     assert "ordinal(0)" in text and "ordinal(1)" in text
 

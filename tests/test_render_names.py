@@ -184,13 +184,14 @@ def test_render_refuses_a_duplicate_entry_without_building():
     from kitdispatch import Buffer, Kernel, ModuleSpec, TensorType
     from kitdispatch.compile.archs import Arch
     from kitdispatch.emit.render import ExecutableObjects, VariantObject, render_module
+    from kitdispatch.iree.tools import target_release
 
     params = [Buffer("o", "out", TensorType("f32", (64,))), Buffer("x", "in", TensorType("f32", (64,)))]
     kernels = [Kernel.create(n, "k.cu", params, workgroup_size=[64], workgroup_count=[1], symbol="k") for n in ("a", "b")]
     spec = ModuleSpec.create("dup", kernels)
     objects = [ExecutableObjects(Path("k.cu"), "ptx", (VariantObject(Arch.parse("sm_80"), "ptx", "k.sm_80.ptx"),))]
     with pytest.raises(KitError, match="kernels 'a' and 'b' of k.cu are both the entry 'k'"):
-        render_module(spec, objects)
+        render_module(spec, objects, spelling=target_release().spelling)
 
 
 PROGRAM = """func.func @twice(%x: tensor<64xf32>) -> tensor<64xf32> {

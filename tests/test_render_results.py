@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import kitdispatch as kd
 from kitdispatch.compile.archs import Arch
-from kitdispatch.iree.tools import choose_codegen_target, find_iree_compile, iree_flags
+from kitdispatch.iree.tools import choose_codegen_target, find_iree_compile, iree_flags, target_release
 from kitdispatch.emit.render import ExecutableObjects, VariantObject, render_module
 
 from conftest import HAVE_IREE_COMPILE, needs_iree_compile, prebuilt_or_build
@@ -106,7 +106,7 @@ def test_every_result_has_its_own_buffer_in_any_parameter_order(tmp_path, order,
     # IREE reads the object only when it serializes the executable, after stream.
     objects = [ExecutableObjects(kernel.source, "ptx", (VariantObject(Arch.parse("sm_80"), "ptx", "k.sm_80.ptx"),))]
     mlir = tmp_path / f"orders-{'-'.join(order)}-{static}-{with_inout}.mlir"
-    mlir.write_text(render_module(spec, objects).text)
+    mlir.write_text(render_module(spec, objects, spelling=target_release().spelling).text)
     stream = compile_to(mlir, "stream")
     results = 3 + with_inout
     bodies = function_bodies(stream)

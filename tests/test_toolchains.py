@@ -16,7 +16,9 @@ from kitdispatch.check.arch_features import FEATURES, find_unsupported
 from kitdispatch.compile.archs import Arch
 from kitdispatch.compile.compilers import CompileOptions, NvrtcCompiler
 from kitdispatch.errors import ArchError, KitError
-from kitdispatch.iree.tools import IREE_RELEASES, choose_codegen_target, installed_release, release_of
+from kitdispatch.emit.syntax import AttributeSyntax
+from kitdispatch.iree.releases import IREE_RELEASES, release_of
+from kitdispatch.iree.tools import choose_codegen_target, installed_release
 from kitdispatch.run.driver_ptx import Version, max_ptx_isa
 from kitdispatch.emit.render import render_module
 from kitdispatch.compile.toolchain import REQUIRED_HEADERS, find_all_nvrtc, find_nvrtc
@@ -106,18 +108,21 @@ def test_cuda13_wheels_come_before_cuda12_ones_and_each_keeps_its_headers(tmp_pa
     assert first.nvfatbin is None and "nvidia-nvfatbin==13.0.*" in first.nvfatbin_hint
 
 
-def test_preflight_hint_names_an_nvrtc_that_exists():
+@pytest.mark.parametrize(
+    "ptx, driver, wheel",
+    [((9, 0), (12, 4), "nvidia-cuda-nvrtc-cu12==12.4.*"), ((8, 8), (12, 7), "nvidia-cuda-nvrtc-cu12==12.6.*"),  # no 12.7 wheel
+     ((9, 5), (13, 0), "nvidia-cuda-nvrtc==13.0.*")],
+)
+def test_preflight_hint_names_an_nvrtc_that_exists(ptx, driver, wheel):
+    from kitdispatch.compile.toolchain import nvrtc_for_driver
     from kitdispatch.run.driver_ptx import PreflightError, check_ptx_loads
 
     with pytest.raises(PreflightError) as info:
-        check_ptx_loads(Version(9, 0), Version(12, 4), compiler="nvrtc", where="k.ptx")
-    assert "nvidia-cuda-nvrtc-cu12==12.4.*" in info.value.fix
-    with pytest.raises(PreflightError) as info:
-        check_ptx_loads(Version(8, 8), Version(12, 7), compiler="nvrtc", where="k.ptx")
-    assert "nvidia-cuda-nvrtc-cu12==12.6.*" in info.value.fix  # there is no 12.7 wheel
-    with pytest.raises(PreflightError) as info:
-        check_ptx_loads(Version(9, 5), Version(13, 0), compiler="nvrtc", where="k.ptx")
-    assert "nvidia-cuda-nvrtc==13.0.*" in info.value.fix
+        check_ptx_loads(Version(*ptx), Version(*driver), compiler="nvrtc", where="k.ptx", rebuild_with=nvrtc_for_driver(Version(*driver)))
+    assert wheel in info.value.fix
+    with pytest.raises(PreflightError) as info:  # the run side, with no build at hand, points to doctor
+        check_ptx_loads(Version(*ptx), Version(*driver), compiler="built", where="m.vmfb")
+    assert "kitdispatch doctor" in info.value.fix and "--format cubin" in info.value.fix
 
 
 # ------------------------------------------------------------------ architecture features
@@ -243,7 +248,7 @@ def test_arch_specific_features_need_the_a_target(tmp_path):
 
 def test_iree_versions_outside_the_range_are_refused_clearly():
     assert release_of("3.13.0rc20261016").name == "3.13"
-    assert release_of("3.10.0").syntax == "attr-dict"
+    assert release_of("3.10.0").syntax is AttributeSyntax.ATTR_DICT
     for version in ("3.9.0", "3.14.0", "2.9.0"):
         with pytest.raises(KitError, match=rf"IREE {version} is not supported: kitdispatch generates MLIR for IREE 3.10 through 3.13") as info:
             release_of(version)
@@ -279,11 +284,11 @@ def test_installed_iree_takes_its_own_syntax_and_rejects_the_other(root, tmp_pat
     objects = [ExecutableObjects(spec.kernels[0].source, "ptx", (VariantObject(sm_80, "ptx", obj.name),))]
     programs = [(str(spec.source_path(p.source)), spec.source_path(p.source).read_text()) for p in spec.programs]
     for release in (IREE_RELEASES[(3, 13)], IREE_RELEASES[(3, 10)]):
-        syntax = release.syntax
+        syntax = release.syntax.value
         mlir = tmp_path / f"{syntax}.mlir"
-        mlir.write_text(render_module(spec, objects, programs=programs, release=release).text)
+        mlir.write_text(render_module(spec, objects, programs=programs, spelling=release.spelling).text)
         argv = compile_args(mlir, tmp_path / f"{syntax}.vmfb", sm_80, tmp_path)
-        if syntax == installed_release().syntax:
+        if release.syntax is installed_release().syntax:
             compile_vmfb(argv, mlir)
         else:
             with pytest.raises(IreeCompileError):
@@ -296,8 +301,8 @@ def test_workgroup_attributes_are_spelled_per_release(tmp_path):
 
     spec = load_manifest(REPO / "tests" / "data" / "dynamic_shared")
     objects = [ExecutableObjects(k.source, "ptx", (VariantObject(Arch.parse("sm_80"), "ptx", "k.ptx"),)) for k in spec.kernels[:1]]
-    new = render_module(spec, objects, release=IREE_RELEASES[(3, 13)]).text
-    old = render_module(spec, objects, release=IREE_RELEASES[(3, 10)]).text
+    new = render_module(spec, objects, spelling=IREE_RELEASES[(3, 13)].spelling).text
+    old = render_module(spec, objects, spelling=IREE_RELEASES[(3, 10)].spelling).text
     assert re.search(r"\} <workgroup_size = \[\d+ : index, 1 : index, 1 : index\], workgroup_local_memory = \d+>", new)
     assert re.search(r"\} attributes \{workgroup_size = \[\d+ : index, 1 : index, 1 : index\], workgroup_local_memory = \d+ : index\}", old)
     assert "hal.executable.source private @" in old and " attributes {objects = #hal.executable.objects<{" in old

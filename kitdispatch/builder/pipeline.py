@@ -26,9 +26,10 @@ from kitdispatch.compile.bridge import BridgingCompiler, entry_bridge
 from kitdispatch.compile.cache import Cache, CachedCompiler, CachedLinker, Linked, checks_key
 from kitdispatch.compile.compilers import COMPILE_TIMEOUT_S, CompileOptions, ObjectCode, get_compiler
 from kitdispatch.errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
-from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, compile_args, compile_vmfb, iree_compiler_version, iree_flags, link_in_worker
+from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, target_release, compile_args, compile_vmfb, iree_compiler_version, iree_flags, link_in_worker
 from kitdispatch.describe.manifest import load_manifest
 from kitdispatch.builder.publish import OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
+from kitdispatch.compile.toolchain import nvrtc_for_driver
 from kitdispatch.run.driver_ptx import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
 from kitdispatch.check.ptx import check_kernel_against_ptx, param_accesses, parse_entries
 from kitdispatch.describe.record import BuildRecord, Diagnostic, TestSettings, journal_name, record_name, sha256
@@ -295,7 +296,8 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     templates = shared.cache.template_dir if shared.cache is not None else None
     objects = _object_files(built)
     rendered = render_module(
-        spec, _executable_objects(spec, built), programs=programs, archs=options.archs, template_cache=templates
+        spec, _executable_objects(spec, built), programs=programs, archs=options.archs, template_cache=templates,
+        spelling=target_release().spelling,
     )
     mlir_name, vmfb_name = f"{spec.name}.mlir", f"{spec.name}.vmfb" if make_vmfb else None
     _check_reference_name(reference, [*objects, mlir_name, vmfb_name, record_name(spec.name), journal_name(spec.name)])
@@ -552,7 +554,7 @@ def _preflight(built: list[_Built], driver: Version | None) -> tuple[str, ...]:
         if version is None:
             continue
         try:
-            check_ptx_loads(version, driver, compiler=obj.compiler, where=b.file_name)
+            check_ptx_loads(version, driver, compiler=obj.compiler, where=b.file_name, rebuild_with=nvrtc_for_driver(driver))
         except PreflightError:
             if _is_primary_ptx(b):
                 raise

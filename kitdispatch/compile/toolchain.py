@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kitdispatch._resources import installed_version
+from kitdispatch.run.driver_ptx import Version
 from kitdispatch.errors import KitError
 
 # Headers a compile of `#include <cuda_fp16.h>` or `<mma.h>` needs from the include path.
@@ -256,3 +257,17 @@ def _preload(library: Path, what: str, fix: str) -> None:
         ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
         raise KitError(f"{what} library {library} could not be loaded: {exc}", fix=fix) from None
+
+
+# The minor releases of the NVRTC wheels on PyPI, by CUDA major (there is no 12.7).
+_NVRTC_WHEEL_MINORS = {12: (0, 1, 2, 3, 4, 5, 6, 8, 9), 13: (0, 1, 2, 3, 4, 5)}
+
+
+def nvrtc_for_driver(driver: Version) -> str:
+    """How to install the newest NVRTC whose PTX a driver of version `driver` loads."""
+    if driver.major not in _NVRTC_WHEEL_MINORS:
+        return f"build with the nvcc of a CUDA {driver.major} toolkit (--compiler nvcc)"
+    release = f"{driver.major}.{max(m for m in _NVRTC_WHEEL_MINORS[driver.major] if m <= driver.minor)}"
+    extra = "cu12" if driver.major == 12 else "build"
+    pins = " ".join(f"'{d}=={release}.*'" for d in wheel_distributions(driver.major))
+    return f"install NVRTC {release}, whose PTX loads there: pip install {pins} (kitdispatch's {extra} extra)"

@@ -19,9 +19,9 @@ from kitdispatch import __version__
 from kitdispatch._resources import data_dir
 from kitdispatch.compile.archs import Arch
 from kitdispatch.errors import ManifestError
-from kitdispatch.iree.tools import IreeRelease, target_release
 from kitdispatch.describe import abi
 from kitdispatch.emit.index_ops import IndexOps
+from kitdispatch.emit.syntax import Spelling
 from kitdispatch.emit.mlir_text import mlir_comment, mlir_string, mlir_symbol
 from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
 from kitdispatch.describe.index_expr import IndexExpr
@@ -86,13 +86,12 @@ def render_module(
     programs: Sequence[tuple[str, str]] = (),
     archs: Sequence[Arch] = (),
     template_cache: Path | None = None,
-    release: IreeRelease | None = None,
+    spelling: Spelling,
 ) -> RenderedModule:
     """`programs` are (origin, MLIR text) pairs of the user's own functions to append; `archs`
     the build's architectures, for the header.
     `template_cache` keeps the compiled templates between processes (jinja2 bytecode).
-    `release` is the IREE release to spell the MLIR for; by default the installed compiler's."""
-    spelling = _Spelling.of(release or target_release())
+    `spelling` is how the target IREE release writes what the MLIR holds (IreeRelease.spelling)."""
     by_key = {(o.source, o.format): o for o in objects}
     groups = _group_kernels(spec.kernels)
     names = _executable_names(spec, groups, _program_symbols(spec, programs))
@@ -180,40 +179,6 @@ def _check_distinct_entries(source: Path, kernels: list[Kernel]) -> None:
         first[k.entry] = k
 
 
-@dataclass(frozen=True)
-class _Spelling:
-    """How the target IREE release spells ops' inherent attributes (IreeRelease.syntax):
-    3.13 parses them only as properties (`<workgroup_size = [...]>`), 3.10 to 3.12 only from
-    an attribute dictionary (`attributes {workgroup_size = [...]}`), where an untyped integer
-    is not an index. And how a command buffer names a dispatch's entry point
-    (IreeRelease.entry_points)."""
-
-    syntax: str
-    entry_points: str = "function"
-
-    @classmethod
-    def of(cls, release: IreeRelease) -> "_Spelling":
-        return cls(release.syntax, release.entry_points)
-
-    def entry_point(self, ssa: str, executable: str, target: str) -> str:
-        """The op giving `%ssa`, the entry point `target` of the loaded `%executable`."""
-        if self.entry_points == "function":
-            return f"%{ssa} = hal.executable.lookup.function target(%{executable} : !hal.executable) function({target}) : i64"
-        if self.entry_points == "ordinal":
-            return f"%{ssa} = hal.executable.export.ordinal target({target}) : index"
-        raise ValueError(f"unknown entry point spelling {self.entry_points!r}")
-
-    def inherent(self, attrs: dict[str, str], index_attrs: dict[str, int] | None = None) -> str:
-        """`attrs` are spelled out already; `index_attrs` are integers of type index."""
-        typed = " : index" if self.syntax == "attr-dict" else ""
-        items = [f"{k} = {v}" for k, v in attrs.items()] + [f"{k} = {v}{typed}" for k, v in (index_attrs or {}).items()]
-        if self.syntax == "properties":
-            return "<" + ", ".join(items) + ">"
-        if self.syntax == "attr-dict":
-            return "attributes {" + ", ".join(items) + "}"
-        raise ValueError(f"unknown MLIR syntax {self.syntax!r}")
-
-
 class _BytecodeCache(jinja2.FileSystemBytecodeCache):
     """jinja2's file cache of compiled templates, where a write that fails (a full disk, or
     `kitdispatch cache clear` removing the folder meanwhile) only loses the speed-up."""
@@ -257,7 +222,7 @@ GENERIC_FORMAT = "cuda-nvptx-fb"
 GENERIC_VARIANT = GENERIC_FORMAT.replace("-", "_")
 
 
-def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObjects, spelling: _Spelling) -> dict:
+def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObjects, spelling: Spelling) -> dict:
     variants = [
         {
             "name": f"{v.arch.name}_{v.format}",
@@ -286,7 +251,7 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
     }
 
 
-def _export_view(kernel: Kernel, ordinal: int, spelling: _Spelling) -> dict:
+def _export_view(kernel: Kernel, ordinal: int, spelling: Spelling) -> dict:
     workload = kernel.workload
     # The region's values: `%device`, then the workload (a size may be named `device` or `count_x`).
     names = _SsaNames()
@@ -363,7 +328,7 @@ def _needs_storage_operand(kernel: Kernel, buffer: Buffer) -> bool:
 # --------------------------------------------------------------------------- functions
 
 
-def _function_view(kernel: Kernel, exe: dict, spelling: _Spelling) -> dict:
+def _function_view(kernel: Kernel, exe: dict, spelling: Spelling) -> dict:
     ssa = _SsaNames()
     args = kernel.function_arguments
     arg_ssa = {p.name: ssa.take(p.name) for p in args}
@@ -486,7 +451,7 @@ TARGET_DEVICE = "@__device_0"
 
 
 def _record_view(
-    kernel: Kernel, exe: dict, spelling: _Spelling, ssa: "_SsaNames", args: list[str], arg_ssa: dict, storage_ssa: dict, constants: list, workload: str
+    kernel: Kernel, exe: dict, spelling: Spelling, ssa: "_SsaNames", args: list[str], arg_ssa: dict, storage_ssa: dict, constants: list, workload: str
 ) -> dict:
     """`NAME$record`: records NAME's dispatch on given buffer views into a reusable command
     buffer and returns it, for calls repeated on the same arrays (runtime.PreparedCall submits

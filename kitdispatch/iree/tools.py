@@ -14,65 +14,10 @@ from kitdispatch._resources import installed_version
 from kitdispatch._workers import POOL
 from kitdispatch.compile.archs import Arch
 from kitdispatch.errors import ArchError, IreeCompileError, KitError
+from kitdispatch.iree.releases import IREE_RELEASES, NEWEST_RELEASE, SUPPORTED_PIN, SUPPORTED_RANGE, IreeRelease, release_of
 
 IREE_COMPILE_TIMEOUT_S = 600.0
 EXCERPT_CONTEXT_LINES = 4
-
-
-@dataclass(frozen=True)
-class IreeRelease:
-    """What kitdispatch knows of one IREE release series, measured with iree-base-compiler
-    3.10.0, 3.11.0, 3.12.0 and 3.13.0 (a dispatch IREE generates, compiled for every target
-    from sm_50 to sm_121)."""
-
-    series: tuple[int, int]
-    # How the MLIR spells the inherent attributes of hal.executable.source (objects) and
-    # hal.executable.export (workgroup_size, workgroup_local_memory): "properties", `<...>`
-    # (3.13), or "attr-dict", `attributes {...}` (3.10 to 3.12, which reject properties).
-    syntax: str
-    # How hal.command_buffer.dispatch names its entry point (render.py's NAME$record):
-    # "function", an i64 function id (hal.executable.lookup.function, 3.12 and later), or
-    # "ordinal", an index (hal.executable.export.ordinal, 3.10 and 3.11).
-    entry_points: str
-    # CUDA targets IREE's codegen knows; any other gives "missing GPU target in
-    # #hal.executable.target" for an IREE-generated dispatch. Hand-written kernels are not
-    # limited by this list.
-    codegen_targets: tuple[Arch, ...]
-    # Targets that abort the whole process (an LLVM ERROR, in process as well) instead of failing.
-    crashing_targets: tuple[Arch, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return f"{self.series[0]}.{self.series[1]}"
-
-
-def _archs(names: str) -> tuple[Arch, ...]:
-    return tuple(Arch.parse(n) for n in names.split())
-
-
-_PASCAL_TO_ORIN = "sm_60 sm_61 sm_62 sm_70 sm_72 sm_75 sm_80 sm_86 sm_87"
-IREE_RELEASES = {
-    (3, 10): IreeRelease((3, 10), "attr-dict", "ordinal", _archs(_PASCAL_TO_ORIN)),
-    (3, 11): IreeRelease((3, 11), "attr-dict", "ordinal", _archs(_PASCAL_TO_ORIN)),
-    # "PTX version 7.6 does not support target 'sm_120'": LLVM ERROR, the process aborts.
-    (3, 12): IreeRelease((3, 12), "attr-dict", "function", _archs(_PASCAL_TO_ORIN + " sm_89"), _archs("sm_120 sm_121")),
-    (3, 13): IreeRelease((3, 13), "properties", "function", _archs(_PASCAL_TO_ORIN + " sm_89 sm_120 sm_121")),
-}
-OLDEST_RELEASE, NEWEST_RELEASE = IREE_RELEASES[min(IREE_RELEASES)], IREE_RELEASES[max(IREE_RELEASES)]
-SUPPORTED_RANGE = f"{OLDEST_RELEASE.name} through {NEWEST_RELEASE.name}"
-SUPPORTED_PIN = f"iree-base-compiler>={OLDEST_RELEASE.name},<{NEWEST_RELEASE.series[0]}.{NEWEST_RELEASE.series[1] + 1}"
-
-
-def release_of(version: str) -> IreeRelease:
-    """The release series of an iree-base-compiler version ("3.13.0", "3.13.0rc20261016")."""
-    m = re.match(r"(\d+)\.(\d+)", version)
-    release = IREE_RELEASES.get((int(m.group(1)), int(m.group(2)))) if m else None
-    if release is None:
-        raise KitError(
-            f"IREE {version} is not supported: kitdispatch generates MLIR for IREE {SUPPORTED_RANGE}",
-            fix=f"pip install '{SUPPORTED_PIN}' (and the iree-base-runtime of the same release)",
-        )
-    return release
 
 
 @functools.cache

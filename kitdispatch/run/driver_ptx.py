@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from kitdispatch.errors import KitError
+from kitdispatch.run.cuda_driver import driver_version
 
 # CUDA driver version -> newest PTX ISA it loads (from NVIDIA's PTX ISA release notes).
 _DRIVER_PTX_ISA = {
@@ -19,8 +20,9 @@ _DRIVER_PTX_ISA = {
     (12, 0): (8, 0), (12, 1): (8, 1), (12, 2): (8, 2), (12, 3): (8, 3), (12, 4): (8, 4),
     (12, 5): (8, 5), (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8),
 }
-# The minor releases of the NVRTC wheels on PyPI, by CUDA major (there is no 12.7).
-_NVRTC_WHEEL_MINORS = {12: (0, 1, 2, 3, 4, 5, 6, 8, 9), 13: (0, 1, 2, 3, 4, 5)}
+# What a module that will not load should be rebuilt with, where no build is at hand to name
+# the NVRTC wheel (`kitdispatch doctor` on the build machine names it).
+REBUILD_HINT = "rebuild it with an NVRTC whose PTX this driver loads (kitdispatch doctor names it)"
 _PTX_VERSION_RE = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.M)
 
 
@@ -60,14 +62,13 @@ def max_ptx_isa(driver: Version) -> Version:
 
 
 def local_driver() -> Version | None:
-    from kitdispatch.run.cuda_driver import driver_version
-
     version = driver_version()
     return Version.parse(version) if version else None
 
 
-def check_ptx_loads(ptx_isa_version: Version, driver: Version, *, compiler: str, where: str) -> None:
-    """Raises when a driver of version `driver` cannot load PTX of `ptx_isa_version`."""
+def check_ptx_loads(ptx_isa_version: Version, driver: Version, *, compiler: str, where: str, rebuild_with: str = REBUILD_HINT) -> None:
+    """Raises when a driver of version `driver` cannot load PTX of `ptx_isa_version`;
+    `rebuild_with` says which compiler would make PTX it loads (the build side knows the wheels)."""
     limit = max_ptx_isa(driver)
     if ptx_isa_version > limit:
         raise PreflightError(
@@ -76,18 +77,6 @@ def check_ptx_loads(ptx_isa_version: Version, driver: Version, *, compiler: str,
             where=where,
             fix=(
                 "use --format cubin or --format fatbin (SASS needs no PTX JIT), or "
-                f"{nvrtc_for_driver(driver)}, or raise --min-driver if every target machine has a newer driver"
+                f"{rebuild_with}, or raise --min-driver if every target machine has a newer driver"
             ),
         )
-
-
-def nvrtc_for_driver(driver: Version) -> str:
-    """How to install the newest NVRTC whose PTX a driver of version `driver` loads."""
-    from kitdispatch.compile.toolchain import wheel_distributions
-
-    if driver.major not in _NVRTC_WHEEL_MINORS:
-        return f"build with the nvcc of a CUDA {driver.major} toolkit (--compiler nvcc)"
-    release = f"{driver.major}.{max(m for m in _NVRTC_WHEEL_MINORS[driver.major] if m <= driver.minor)}"
-    extra = "cu12" if driver.major == 12 else "build"
-    pins = " ".join(f"'{d}=={release}.*'" for d in wheel_distributions(driver.major))
-    return f"install NVRTC {release}, whose PTX loads there: pip install {pins} (kitdispatch's {extra} extra)"
