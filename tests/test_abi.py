@@ -326,7 +326,7 @@ def test_test_scalars_are_checked_and_recorded(tmp_path):
     assert load_manifest(root).test.scalars == (("alpha", 2.5),)
     result = generate(root, BuildOptions.create("sm_80", format="ptx"), tmp_path / "out")
     record = read_record(result.record)
-    assert record.test.scalars == {"alpha": 2.5}
+    assert record.test.scalars == (("alpha", 2.5),)
     assert record.functions[0].arg_names == ("x", "y", "alpha")
     with pytest.raises(ManifestError, match="names 'beta', which is no scalar argument"):
         manifest(tmp_path / "bad", SAXPY_CU, body.replace("alpha = 2.5", "beta = 1"))

@@ -167,7 +167,7 @@ def test_building_into_the_project_folder_never_adopts_or_deletes_its_files(tmp_
     assert code == 0, err
     record = read_record(root / "proj.kitdispatch.json")
     assert not set(sources) & set(record.files)  # none of them is claimed as the kit's
-    assert record.test.reference == "reference.py"
+    assert record.test.reference == Path("reference.py")
     record.check_file(root, "reference.py")  # still checked by its hash, for `kitdispatch test`
     assert (root / "reference.py").stat().st_ino == inode  # not replaced by a copy of itself
     # The manifest drops the reference, another arch: a rebuild removes stale objects only.

@@ -46,14 +46,15 @@ def write_record(functions_json, vmfb):
     """The module's build record, as a kit build writes it (its functions from the data file)."""
     import json
 
-    from kitdispatch.describe.record import BuildRecord, TestSettings, file_sha256, record_beside
+    from kitdispatch.describe.module import TestSpec
+    from kitdispatch.describe.record import BuildRecord, file_sha256, record_beside
     from kitdispatch.describe.types import FunctionSignature
 
     functions = tuple(FunctionSignature.from_json(f, "calls") for f in json.loads(functions_json.read_text())["functions"])
     record = BuildRecord(
         name="calls", kitdispatch=kd.__version__, mlir="calls.mlir", vmfb=vmfb.name, archs=(), format="cpu",
         kernel_formats={}, ptx_isa=None, compiler={"name": "iree-cpu", "version": "-"}, iree_compiler=None,
-        codegen_target="generic", objects=(), functions=functions, test=TestSettings(),
+        codegen_target="generic", objects=(), functions=functions, test=TestSpec(),
         files={vmfb.name: file_sha256(vmfb)},
     )
     record_beside(vmfb).write_bytes(record.to_bytes())

@@ -465,7 +465,8 @@ from hypothesis import strategies as st  # noqa: E402
 def _good_record_json() -> dict:
     import json
 
-    from kitdispatch.describe.record import BuildRecord, Diagnostic, TestSettings
+    from kitdispatch.describe.module import TestSpec
+    from kitdispatch.describe.record import BuildRecord, Diagnostic
     from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
 
     record = BuildRecord(
@@ -473,7 +474,7 @@ def _good_record_json() -> dict:
         kernel_formats={"k": "fatbin"}, ptx_isa=None, compiler={"name": "nvrtc", "version": "13.0"}, iree_compiler="3.13",
         codegen_target="sm_80", objects=("k.sm_80.fatbin",),
         functions=(FunctionSignature("k", (TensorType("f32", ("n",)), ScalarType("f32")), (TensorType("f32", ("n",)),), ("x", "a")),),
-        test=TestSettings(reference="reference.py", sizes={"n": 8}, seed=0, scalars={"a": 0.5}),
+        test=TestSpec(reference=Path("reference.py"), sizes=(("n", 8),), seed=0, scalars=(("a", 0.5),)),
         files={"m.vmfb": "0" * 64}, names={"k": {"function": "k", "entry": "k"}}, diagnostics=(Diagnostic("nvrtc", "k.cu:1", "w"),),
     )
     return json.loads(record.to_bytes())
@@ -511,7 +512,7 @@ def test_a_build_record_with_any_value_of_a_wrong_type_is_a_damaged_record(data)
         assert "schema" in exc.render()
         return
     assert all(isinstance(v, str) for v in (record.name, record.mlir, *record.archs, *record.objects, *record.files.values()))
-    assert all(isinstance(v, int) and not isinstance(v, bool) for v in record.test.sizes.values())
+    assert all(isinstance(v, int) and not isinstance(v, bool) for _, v in record.test.sizes)
 
 
 @pytest.mark.parametrize(

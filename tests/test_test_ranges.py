@@ -114,8 +114,8 @@ def test_inputs_are_drawn_within_their_ranges_the_same_for_a_seed():
 def test_the_record_carries_ranges_and_tolerances(tmp_path):
     result = kd.build(PROJECT, kd.BuildOptions.create("sm_80"), tmp_path / "out")
     test = read_record(result.record).test
-    assert test.ranges == {"idx": [0, "v"], "x": [0, 1]}
-    assert test.tolerances == {"total": {"rtol": 1e-4, "atol": 0.0}}
+    assert {name: r.to_json() for name, r in test.ranges} == {"idx": [0, "v"], "x": [0, 1]}
+    assert dict(test.tolerances) == {"total": Tolerance(rtol=1e-4, atol=0.0)}
 
 
 @needs_iree_compile

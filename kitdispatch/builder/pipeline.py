@@ -32,7 +32,7 @@ from kitdispatch.builder.publish import OutputFolder, disk_full, os_error, prepa
 from kitdispatch.compile.toolchain import nvrtc_for_driver
 from kitdispatch.run.driver_ptx import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
 from kitdispatch.check.ptx import check_kernel_against_ptx, param_accesses, parse_entries
-from kitdispatch.describe.record import BuildRecord, Diagnostic, TestSettings, journal_name, record_name, sha256
+from kitdispatch.describe.record import BuildRecord, Diagnostic, journal_name, record_name, sha256
 from kitdispatch.emit.render import ExecutableObjects, VariantObject, render_module
 from kitdispatch.check.roles import settle_roles
 from kitdispatch.check.declarations import check_compiled_types
@@ -824,14 +824,7 @@ def _record(spec, options, compiler, codegen: Arch, built: list[_Built], outputs
         codegen_target=codegen.name,
         objects=tuple(b.file_name for b in built),
         functions=spec.signatures,
-        test=TestSettings(
-            reference=reference.name if reference else None,
-            sizes=dict(spec.test.sizes),
-            seed=spec.test.seed,
-            scalars=dict(getattr(spec.test, "scalars", ())),
-            ranges={name: r.to_json() for name, r in spec.test.ranges},
-            tolerances={name: dataclasses.asdict(t) for name, t in spec.test.tolerances},
-        ),
+        test=dataclasses.replace(spec.test, reference=Path(reference.name) if reference else None),
         files={name: sha256(data) for name, data in outputs.items()},
         names={
             k.name: {"function": k.function, "entry": k.entry}

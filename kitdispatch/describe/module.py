@@ -7,7 +7,7 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Union
 import numpy as np
 from kitdispatch.describe import abi
@@ -120,6 +120,31 @@ class TestSpec:
     ranges: tuple[tuple[str, InputRange], ...] = ()
     # Tolerances by function name, in place of the one of its element types.
     tolerances: tuple[tuple[str, Tolerance], ...] = ()
+
+    def to_json(self) -> dict:
+        """As the build record keeps it: the reference by its file name in the output folder."""
+        return {
+            "reference": self.reference.name if self.reference else None,
+            "sizes": dict(self.sizes),
+            "seed": self.seed,
+            "scalars": dict(self.scalars),
+            "ranges": {name: r.to_json() for name, r in self.ranges},
+            "tolerances": {name: {"rtol": t.rtol, "atol": t.atol} for name, t in self.tolerances},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, where: str, *, check_name: Callable[[object], str], check_size: Callable[[object], int],
+                  check_seed: Callable[[object], int], check_number: Callable[[object], int | float]) -> "TestSpec":
+        """The record's form back; the checks are the record reader's (a damaged record is its error)."""
+        reference = data["reference"]
+        return cls(
+            reference=None if reference is None else Path(check_name(reference)),
+            sizes=tuple((check_name(k), check_size(v)) for k, v in data["sizes"].items()),
+            seed=check_seed(data["seed"]),
+            scalars=tuple((check_name(k), check_number(v)) for k, v in data.get("scalars", {}).items()),
+            ranges=tuple((check_name(k), InputRange.create(v, f"{where}: test.ranges.{k}")) for k, v in data.get("ranges", {}).items()),
+            tolerances=tuple((check_name(k), Tolerance.create(v, k)) for k, v in data.get("tolerances", {}).items()),
+        )
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from kitdispatch._files import open_regular, read_regular_file
 from kitdispatch.errors import KitError
 from kitdispatch.describe.types import FunctionSignature
-from kitdispatch.describe.module import InputRange, Tolerance
+from kitdispatch.describe.module import TestSpec
 
 RECORD_SUFFIX = ".kitdispatch.json"
 SCHEMA = 2
@@ -68,16 +68,6 @@ class Diagnostic:
 
 
 @dataclass(frozen=True)
-class TestSettings:
-    reference: str | None = None
-    sizes: dict[str, int] = field(default_factory=dict)
-    seed: int = 0
-    scalars: dict[str, int | float] = field(default_factory=dict)  # ints stay exact (u64 above 2^53)
-    ranges: dict[str, list] = field(default_factory=dict)  # argument -> [low, high] (InputRange.to_json)
-    tolerances: dict[str, dict[str, float]] = field(default_factory=dict)  # function -> {rtol, atol}
-
-
-@dataclass(frozen=True)
 class BuildRecord:
     name: str
     kitdispatch: str
@@ -93,7 +83,7 @@ class BuildRecord:
     codegen_target: str
     objects: tuple[str, ...]
     functions: tuple[FunctionSignature, ...]
-    test: TestSettings
+    test: TestSpec  # its reference by file name, in the output folder
     # Every file the build published in its folder (the record aside) -> its SHA-256.
     files: dict[str, str]
     # Kernel name -> {"function": ..., "entry": ...} where the kit named something differently.
@@ -107,6 +97,7 @@ class BuildRecord:
     def to_bytes(self) -> bytes:
         data = asdict(self)
         data["functions"] = [f.to_json() for f in self.functions]
+        data["test"] = self.test.to_json()
         return (json.dumps(data, indent=2) + "\n").encode()
 
     @classmethod
@@ -139,13 +130,9 @@ class BuildRecord:
                 codegen_target=_str(data["codegen_target"]),
                 objects=tuple(_str(o) for o in _list(data["objects"])),
                 functions=tuple(_function(f, where) for f in _list(data["functions"])),
-                test=TestSettings(
-                    reference=None if data["test"]["reference"] is None else _str(data["test"]["reference"]),
-                    sizes={_str(k): _int(v, least=1) for k, v in data["test"]["sizes"].items()},
-                    seed=_int(data["test"]["seed"], least=0),
-                    scalars={_str(k): _number(v) for k, v in data["test"].get("scalars", {}).items()},
-                    ranges={_str(k): InputRange.create(v, k).to_json() for k, v in data["test"].get("ranges", {}).items()},
-                    tolerances={_str(k): asdict(Tolerance.create(v, k)) for k, v in data["test"].get("tolerances", {}).items()},
+                test=TestSpec.from_json(
+                    data["test"], where, check_name=_str, check_size=lambda v: _int(v, least=1),
+                    check_seed=lambda v: _int(v, least=0), check_number=_number,
                 ),
                 files={_plain_name(k): _str(v) for k, v in data["files"].items()},
                 names={_str(k): {_str(a): _str(b) for a, b in v.items()} for k, v in data.get("names", {}).items()},

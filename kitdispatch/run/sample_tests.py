@@ -141,13 +141,13 @@ def _verify_record(record_path: Path, available: bool, reason: str, device: str,
     if not available:
         return [CaseResult(name, s.name, "skip", "no CUDA device") for s in sigs]
     test = record.test
-    ranges = {arg: InputRange.create(r, f"{record_path}: test.ranges.{arg}") for arg, r in test.ranges.items()}
+    ranges = dict(test.ranges)
     reference = None
     if test.reference:
-        reference = _load_reference(record.check_file(record_path.parent, test.reference))
+        reference = _load_reference(record.check_file(record_path.parent, test.reference.name))
     module = Module(vmfb, device=device)
     rng = np.random.default_rng(test.seed)
-    sizes = test.sizes
+    sizes = dict(test.sizes)
     results = []
     for sig in sigs:
         ref = getattr(reference, sig.name, None) if reference else None
@@ -156,10 +156,9 @@ def _verify_record(record_path: Path, available: bool, reason: str, device: str,
             results.append(CaseResult(name, sig.name, "skip", why))
             continue
         log(f"running {name}.{sig.name}")
-        tolerance = test.tolerances.get(sig.name)
+        tolerance = dict(test.tolerances).get(sig.name)
         results.append(_verify_function(
-            name, module, sig, ref, sizes, rng, test.scalars, ranges=ranges,
-            tolerance=Tolerance(**tolerance) if tolerance else None,
+            name, module, sig, ref, sizes, rng, dict(test.scalars), ranges=ranges, tolerance=tolerance,
         ))
     return results
 
