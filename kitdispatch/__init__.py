@@ -15,8 +15,9 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it (packages by stage: README "Layout").
 _PUBLIC = {
     **dict.fromkeys(("Arch", "parse_arch_list"), "kitdispatch.compile.archs"),
-    **dict.fromkeys(("BuildOptions", "BuildResult", "build", "build_all", "generate", "generate_all"),
+    **dict.fromkeys(("BuildResult", "build", "build_all", "generate", "generate_all"),
                     "kitdispatch.builder.pipeline"),
+    "BuildOptions": "kitdispatch.builder.options",
     "CompileOptions": "kitdispatch.compile.compilers",
     **dict.fromkeys(("Device", "DeviceArray", "get_device"), "kitdispatch.run.device"),
     **dict.fromkeys(("AbiError", "ArchError", "BuildsFailed", "CompileError", "IreeCompileError", "KitError",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kitdispatch import __version__
+from kitdispatch.describe.choices import DEFAULT_ARCHS, DEFAULT_COMPILER, DEFAULT_FORMAT, CompilerName, ObjectFormat
 from kitdispatch.errors import KitError
 
 EXIT_USAGE = 2
@@ -66,13 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
 
     building = argparse.ArgumentParser(add_help=False)
-    building.add_argument("--arch", default="sm_80", help="target architectures, comma separated (default: sm_80)")
-    building.add_argument("--compiler", choices=("nvrtc", "nvcc"), default="nvrtc", help="CUDA compiler (default: nvrtc from pip)")
+    building.add_argument("--arch", default=DEFAULT_ARCHS, help=f"target architectures, comma separated (default: {DEFAULT_ARCHS})")
+    building.add_argument("--compiler", choices=CompilerName.choices(), default=str(DEFAULT_COMPILER), help=f"CUDA compiler (default: {DEFAULT_COMPILER} from pip)")
     building.add_argument(
         "--format",
-        choices=("ptx", "cubin", "fatbin"),
-        default="fatbin",
-        help="object format for kernels that set none (default: fatbin: SASS for each arch + PTX)",
+        choices=ObjectFormat.choices(),
+        default=str(DEFAULT_FORMAT),
+        help=f"object format for kernels that set none (default: {DEFAULT_FORMAT}: SASS for each arch + PTX)",
     )
     building.add_argument("--min-driver", default=None, metavar="X.Y", help="oldest CUDA driver to load on (default: the local GPU's)")
     building.add_argument("-I", dest="include_dirs", action="append", default=[], metavar="DIR", help="include folder")
@@ -126,8 +127,8 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("test", parents=[common], help="build samples, run them on the GPU and check them against numpy")
     t.add_argument("paths", nargs="+", help="sample folders, build folders, or folders of them")
-    t.add_argument("--arch", default="sm_80", help="architectures for samples that need building (default: sm_80)")
-    t.add_argument("--compiler", choices=("nvrtc", "nvcc"), default="nvrtc")
+    t.add_argument("--arch", default=DEFAULT_ARCHS, help=f"architectures for samples that need building (default: {DEFAULT_ARCHS})")
+    t.add_argument("--compiler", choices=CompilerName.choices(), default=str(DEFAULT_COMPILER))
     t.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
 
     sub.add_parser("doctor", parents=[common], help="report the toolchain and the GPU")
@@ -267,7 +268,7 @@ def _interrupted_while_exiting(signum, frame) -> None:
 
 
 def _build_options(args):
-    from kitdispatch.builder.pipeline import BuildOptions
+    from kitdispatch.builder.options import BuildOptions
     from kitdispatch.compile.compilers import CompileOptions
 
     return BuildOptions.create(

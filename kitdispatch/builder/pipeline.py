@@ -24,7 +24,7 @@ from kitdispatch.check.arch_features import check_arch_features
 from kitdispatch.compile.archs import Arch, parse_arch_list, ptx_fallback_archs
 from kitdispatch.compile.bridge import BridgingCompiler, entry_bridge
 from kitdispatch.compile.cache import Cache, CachedCompiler, CachedLinker, Linked, checks_key
-from kitdispatch.compile.compilers import COMPILE_TIMEOUT_S, CompileOptions, ObjectCode, get_compiler
+from kitdispatch.compile.compilers import ANY_SEVERITY, COMPILE_TIMEOUT_S, log_location, CompileOptions, ObjectCode, get_compiler
 from kitdispatch.errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
 from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, target_release, compile_args, compile_vmfb, iree_compiler_version, iree_flags, link_in_worker
 from kitdispatch.describe.manifest import load_manifest
@@ -36,46 +36,9 @@ from kitdispatch.describe.record import BuildRecord, Diagnostic, journal_name, r
 from kitdispatch.emit.render import ExecutableObjects, VariantObject, render_module
 from kitdispatch.check.roles import settle_roles
 from kitdispatch.check.declarations import check_compiled_types
-from kitdispatch.describe.limits import OBJECT_FORMATS
+from kitdispatch.builder.options import BuildOptions
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.describe.module import ModuleSpec
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """How to build: target architectures, compiler, object format and tool settings."""
-
-    archs: tuple[Arch, ...]
-    compiler: str = "nvrtc"
-    format: str = "fatbin"
-    compile_options: CompileOptions = CompileOptions()
-    codegen_target: str | None = None
-    iree_flags: tuple[str, ...] = ()
-    jobs: int | None = None
-    # Oldest CUDA driver the build must load on (PTX ISA check); None: the local GPU's.
-    min_driver: str | None = None
-    # Link through IREE's compiler API in a worker (faster); False: always run iree-compile.
-    iree_in_process: bool = True
-    use_cache: bool = True
-    cache_dir: str | None = None  # None: KITDISPATCH_CACHE_DIR, XDG_CACHE_HOME or ~/.cache
-    # Seconds one compiler run may take, and one link; past it the tool is stopped (an error).
-    compile_timeout: float = COMPILE_TIMEOUT_S
-    link_timeout: float = IREE_COMPILE_TIMEOUT_S
-
-    @classmethod
-    def create(cls, archs: Sequence[str] | str, **kwargs) -> "BuildOptions":
-        fmt = kwargs.get("format", cls.format)
-        if fmt not in OBJECT_FORMATS:
-            raise KitError(f"unknown object format {fmt!r}", fix=f"use one of {', '.join(OBJECT_FORMATS)}")
-        if kwargs.get("jobs") is not None and kwargs["jobs"] < 1:
-            raise KitError(f"--jobs must be at least 1, got {kwargs['jobs']}", fix="pass a positive number, or leave it out for one per core")
-        if kwargs.get("min_driver") is not None:
-            Version.parse(kwargs["min_driver"], "--min-driver")
-        for name in ("compile_timeout", "link_timeout"):
-            value = kwargs.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e7):
-                raise KitError(f"{name} {value!r} is not a positive number of seconds", fix="e.g. --timeout 300")
-        return cls(parse_arch_list(archs), **kwargs)
 
 
 @dataclass(frozen=True)
@@ -571,17 +534,9 @@ def _compile_diagnostics(built: list[_Built]) -> tuple[Diagnostic, ...]:
     seen: dict[tuple[str, str], Diagnostic] = {}
     for b in built:
         for text in b.obj.diagnostics:
-            where = _first_location(text) or str(b.obj.source)
+            where = log_location(text, ANY_SEVERITY) or str(b.obj.source)
             seen.setdefault((where, text), Diagnostic(b.obj.compiler, where, text))
     return tuple(seen.values())
-
-
-_LOCATION_RE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:warning|error|remark)", re.M)
-
-
-def _first_location(log: str) -> str | None:
-    m = _LOCATION_RE.search(log)
-    return f"{m.group('file')}:{m.group('line')}" if m else None
 
 
 def _object_files(built: list[_Built]) -> dict[str, bytes]:

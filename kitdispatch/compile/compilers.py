@@ -24,8 +24,8 @@ from kitdispatch.compile.archs import Arch, check_supported, ptx_fallback_archs
 from kitdispatch.compile.cxx_names import ENTRIES_UNIT, entries_named, entries_unit, entries_unit_digest, name_in_nvrtc_error, name_in_unit_error, unknown_kernel_error
 from kitdispatch.errors import CompileError, KitError, ManifestError, ToolError
 from kitdispatch.compile.toolchain import find_nvrtc, load_nvfatbin, not_installed_error
+from kitdispatch.describe.choices import CompilerName, ObjectFormat
 
-ObjectFormat = Literal["ptx", "cubin", "fatbin"]
 COMPILE_TIMEOUT_S = 300.0  # a compile of one source for one target; --timeout changes it
 
 
@@ -267,7 +267,7 @@ class NvrtcCompiler:
                 raise unknown_kernel_error("NVRTC", named, source, log=reply["log"], argv=argv)
             raise CompileError(
                 f"NVRTC failed to compile {source}" + (f" for {target}" if target else ""),
-                where=_first_error_location(reply["log"]) or str(source),
+                where=log_location(reply["log"]) or str(source),
                 log=reply["log"],
                 argv=argv,
                 fix="fix the error in the kernel source shown in the log",
@@ -421,7 +421,7 @@ class NvccCompiler:
                 raise unknown_kernel_error("nvcc", named, source, log=log, argv=shown, returncode=res.returncode)
             raise CompileError(
                 f"nvcc failed to compile {source} for {what}",
-                where=_first_error_location(log) or str(source),
+                where=log_location(log) or str(source),
                 argv=shown,
                 returncode=res.returncode,
                 log=log,
@@ -469,17 +469,14 @@ def pack_fatbin(cubins: list[ObjectCode], ptx: list[ObjectCode]) -> bytes:
         nvfatbin.destroy(handle)
 
 
-COMPILERS = ("nvrtc", "nvcc")
-
-
-def get_compiler(name: str, slots: CpuSlots | None = None, *, timeout: float = COMPILE_TIMEOUT_S) -> Compiler:
+def get_compiler(name: CompilerName | str, slots: CpuSlots | None = None, *, timeout: float = COMPILE_TIMEOUT_S) -> Compiler:
     """A backend by name; `slots` bounds its compiler runs together with the build's other
     CPU-heavy steps (default: a bound of its own, one run per core); `timeout` bounds each run."""
-    if name == "nvrtc":
+    if name == CompilerName.NVRTC:
         return NvrtcCompiler(slots, timeout=timeout)
-    if name == "nvcc":
+    if name == CompilerName.NVCC:
         return NvccCompiler(slots=slots, timeout=timeout)
-    raise KitError(f"unknown compiler {name!r}", fix=f"use one of {', '.join(COMPILERS)}")
+    raise KitError(f"unknown compiler {name!r}", fix=f"use one of {', '.join(CompilerName.choices())}")
 
 
 def check_archs(compiler: Compiler, archs) -> None:
@@ -488,10 +485,16 @@ def check_archs(compiler: Compiler, archs) -> None:
     check_supported(archs, compiler.supported_archs(), compiler.name)
 
 
-_LOCATION_RE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:error|catastrophic error)", re.M)
+# Where NVRTC and nvcc point in their logs: `k.cu(12): error: ...`.
+_LOCATION_RE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?P<severity>catastrophic error|error|warning|remark)", re.M)
+ERRORS = ("error", "catastrophic error")
+ANY_SEVERITY = (*ERRORS, "warning", "remark")
 
 
-def _first_error_location(log: str) -> str | None:
-    """'k.cu(12): error: ...' -> 'k.cu:12', the form editors and terminals link."""
-    m = _LOCATION_RE.search(log)
-    return f"{m.group('file')}:{m.group('line')}" if m else None
+def log_location(log: str, severities: tuple[str, ...] = ERRORS) -> str | None:
+    """The first place a compiler log points to with one of `severities`, as 'k.cu:12' (the
+    form editors and terminals link)."""
+    for m in _LOCATION_RE.finditer(log):
+        if m.group("severity") in severities:
+            return f"{m.group('file')}:{m.group('line')}"
+    return None

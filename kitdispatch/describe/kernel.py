@@ -12,7 +12,8 @@ from typing import Literal, Union
 from kitdispatch.describe import abi
 from kitdispatch.errors import ManifestError
 from kitdispatch.describe.index_expr import IndexExpr
-from kitdispatch.describe.limits import DEFAULT_DYNAMIC_SHARED_MEMORY_MAX, MAX_DYNAMIC_SHARED_MEMORY, MAX_GRID, MAX_WORKGROUP_THREADS, OBJECT_FORMATS
+from kitdispatch.describe.limits import DEFAULT_DYNAMIC_SHARED_MEMORY_MAX, MAX_DYNAMIC_SHARED_MEMORY, MAX_GRID, MAX_WORKGROUP_THREADS
+from kitdispatch.describe.choices import ObjectFormat
 from kitdispatch.describe.names import WIDE_HALVES, _IDENT_RE, _shown, check_identifier, check_kernel_name, default_function_name
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
 
@@ -181,7 +182,7 @@ class Kernel:
     workgroup_size: tuple[int, int, int]
     workgroup_count: tuple[IndexExpr, IndexExpr, IndexExpr]
     function: str
-    format: str | None = None  # object format for this kernel's source; None: the build's
+    format: ObjectFormat | None = None  # object format for this kernel's source; None: the build's
     # The kernel's entry in the compiled object, when it differs from `name`: the mangled
     # name of a C++ kernel (the build takes it from its own compile, `cpp_name` kernels).
     symbol: str | None = None
@@ -248,10 +249,11 @@ class Kernel:
             for e in _pad3(workgroup_count, 1, f"{where}: workgroup_count")
         )
         _check_constant_counts(count, f"{where}: workgroup_count")
-        if format is not None and format not in OBJECT_FORMATS:
+        if format is not None and format not in ObjectFormat.choices():
             raise ManifestError(
-                f"unknown object format {format!r}", where=where, fix=f"use one of {', '.join(OBJECT_FORMATS)}"
+                f"unknown object format {format!r}", where=where, fix=f"use one of {', '.join(ObjectFormat.choices())}"
             )
+        format = ObjectFormat(format) if format is not None else None
         if replaces is not None and not isinstance(replaces, Replaces):
             replaces = Replaces.create(replaces, where=f"{where}: replaces")
         kernel = cls(
