@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data"  # kernel projects the tests build
 SAMPLES = REPO / "samples"
 
 
@@ -132,3 +133,66 @@ def json_replaced_at(value, path, new):
     copy = dict(value) if isinstance(value, dict) else list(value)
     copy[path[0]] = json_replaced_at(value[path[0]], path[1:], new)
     return copy
+
+
+# ---------------------------------------------------------------- shared factories
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """`kitdispatch ARGV...` in process: (exit code, stdout, stderr)."""
+    import io
+
+    from kitdispatch.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+CPU_DEVICE = "local-task"
+
+
+def write_record(functions_json: Path, vmfb: Path) -> None:
+    """A build record beside `vmfb`, as a kit build writes it (its functions from the data file)."""
+    import json
+
+    import kitdispatch as kd
+    from kitdispatch.describe.module import TestSpec
+    from kitdispatch.describe.record import BuildRecord, file_sha256, record_beside
+    from kitdispatch.describe.types import FunctionSignature
+
+    functions = tuple(FunctionSignature.from_json(f, vmfb.stem) for f in json.loads(functions_json.read_text())["functions"])
+    record = BuildRecord(
+        name=vmfb.stem, kitdispatch=kd.__version__, mlir=f"{vmfb.stem}.mlir", vmfb=vmfb.name, archs=(), format="cpu",
+        kernel_formats={}, ptx_isa=None, compiler={"name": "iree-cpu", "version": "-"}, iree_compiler=None,
+        codegen_target="generic", objects=(), functions=functions, test=TestSpec(),
+        files={vmfb.name: file_sha256(vmfb)},
+    )
+    record_beside(vmfb).write_bytes(record.to_bytes())
+
+
+def cpu_module_vmfb(data: Path, name: str, out_dir: Path) -> Path:
+    """tests/data/<data>/<name>.mlir (the ABI the kit generates, with IREE's CPU codegen in place
+    of CUDA kernels) compiled for IREE's local-task device, with its build record."""
+    import subprocess
+
+    from kitdispatch.iree.tools import find_iree_compile
+
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    vmfb = out_dir / f"{name}.vmfb"
+    subprocess.run(
+        [find_iree_compile(), str(data / f"{name}.mlir"), "--iree-hal-target-device=local",
+         "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=generic", "-o", str(vmfb)],
+        check=True, timeout=300,
+    )
+    write_record(data / f"{name}.kitdispatch.json", vmfb)
+    return vmfb
+
+
+@pytest.fixture(scope="module")
+def cpu_sized_module(tmp_path_factory):
+    """tests/data/cpu_sized loaded on the CPU: results sized by scalar arguments."""
+    import kitdispatch as kd
+
+    return kd.load_module(cpu_module_vmfb(DATA / "cpu_sized", "sized", tmp_path_factory.mktemp("cpu_sized")), device=CPU_DEVICE)

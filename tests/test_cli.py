@@ -7,13 +7,10 @@ import pytest
 
 from kitdispatch.cli import main
 
-from conftest import HAVE_CUDA, SAMPLES, needs_iree_compile, write_kernel_project
+from conftest import HAVE_CUDA, SAMPLES, needs_iree_compile, run_cli, write_kernel_project
 
 
-def run(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out, err)
-    return code, out.getvalue(), err.getvalue()
+run = run_cli
 
 
 @pytest.mark.parametrize("command", ["build", "gen", "run", "test", "doctor", "cache"])

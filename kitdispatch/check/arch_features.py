@@ -9,7 +9,7 @@ headers, does not), and refuses an architecture that lacks one, naming the instr
 the kernel and the source line.
 
 The table was measured with ptxas 12.9 (nvidia-cuda-nvcc-cu12; sm_50 to sm_121a) and 13.0
-(sm_75 to sm_121f) on one example instruction per row; tests/test_toolchains.py checks every
+(sm_75 to sm_121f) on one example instruction per row; tests/compile/test_toolchain.py checks every
 example against each ptxas it finds, for every target that ptxas knows.
 """
 

@@ -3,7 +3,7 @@ import numpy as np
 
 # Named apart from the module's layernorm_forward so that `kitdispatch test` leaves it out: an
 # f32 layernorm differs from this f64 one by more than the f32 tolerance where the output
-# cancels to near 0. tests/test_launch_math.py compares them with a tolerance of its own.
+# cancels to near 0. tests/emit/test_launch_math.py compares them with a tolerance of its own.
 def layernorm(inp, weight, bias):
     x = inp.astype(np.float64)
     mean = x.mean(axis=-1)

@@ -5,7 +5,7 @@ import io
 from pathlib import Path
 
 import pytest
-from conftest import needs_iree_compile, write_kernel_project
+from conftest import DATA, needs_iree_compile, write_kernel_project
 
 from kitdispatch import BuildOptions, generate, load_manifest
 from kitdispatch import build
@@ -174,6 +174,6 @@ def test_compiled_signature_reads_a_mangled_entry():
 
 @needs_iree_compile
 def test_a_half2_kernel_builds_as_a_function_of_f16_tensors(tmp_path):
-    result = build(Path(__file__).parent / "data" / "pointer_roles", BuildOptions.create("sm_80"), tmp_path / "out")
+    result = build(DATA / "pointer_roles", BuildOptions.create("sm_80"), tmp_path / "out")
     [f] = [f for f in read_record(result.record).functions if f.name == "scale_half2"]
     assert (f.to_json()["args"], f.to_json()["results"]) == (["f16[n]"], ["f16[n]"])

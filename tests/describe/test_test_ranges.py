@@ -21,7 +21,6 @@ from kitdispatch.describe.types import ScalarType, TensorType
 from kitdispatch.run.sample_tests import _limits, _make_input, _verify_function
 
 from conftest import REPO, needs_iree_compile, prebuilt_or_build, write_kernel_project
-from test_sized_by_scalar import cpu_module, cpu_vmfb  # noqa: F401 (fixtures)
 
 PROJECT = REPO / "tests" / "data" / "test_ranges"
 
@@ -119,10 +118,10 @@ def test_the_record_carries_ranges_and_tolerances(tmp_path):
 
 
 @needs_iree_compile
-def test_cases_use_ranges_and_tolerances(cpu_module):  # noqa: F811 (a fixture)
+def test_cases_use_ranges_and_tolerances(cpu_sized_module):
     """On IREE's CPU device: `rows(x, count)` gets x from its range, and a reference that is
     off by 0.5 fails with the f32 tolerance and passes with atol = 1."""
-    sig = cpu_module.rows.signature
+    sig = cpu_sized_module.rows.signature
     seen = []
 
     def reference(x, count):
@@ -130,14 +129,14 @@ def test_cases_use_ranges_and_tolerances(cpu_module):  # noqa: F811 (a fixture)
         return x[None, :] + np.arange(count, dtype=np.float32)[:, None]
 
     ranges = {"x": InputRange.create([10, 11], "t"), "count": InputRange.create([2, 3], "t")}
-    case = _verify_function("m", cpu_module, sig, reference, {"n": 64}, np.random.default_rng(0), ranges=ranges)
+    case = _verify_function("m", cpu_sized_module, sig, reference, {"n": 64}, np.random.default_rng(0), ranges=ranges)
     assert case.status == "pass" and case.detail == "n=64, count=2", case
     assert seen[-1].min() >= 10 and seen[-1].max() <= 11
     off = lambda x, count: reference(x, count) + 0.5  # noqa: E731
-    assert _verify_function("m", cpu_module, sig, off, {"n": 8}, np.random.default_rng(0), {"count": 2}).status == "fail"
-    loose = _verify_function("m", cpu_module, sig, off, {"n": 8}, np.random.default_rng(0), {"count": 2}, tolerance=Tolerance(atol=1.0))
+    assert _verify_function("m", cpu_sized_module, sig, off, {"n": 8}, np.random.default_rng(0), {"count": 2}).status == "fail"
+    loose = _verify_function("m", cpu_sized_module, sig, off, {"n": 8}, np.random.default_rng(0), {"count": 2}, tolerance=Tolerance(atol=1.0))
     assert loose.status == "pass" and loose.max_error == pytest.approx(0.5)
-    empty = _verify_function("m", cpu_module, sig, reference, {"n": 8}, np.random.default_rng(0), ranges={"count": InputRange.create([0, "n - 8"], "t")})
+    empty = _verify_function("m", cpu_sized_module, sig, reference, {"n": 8}, np.random.default_rng(0), ranges={"count": InputRange.create([0, "n - 8"], "t")})
     assert empty.status == "fail" and "the range of count, [0, 0), is empty" in empty.detail
 
 

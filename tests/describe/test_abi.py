@@ -21,9 +21,9 @@ from kitdispatch.run.arguments import scalar_argument
 from kitdispatch.describe.kernel import Buffer, Scalar
 from kitdispatch.describe.types import float_bits
 
-from conftest import needs_iree_compile, write_kernel_project
+from conftest import REPO, DATA, needs_iree_compile, write_kernel_project
 
-ABI_SCALARS = Path(__file__).parent / "data" / "abi_scalars"
+ABI_SCALARS = DATA / "abi_scalars"
 
 SAXPY_CU = r"""
 extern "C" __global__ void saxpy(const float* __restrict__ x, float* __restrict__ y,
@@ -238,7 +238,7 @@ def test_a_cpp_kernel_missing_from_the_object_lists_the_entries(tmp_path):
     result = build(root, BuildOptions.create("sm_80"), tmp_path / "out")
     assert "hal.executable.export public @_Z1aPii ordinal(0)" in result.mlir.read_text()
     # A template without an explicit instantiation: the name instantiates it, with NVRTC (a
-    # name expression) and with nvcc (the entries unit); tests/test_cxx_kernels.py has more.
+    # name expression) and with nvcc (the entries unit); tests/compile/test_cxx_names.py has more.
     cu += "template <typename T> __global__ void t(T* out, T v) { out[0] = v; }\n"
     toml += toml.replace('name = "a"', 'name = "t<int>"') + 'scalars = { v = "i32" }\n'
     root = write_kernel_project(tmp_path / "src2", cu, toml)
@@ -269,11 +269,11 @@ def test_cuda_headers_work_under_nvrtc_from_pip(tmp_path, header):
 
 # ------------------------------------------------------ stores through pointers (roles: test_roles.py)
 
-@pytest.mark.parametrize("project", sorted(p.parent.name for p in (Path(__file__).parent.parent / "kernels").glob("*/kitdispatch.toml")))
+@pytest.mark.parametrize("project", sorted(p.parent.name for p in (REPO / "kernels").glob("*/kitdispatch.toml")))
 def test_the_store_analysis_finds_exactly_the_results_of_the_library(project):
     from kitdispatch.check.ptx import written_params
 
-    spec = load_manifest(Path(__file__).parent.parent / "kernels" / project)
+    spec = load_manifest(REPO / "kernels" / project)
     names = tuple(k.name for k in spec.kernels if k.cpp_name)
     for source in {spec.source_path(k.source) for k in spec.kernels}:
         obj = NvrtcCompiler().compile(source, Arch.parse("sm_90"), "ptx", CompileOptions(name_expressions=names))

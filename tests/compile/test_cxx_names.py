@@ -23,9 +23,9 @@ from kitdispatch.errors import CompileError, KitError
 from kitdispatch.check.ptx import parse_entries
 from kitdispatch.compile.toolchain import find_nvrtc
 
-from conftest import needs_iree_compile, prebuilt_or_build, write_kernel_project
+from conftest import DATA, needs_iree_compile, prebuilt_or_build, write_kernel_project
 
-CXX = Path(__file__).parent / "data" / "cxx_kernels"
+CXX = DATA / "cxx_kernels"
 SM80 = Arch(8, 0)
 needs_nvrtc = pytest.mark.skipif(find_nvrtc() is None, reason="NVRTC is not installed")
 COMPILERS = ["nvrtc", pytest.param("nvcc", marks=pytest.mark.nvcc)]

@@ -14,9 +14,9 @@ from kitdispatch.compile.bridge import rewrite_entry
 from kitdispatch.errors import AbiError
 from kitdispatch.check.ptx import parse_entries
 
-from conftest import needs_iree_compile, write_kernel_project
+from conftest import DATA, needs_iree_compile, write_kernel_project
 
-BRIDGE = Path(__file__).parent / "data" / "abi_bridge"
+BRIDGE = DATA / "abi_bridge"
 
 PTX = """
 .version 9.0

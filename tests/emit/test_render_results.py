@@ -18,9 +18,9 @@ from kitdispatch.compile.archs import Arch
 from kitdispatch.iree.tools import choose_codegen_target, find_iree_compile, iree_flags, target_release
 from kitdispatch.emit.render import ExecutableObjects, VariantObject, render_module
 
-from conftest import HAVE_IREE_COMPILE, needs_iree_compile, prebuilt_or_build
+from conftest import DATA, HAVE_IREE_COMPILE, needs_iree_compile, prebuilt_or_build
 
-DISTINCT = Path(__file__).parent / "data" / "distinct_results"
+DISTINCT = DATA / "distinct_results"
 
 
 def compile_to(mlir: Path, stage: str) -> str:

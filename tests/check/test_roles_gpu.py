@@ -11,10 +11,10 @@ import pytest
 from kitdispatch import load_module
 from kitdispatch.cli import main
 
-from conftest import prebuilt_or_build
+from conftest import DATA, prebuilt_or_build
 
 pytestmark = pytest.mark.gpu
-DATA = Path(__file__).parent / "data" / "pointer_roles"
+DATA = DATA / "pointer_roles"
 
 
 @pytest.fixture(scope="module")

@@ -20,33 +20,10 @@ from kitdispatch.cli import main
 from kitdispatch.run.arguments import sizing_scalars
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
 
-from conftest import REPO, needs_iree_compile, prebuilt_or_build
-from test_runtime_calls import write_record
+from conftest import CPU_DEVICE, REPO, needs_iree_compile, prebuilt_or_build
 
-CPU = "local-task"
+CPU = CPU_DEVICE
 PROJECT = REPO / "tests" / "data" / "sized_by_scalar"
-
-
-@pytest.fixture(scope="module")
-def cpu_vmfb(tmp_path_factory):
-    from kitdispatch.iree.tools import find_iree_compile
-
-    if not find_iree_compile():
-        pytest.skip("iree-compile is not installed")
-    data = REPO / "tests" / "data" / "cpu_sized"
-    out = tmp_path_factory.mktemp("cpu_sized") / "sized.vmfb"
-    subprocess.run(
-        [find_iree_compile(), str(data / "sized.mlir"), "--iree-hal-target-device=local",
-         "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=generic", "-o", str(out)],
-        check=True, timeout=300,
-    )
-    write_record(data / "sized.kitdispatch.json", out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def cpu_module(cpu_vmfb):
-    return kd.load_module(cpu_vmfb, device=CPU)
 
 
 def test_sizing_scalars_are_the_integer_arguments_a_result_shape_names():
@@ -59,42 +36,43 @@ def test_sizing_scalars_are_the_integer_arguments_a_result_shape_names():
 
 
 @needs_iree_compile
-def test_results_are_sized_from_the_call_values(cpu_module):
-    dev = cpu_module.device
-    np.testing.assert_array_equal(cpu_module.iota(5), np.arange(5, dtype=np.int64))
-    np.testing.assert_array_equal(cpu_module.iota(np.int32(9)), np.arange(9))  # numpy scalars too
-    launched = cpu_module.iota.launch(7)
+def test_results_are_sized_from_the_call_values(cpu_sized_module):
+    dev = cpu_sized_module.device
+    np.testing.assert_array_equal(cpu_sized_module.iota(5), np.arange(5, dtype=np.int64))
+    np.testing.assert_array_equal(cpu_sized_module.iota(np.int32(9)), np.arange(9))  # numpy scalars too
+    launched = cpu_sized_module.iota.launch(7)
     assert isinstance(launched, kd.DeviceArray) and launched.shape == (7,)
     np.testing.assert_array_equal(launched.to_host(), np.arange(7))
     x = np.arange(4, dtype=np.float32)
-    got = cpu_module.rows(x, 3)  # f32[count, n]: a u32 argument and a tensor's size together
+    got = cpu_sized_module.rows(x, 3)  # f32[count, n]: a u32 argument and a tensor's size together
     np.testing.assert_array_equal(got, x[None, :] + np.arange(3, dtype=np.float32)[:, None])
-    rows = cpu_module.rows(dev.put(x), 2)  # device arrays in, device array out
+    rows = cpu_sized_module.rows(dev.put(x), 2)  # device arrays in, device array out
     assert rows.shape == (2, 4)
     out = dev.empty((6,), np.int64)
-    assert cpu_module.iota(6, out=out) is out
+    assert cpu_sized_module.iota(6, out=out) is out
     np.testing.assert_array_equal(out.to_host(), np.arange(6))
-    step = cpu_module.iota.prepare(6, out=out)
+    step = cpu_sized_module.iota.prepare(6, out=out)
     assert step() is out
 
 
 @needs_iree_compile
-def test_sizes_from_scalars_are_checked(cpu_module):
-    dev = cpu_module.device
+def test_sizes_from_scalars_are_checked(cpu_sized_module):
+    dev = cpu_sized_module.device
     with pytest.raises(KitError, match=r"n = 6 here but 5") as exc:
-        cpu_module.iota(5, out=dev.empty((6,), np.int64))  # out= of another size than n
+        cpu_sized_module.iota(5, out=dev.empty((6,), np.int64))  # out= of another size than n
     assert "iota" in str(exc.value)
     with pytest.raises(KitError, match="-3 sizes a result and cannot be negative"):
-        cpu_module.iota(-3)
+        cpu_sized_module.iota(-3)
     with pytest.raises(KitError, match="out of range"):
-        cpu_module.rows(np.ones(2, np.float32), -1)  # u32
+        cpu_sized_module.rows(np.ones(2, np.float32), -1)  # u32
     # 2^32 - 1 rows of 2^20: 16 PiB, beyond any address space, refused by IREE's allocator.
     with pytest.raises(KitError, match=r"rows: cannot allocate a result of shape \(4294967295, 1048576\) \(f32\)"):
-        cpu_module.rows(np.ones(1 << 20, np.float32), 2**32 - 1)
+        cpu_sized_module.rows(np.ones(1 << 20, np.float32), 2**32 - 1)
 
 
 @needs_iree_compile
-def test_cli_run_sizes_the_result(cpu_vmfb):
+def test_cli_run_sizes_the_result(cpu_sized_module):
+    cpu_vmfb = cpu_sized_module.path
     out, err = io.StringIO(), io.StringIO()
     assert main(["run", str(cpu_vmfb), "--function", "iota", "--input", "6", "--device", CPU], out, err) == 0, err.getvalue()
     assert "6xi64=0 1 2 3 4 5" in out.getvalue()
@@ -149,18 +127,18 @@ def test_gpu_run_and_test_size_results_from_scalars(sized_build):
 
 
 @needs_iree_compile
-def test_kitdispatch_test_gives_sizing_scalars_their_sizes(cpu_module):
+def test_kitdispatch_test_gives_sizing_scalars_their_sizes(cpu_sized_module):
     """`kitdispatch test`'s inputs: a scalar that sizes a result is that size ([test] sizes, or
     the default), unless [test] scalars fixes it, which then sizes the result."""
     from kitdispatch.run.sample_tests import DEFAULT_SIZE, _verify_function
 
-    sig = cpu_module.iota.signature
+    sig = cpu_sized_module.iota.signature
     seen = []
     reference = lambda n: seen.append(n) or np.arange(n, dtype=np.int64)  # noqa: E731
     rng = np.random.default_rng(0)
-    case = _verify_function("sized", cpu_module, sig, reference, {"n": 11}, rng)
+    case = _verify_function("sized", cpu_sized_module, sig, reference, {"n": 11}, rng)
     assert case.status == "pass" and case.detail == "n=11" and seen == [11]
-    case = _verify_function("sized", cpu_module, sig, reference, {}, rng, {"n": 4})
+    case = _verify_function("sized", cpu_sized_module, sig, reference, {}, rng, {"n": 4})
     assert case.status == "pass" and case.detail == "n=4" and seen[-1] == 4
-    rows = _verify_function("sized", cpu_module, cpu_module.rows.signature, lambda x, c: x[None, :] + np.arange(c)[:, None].astype(np.float32), {"count": 3}, rng)
+    rows = _verify_function("sized", cpu_sized_module, cpu_sized_module.rows.signature, lambda x, c: x[None, :] + np.arange(c)[:, None].astype(np.float32), {"count": 3}, rng)
     assert rows.status == "pass" and rows.detail == f"n={DEFAULT_SIZE}, count=3", rows

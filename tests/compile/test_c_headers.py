@@ -16,9 +16,9 @@ from kitdispatch.cli import main
 from kitdispatch.compile.compilers import CompileOptions, NvccCompiler, NvrtcCompiler, rerun_command
 from kitdispatch.compile.toolchain import find_nvrtc
 
-from conftest import needs_iree_compile, prebuilt_or_build
+from conftest import DATA, needs_iree_compile, prebuilt_or_build
 
-HEADERS = Path(__file__).parent / "data" / "c_headers"
+HEADERS = DATA / "c_headers"
 SM80 = Arch(8, 0)
 needs_nvrtc = pytest.mark.skipif(find_nvrtc() is None, reason="NVRTC is not installed")
 

@@ -17,47 +17,12 @@ from kitdispatch.run.device import OutputPool
 from kitdispatch.describe.types import ScalarType, TensorType
 from kitdispatch.run.text_forms import format_result, parse_input
 
-from conftest import REPO, needs_iree_compile
-
-DEVICE = "local-task"
+from conftest import CPU_DEVICE as DEVICE, DATA, REPO, cpu_module_vmfb, needs_iree_compile
 
 
 @pytest.fixture(scope="module")
 def vmfb(tmp_path_factory):
-    from kitdispatch.iree.tools import find_iree_compile
-
-    if not find_iree_compile():
-        pytest.skip("iree-compile is not installed")
-    import subprocess
-
-    data = REPO / "tests" / "data" / "cpu_calls"
-    out = tmp_path_factory.mktemp("cpu_calls")
-    subprocess.run(
-        [find_iree_compile(), str(data / "calls.mlir"), "--iree-hal-target-device=local",
-         "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=generic",
-         "-o", str(out / "calls.vmfb")],
-        check=True, timeout=300,
-    )
-    write_record(data / "calls.kitdispatch.json", out / "calls.vmfb")
-    return out / "calls.vmfb"
-
-
-def write_record(functions_json, vmfb):
-    """The module's build record, as a kit build writes it (its functions from the data file)."""
-    import json
-
-    from kitdispatch.describe.module import TestSpec
-    from kitdispatch.describe.record import BuildRecord, file_sha256, record_beside
-    from kitdispatch.describe.types import FunctionSignature
-
-    functions = tuple(FunctionSignature.from_json(f, "calls") for f in json.loads(functions_json.read_text())["functions"])
-    record = BuildRecord(
-        name="calls", kitdispatch=kd.__version__, mlir="calls.mlir", vmfb=vmfb.name, archs=(), format="cpu",
-        kernel_formats={}, ptx_isa=None, compiler={"name": "iree-cpu", "version": "-"}, iree_compiler=None,
-        codegen_target="generic", objects=(), functions=functions, test=TestSpec(),
-        files={vmfb.name: file_sha256(vmfb)},
-    )
-    record_beside(vmfb).write_bytes(record.to_bytes())
+    return cpu_module_vmfb(DATA / "cpu_calls", "calls", tmp_path_factory.mktemp("cpu_calls"))
 
 
 @pytest.fixture(scope="module")

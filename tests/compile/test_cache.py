@@ -257,7 +257,7 @@ def test_a_kernel_source_too_large_to_read_is_a_clear_error(tmp_path):
     root = project(tmp_path)
     with open(root / "k.cu", "r+b") as f:
         f.truncate(100 << 30)
-    from test_cli import run
+    from conftest import run_cli as run
 
     code, out, err = run("gen", str(root), "-o", str(tmp_path / "out"))
     assert code == 2, err

@@ -206,7 +206,7 @@ def _range_project(tmp_path, **values):
 )
 def test_constant_values_must_fit_the_c_parameter(tmp_path, values, message):
     """Through the CLI: exit 2, the manifest and parameter named, nothing written."""
-    from test_cli import run
+    from conftest import run_cli as run
 
     code, out, err = run("gen", str(_range_project(tmp_path, **values)), "-o", str(tmp_path / "out"))
     assert code == 2, err
@@ -277,7 +277,7 @@ def test_constant_workgroup_counts_must_fit_cuda_grid(tmp_path, count, axis):
 
 @pytest.mark.parametrize("nested", ["x = " + "[" * 50000 + "]" * 50000, "x = " + "{a = " * 5000 + "1" + "}" * 5000])
 def test_deeply_nested_toml_is_a_manifest_error(tmp_path, nested):
-    from test_cli import run
+    from conftest import run_cli as run
 
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "kitdispatch.toml").write_text(nested + "\n")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import needs_iree_compile, write_kernel_project
+from conftest import REPO, DATA, needs_iree_compile, write_kernel_project
 
 from kitdispatch import BuildOptions, generate, load_manifest
 from kitdispatch import build
@@ -18,7 +18,7 @@ from kitdispatch.errors import ManifestError
 from kitdispatch.check.ptx import param_accesses
 from kitdispatch.describe.record import read_record
 
-DATA = Path(__file__).parent / "data" / "pointer_roles"
+DATA = DATA / "pointer_roles"
 
 
 def _functions(record_path: Path) -> dict[str, dict]:
@@ -298,7 +298,7 @@ def test_a_loaded_pointer_that_escapes_becomes_inout_with_a_warning(tmp_path):
     assert _functions(result.record)["k"] == {"name": "k", "args": ["f32[n]"], "results": ["f32[n]", "f32[n]"], "arg_names": ["a"]}
 
 
-LIBRARY = Path(__file__).parent.parent / "kernels"
+LIBRARY = REPO / "kernels"
 
 
 @pytest.mark.parametrize("project", sorted(p.parent.name for p in LIBRARY.glob("*/kitdispatch.toml")))

@@ -27,9 +27,9 @@ from kitdispatch.emit.render import _SsaNames
 from kitdispatch.describe.index_expr import IndexExpr
 from kitdispatch.compile.toolchain import find_nvrtc
 
-from conftest import needs_iree_compile, prebuilt_or_build
+from conftest import DATA, needs_iree_compile, prebuilt_or_build
 
-LAUNCH_MATH = Path(__file__).parent / "data" / "launch_math"
+LAUNCH_MATH = DATA / "launch_math"
 SM80 = Arch(8, 0)
 needs_nvrtc = pytest.mark.skipif(find_nvrtc() is None, reason="NVRTC is not installed")
 

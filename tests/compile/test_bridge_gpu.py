@@ -12,10 +12,10 @@ import pytest
 from kitdispatch import load_module
 from kitdispatch.cli import main
 
-from conftest import prebuilt_or_build
+from conftest import DATA, prebuilt_or_build
 
 pytestmark = pytest.mark.gpu
-BRIDGE = Path(__file__).parent / "data" / "abi_bridge"
+BRIDGE = DATA / "abi_bridge"
 AFFINE = np.dtype([("scale", "<f4"), ("shift", "<i4"), ("offset", "<f8")])
 
 
