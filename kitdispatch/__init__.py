@@ -10,7 +10,7 @@ no compilers, no iree.compiler.
 
 import importlib
 
-__version__ = "0.1.0"
+from kitdispatch._version import __version__
 
 # Public name -> the module that defines it (packages by stage: README "Layout").
 _PUBLIC = {

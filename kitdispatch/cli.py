@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from kitdispatch import __version__
+from kitdispatch._version import __version__
 from kitdispatch.describe.choices import DEFAULT_ARCHS, DEFAULT_COMPILER, DEFAULT_FORMAT, CompilerName, ObjectFormat
 from kitdispatch.errors import KitError
 

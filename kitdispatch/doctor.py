@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from importlib.metadata import PackageNotFoundError, version
 
-from kitdispatch import __version__
+from kitdispatch._version import __version__
 
 
 def collect() -> dict:

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kitdispatch import __version__
-from kitdispatch._files import not_an_option, write_atomic
+from kitdispatch._version import __version__
+from kitdispatch._files import not_an_option, read_regular_file, write_atomic
 from kitdispatch._parallel import CpuSlots
 from kitdispatch._workers import run_in_threads
 from kitdispatch.check.arch_features import check_arch_features
@@ -27,7 +27,7 @@ from kitdispatch.compile.cache import Cache, CachedCompiler, CachedLinker, Linke
 from kitdispatch.compile.compilers import ANY_SEVERITY, COMPILE_TIMEOUT_S, log_location, CompileOptions, ObjectCode, get_compiler
 from kitdispatch.errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
 from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, target_release, compile_args, compile_vmfb, iree_compiler_version, iree_flags, link_in_worker
-from kitdispatch.describe.manifest import load_manifest
+from kitdispatch.describe.manifest import MANIFEST_NAME, load_manifest
 from kitdispatch.builder.publish import OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
 from kitdispatch.compile.toolchain import nvrtc_for_driver
 from kitdispatch.run.driver_ptx import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
@@ -704,8 +704,6 @@ def _declared_types(text: str) -> tuple[str, ...]:
 def _read_program(spec: ModuleSpec, source: Path) -> tuple[str, str]:
     path = spec.source_path(source)
     try:
-        from kitdispatch._files import read_regular_file
-
         return str(path), read_regular_file(path).decode()
     except FileNotFoundError:
         raise ManifestError(
@@ -731,8 +729,6 @@ def _reference_path(spec: ModuleSpec) -> Path | None:
 def project_files_in(spec: ModuleSpec, out_dir: Path) -> frozenset[str]:
     """Names of the project's own files (manifest, kernel and program sources, reference) that
     sit in `out_dir`: building into the project's folder must never adopt or remove them."""
-    from kitdispatch.describe.manifest import MANIFEST_NAME
-
     paths = [spec.root / MANIFEST_NAME, *(spec.source_path(k.source) for k in spec.kernels)]
     paths += [spec.source_path(p.source) for p in spec.programs]
     if spec.test.reference is not None:
@@ -755,8 +751,6 @@ def _check_reference_name(reference: Path | None, outputs: list[str | None]) -> 
 
 
 def _read_reference(path: Path) -> bytes:
-    from kitdispatch._files import read_regular_file
-
     try:
         return read_regular_file(path)
     except OSError as exc:

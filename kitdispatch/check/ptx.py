@@ -7,14 +7,12 @@ import re
 from dataclasses import dataclass
 
 from kitdispatch.check.arch_features import _FILE_RE, _LOC_RE, _source_line  # one reading of PTX line info
+from kitdispatch.compile.ptx_text import ENTRY_RE, body_end_of
 from kitdispatch.errors import AbiError
 from kitdispatch.describe.kernel import Buffer, Kernel
 
 # An entry's definition; a declaration (`.entry k (...);`, before a variable that holds the
 # kernel's address) ends at its `;` and is no match.
-ENTRY_RE = re.compile(
-    r"\.entry\s+(?P<name>[\w$.]+)\s*\((?P<params>[^)]*)\)(?P<directives>[^{;]*)\{", re.S
-)
 _PARAM_RE = re.compile(
     r"\.param\s+(?:\.align\s+(?P<align>\d+)\s+)?(?:\.ptr\s+(?:\.\w+\s+)*)?\.(?P<type>[usfb]\d+)"
     r"(?:\s+\.ptr(?:\s+\.(?!align\b)\w+)*(?:\s+\.align\s+\d+)?)?\s+(?P<name>[\w$.]+)(?:\[(?P<count>\d+)\])?"
@@ -284,14 +282,3 @@ def _address_sources(op: str, sources: str) -> list[str]:
 
 
 _BRACE_RE = re.compile(r"[{}]")
-
-
-def body_end_of(text: str, start: int) -> int:
-    """Index of the `}` that closes the `{` at text[start] (an entry's body, which holds
-    nested blocks)."""
-    depth = 0
-    for brace in _BRACE_RE.finditer(text, start):  # braces only: PTX bodies run to megabytes
-        depth += 1 if brace.group() == "{" else -1
-        if depth == 0:
-            return brace.start()
-    raise AbiError("a PTX entry's body is not closed", fix="report this kernel to kitdispatch")

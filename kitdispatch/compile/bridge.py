@@ -38,8 +38,9 @@ from kitdispatch._resources import installed_version
 from kitdispatch._workers import POOL, map_in_threads
 from kitdispatch.compile.archs import Arch, ptx_fallback_archs
 from kitdispatch.compile.compilers import CompileOptions, ObjectCode, check_archs, fatbin_note, pack_fatbin
+from kitdispatch.compile.toolchain import find_nvrtc
 from kitdispatch.errors import AbiError, CompileError, KitError
-from kitdispatch.check.ptx import ENTRY_RE, body_end_of
+from kitdispatch.compile.ptx_text import ENTRY_RE, body_end_of
 from kitdispatch.describe.kernel import Buffer, Kernel
 
 ASSEMBLE_TIMEOUT_S = 300.0
@@ -213,8 +214,6 @@ def _nvjitlink(ptx: bytes, arch: Arch, timeout: float) -> tuple[bytes, str]:
 def _check_same_cuda_major() -> None:
     """nvJitLink's cubins need a driver of its CUDA major: a CUDA 12 (cu12) NVRTC build must
     not get CUDA 13 cubins it cannot load."""
-    from kitdispatch.compile.toolchain import find_nvrtc
-
     nvrtc, linker = find_nvrtc(), assembler_version("nvrtc")[1]
     if linker == "none":
         raise KitError(

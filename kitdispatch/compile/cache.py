@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kitdispatch import __version__
+from kitdispatch._version import __version__
 from kitdispatch._files import FileTooLarge, is_temp_file, read_regular_file, remove_stale_temp_files, write_atomic
 from kitdispatch.compile.archs import Arch
 from kitdispatch.compile.compilers import CompileOptions, IncludeSearch, ObjectCode

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jinja2
 
-from kitdispatch import __version__
+from kitdispatch._version import __version__
 from kitdispatch._resources import data_dir
 from kitdispatch.compile.archs import Arch
 from kitdispatch.errors import ManifestError

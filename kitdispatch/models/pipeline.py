@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kitdispatch import __version__
+from kitdispatch._version import __version__
 from kitdispatch._files import is_plain_name, not_an_option, read_regular_file, write_atomic
 from kitdispatch.builder.publish import MODEL_RECORD_SUFFIX, OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
 from kitdispatch.describe.record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, DamagedRecord, RecordError, file_sha256, read_record, sha256
