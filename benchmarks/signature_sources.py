@@ -1,7 +1,7 @@
 """Where a kernel's signature should come from: the kit's parser, libclang, or the compiler.
 
 For every `__global__` function of every .cu in kernels/, samples/ and tests/data/, compares
-what each source says with what the kit's own parser (kitdispatch/signature.py) reads:
+what each source says with what the kit's own parser (kitdispatch/describe/c_signature.py) reads:
 parameter names and C types as written (what inference needs: `shapes = { x = ... }` names
 them, `const` makes a buffer `in`, the C type gives a scalar's type). Times both per file.
 

@@ -10,7 +10,7 @@ no compilers, no iree.compiler.
 
 import importlib
 
-from kitdispatch._version import __version__
+from kitdispatch._version import __version__ as __version__
 
 # Public name -> the module that defines it (packages by stage: README "Layout").
 _PUBLIC = {

@@ -1,11 +1,9 @@
 """The CLI, driven in process through main(argv, stdout, stderr)."""
 
-import io
 import json
 
 import pytest
 
-from kitdispatch.cli import main
 
 from conftest import HAVE_CUDA, SAMPLES, needs_iree_compile, run_cli, write_kernel_project
 

@@ -20,7 +20,7 @@ from kitdispatch.cli import main
 from kitdispatch.builder.publish import STAGING_MARKER, STAGING_PREFIX
 from kitdispatch.describe.record import RecordError, journal_name, read_record
 
-from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, json_paths, json_replaced_at, json_values, needs_iree_compile, write_kernel_project
+from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, json_paths, json_replaced_at, json_values, needs_iree_compile
 
 CU, TOML = DOUBLING_CU, DOUBLING_TOML
 
@@ -461,7 +461,7 @@ def test_relative_output_folders_build_through_reused_workers(tmp_path, monkeypa
 
 # ----------------------------------------------------- issue 21: records of the wrong JSON types
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 

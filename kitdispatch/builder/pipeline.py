@@ -21,12 +21,12 @@ from kitdispatch._files import not_an_option, read_regular_file, write_atomic
 from kitdispatch._parallel import CpuSlots
 from kitdispatch._workers import run_in_threads
 from kitdispatch.check.arch_features import check_arch_features
-from kitdispatch.compile.archs import Arch, parse_arch_list, ptx_fallback_archs
+from kitdispatch.compile.archs import Arch, ptx_fallback_archs
 from kitdispatch.compile.bridge import BridgingCompiler, entry_bridge
 from kitdispatch.compile.cache import Cache, CachedCompiler, CachedLinker, Linked, checks_key
-from kitdispatch.compile.compilers import ANY_SEVERITY, COMPILE_TIMEOUT_S, log_location, CompileOptions, ObjectCode, get_compiler
+from kitdispatch.compile.compilers import ANY_SEVERITY, log_location, CompileOptions, ObjectCode, get_compiler
 from kitdispatch.errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
-from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, target_release, compile_args, compile_vmfb, iree_compiler_version, iree_flags, link_in_worker
+from kitdispatch.iree.tools import choose_codegen_target, target_release, compile_args, compile_vmfb, iree_compiler_version, iree_flags, link_in_worker
 from kitdispatch.describe.manifest import MANIFEST_NAME, load_manifest
 from kitdispatch.builder.publish import OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
 from kitdispatch.compile.toolchain import nvrtc_for_driver

@@ -40,7 +40,7 @@ STAGING_MARKER = ".kitdispatch-staging"  # inside each staging folder: proof tha
 # A staging folder while it is made (until its lock is held) and while it is removed: a name
 # only the kit uses, so that one left by a kill halfway is recognised even when empty.
 TRANSIT_PREFIX = ".kitdispatch-transit-"
-MODEL_RECORD_SUFFIX = ".model.json"  # models.py's record: read here only to keep builds apart
+MODEL_RECORD_SUFFIX = ".model.json"  # models/pipeline.py's record: read here only to keep builds apart
 
 
 class OutputError(KitError):

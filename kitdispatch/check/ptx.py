@@ -279,6 +279,3 @@ def _address_sources(op: str, sources: str) -> list[str]:
     else:
         return []
     return [r for o in chosen for r in _REG_RE.findall(o)]
-
-
-_BRACE_RE = re.compile(r"[{}]")

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from kitdispatch._files import FileTooLarge, not_an_option, read_regular_file
 from kitdispatch._parallel import CpuSlots

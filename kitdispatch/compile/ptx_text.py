@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import re
 
+from kitdispatch.errors import AbiError
+
 ENTRY_RE = re.compile(
     r"\.entry\s+(?P<name>[\w$.]+)\s*\((?P<params>[^)]*)\)(?P<directives>[^{;]*)\{", re.S
 )
+
+_BRACE_RE = re.compile(r"[{}]")
 
 
 def body_end_of(text: str, start: int) -> int:

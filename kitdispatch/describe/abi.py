@@ -38,7 +38,7 @@ class AbiType:
     numpy: str  # numpy dtype name; ml_dtypes provides bfloat16 and the float8 types
     size: int  # bytes, in memory and as a C parameter (its alignment too)
     kind: Kind
-    c_names: tuple[str, ...]  # C spellings, as signature.py normalizes them
+    c_names: tuple[str, ...]  # C spellings, as describe/c_signature.py normalizes them
     tensor: bool = True  # a tensor element type
     scalar: bool = True  # a by-value scalar
     tolerance: tuple[float, float] | None = None  # (rtol, atol) for `kitdispatch test`; None: exact

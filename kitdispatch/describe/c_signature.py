@@ -15,7 +15,7 @@ benchmarks/results/signature-sources.txt, every kernel of kernels/, samples/, te
   So the kit takes from the compiler what it knows better and keeps it as the last word:
   entries (`nvrtcGetLoweredName`), parameter count, sizes and order, struct sizes and block
   limits (ptx.check_kernel_against_ptx), loads and stores through pointers
-  (ptx.param_accesses, roles.py), and the parameter types it resolved (compiled_types.py).
+  (ptx.param_accesses, roles.py), and the parameter types it resolved (check/declarations.py).
   `__launch_bounds__` and template-ness are no longer read here: the PTX's `.maxntid` /
   `.reqntid` are what is checked.
 - libclang (the PyPI wheel, 18.1.1) with the CUDA headers fails on every source: the wheel

@@ -183,7 +183,7 @@ def check_params(params: tuple[Param, ...], sig: KernelSignature, where: str) ->
 def _check_pointee(sig: KernelSignature, c: CParam, p: Buffer, declared: str, where: str) -> None:
     """A pointer's element type as C states it (through typedefs; a vector type's lanes) against
     the declared tensor; a type the ABI table does not know (a struct, a template's T) is not
-    checked here, but after compiling, on the compiler's types (compiled_types.py)."""
+    checked here, but after compiling, on the compiler's types (check/declarations.py)."""
     found = abi.pointee(c.base_type)
     if found is None:
         return

@@ -445,7 +445,6 @@ def _function_view(kernel: Kernel, exe: dict, spelling: Spelling) -> dict:
     }
 
 
-RECORDING_SUFFIX = "$record"
 # The device IREE creates for --iree-hal-target-device (one device: the kit builds for one).
 TARGET_DEVICE = "@__device_0"
 
@@ -584,5 +583,5 @@ def _check_program_text(origin: str, text: str) -> None:
 
 def render_template(name: str, **values) -> str:
     """Any template of mlir_templates/ in the kit's environment (StrictUndefined), for
-    stages that render MLIR of their own (models.py's transform spec)."""
+    stages that render MLIR of their own (models/pipeline.py's transform spec)."""
     return _environment().get_template(name).render(**values)

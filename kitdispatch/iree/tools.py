@@ -14,7 +14,7 @@ from kitdispatch._resources import installed_version
 from kitdispatch._workers import POOL
 from kitdispatch.compile.archs import Arch
 from kitdispatch.errors import ArchError, IreeCompileError, KitError
-from kitdispatch.iree.releases import IREE_RELEASES, NEWEST_RELEASE, SUPPORTED_PIN, SUPPORTED_RANGE, IreeRelease, release_of
+from kitdispatch.iree.releases import NEWEST_RELEASE, SUPPORTED_PIN, IreeRelease, release_of
 
 IREE_COMPILE_TIMEOUT_S = 600.0
 EXCERPT_CONTEXT_LINES = 4

@@ -9,7 +9,7 @@ import numpy as np
 from kitdispatch.run.device import DeviceArray
 from kitdispatch.errors import KitError
 from kitdispatch.describe.types import FunctionSignature, ScalarType
-from kitdispatch.run.arguments import TensorCheck, check_count, check_distinct_outputs, flat_values, is_device_value, stored_results, to_numpy, check_arguments, check_tensor, result_size, scalar_argument, sizing_scalars
+from kitdispatch.run.arguments import TensorCheck, check_count, flat_values, is_device_value, stored_results, to_numpy, check_arguments, check_tensor, result_size, scalar_argument, sizing_scalars
 from kitdispatch.run.outputs import GivenOutputs
 from kitdispatch.run.prepared import PreparedCall, RecordedCalls, TorchCalls
 

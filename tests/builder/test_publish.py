@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from kitdispatch.cli import main
 from kitdispatch.builder.publish import STAGING_MARKER, STAGING_PREFIX, TRANSIT_PREFIX
 from kitdispatch.describe.record import journal_name, read_record
 
-from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, needs_iree_compile, write_kernel_project
+from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, needs_iree_compile
 
 CU, TOML = DOUBLING_CU, DOUBLING_TOML
 PTX = ["--arch", "sm_80", "--format", "ptx"]

@@ -1,4 +1,4 @@
-"""Pointer roles from the compiled code (kitdispatch/roles.py, ptx.param_accesses): real
+"""Pointer roles from the compiled code (kitdispatch/check/roles.py, ptx.param_accesses): real
 kernels compiled by NVRTC (and nvcc), built with iree-compile where the function matters."""
 
 import io

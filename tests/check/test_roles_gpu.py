@@ -3,7 +3,6 @@ pointer_roles) compute what numpy does: cuda-samples' transpose with its non-con
 accumulator inferred inout, half2 vectors over f16 tensors. Skipped without a device."""
 
 import io
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -1,10 +1,9 @@
 """Kernels that IREE cannot call as compiled (64-bit scalars, structs by value, scalars before
-pointers) are bridged by rewriting their PTX entry (kitdispatch/bridge.py): the rewrite on
+pointers) are bridged by rewriting their PTX entry (kitdispatch/compile/bridge.py): the rewrite on
 PTX text, then real builds with NVRTC + nvJitLink and nvcc + ptxas, checked by reading the
 objects' entries and compiling the MLIR. The GPU run is in test_gpu_bridge.py."""
 
 import shutil
-from pathlib import Path
 
 import pytest
 

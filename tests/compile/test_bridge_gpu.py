@@ -3,7 +3,6 @@ unmodified, with 64-bit values above 2^32 and negative ones, scalars before poin
 struct by value, narrow integers, fp8 and u64 tensors. Skipped without a device."""
 
 import io
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np

@@ -16,7 +16,7 @@ from kitdispatch.compile.archs import Arch
 from kitdispatch.compile.cache import Cache, CacheWarning, object_key
 from kitdispatch.compile.compilers import IncludeSearch, NvrtcCompiler
 
-from conftest import REPO, SAMPLES, needs_iree_compile, write_kernel_project
+from conftest import REPO, needs_iree_compile, write_kernel_project
 
 SM80, SM90 = Arch.parse("sm_80"), Arch.parse("sm_90")
 

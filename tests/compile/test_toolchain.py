@@ -21,7 +21,7 @@ from kitdispatch.iree.releases import IREE_RELEASES, release_of
 from kitdispatch.iree.tools import choose_codegen_target, installed_release
 from kitdispatch.run.driver_ptx import Version, max_ptx_isa
 from kitdispatch.emit.render import render_module
-from kitdispatch.compile.toolchain import REQUIRED_HEADERS, find_all_nvrtc, find_nvrtc
+from kitdispatch.compile.toolchain import REQUIRED_HEADERS, find_nvrtc
 
 KERNELS = REPO / "kernels"
 LIBRARY = sorted(p.parent for p in KERNELS.glob("*/kitdispatch.toml"))

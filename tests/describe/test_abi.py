@@ -6,7 +6,6 @@ import dataclasses
 import json
 import shutil
 import struct
-from pathlib import Path
 
 import pytest
 

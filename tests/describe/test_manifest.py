@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kitdispatch import Buffer, Kernel, ManifestError, ModuleSpec, Scalar, TensorType, load_manifest
+from kitdispatch import Buffer, Kernel, ManifestError, Scalar, TensorType, load_manifest
 from kitdispatch.describe.manifest import parse_manifest
 from kitdispatch.describe.index_expr import IndexExpr
 

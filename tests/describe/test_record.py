@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, doubling_project, needs_iree_compile, write_kernel_project
+from conftest import DOUBLING_CU, DOUBLING_TOML, REPO, needs_iree_compile, write_kernel_project
 
 CU, TOML = DOUBLING_CU, DOUBLING_TOML
 LIMIT_S = 120  # far beyond what any of these commands needs; a hang is what it catches

@@ -5,10 +5,8 @@ dynamic_shared_memory; include_dirs and defines per manifest and per kernel.
 Real NVRTC, nvcc, iree-compile and IREE's CPU runtime; the GPU tests run the kernels of
 tests/data/launch_math (llm.c's layernorm shape) against numpy."""
 
-import dataclasses
 import io
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest

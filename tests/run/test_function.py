@@ -17,7 +17,7 @@ from kitdispatch.run.device import OutputPool
 from kitdispatch.describe.types import ScalarType, TensorType
 from kitdispatch.run.text_forms import format_result, parse_input
 
-from conftest import CPU_DEVICE as DEVICE, DATA, REPO, cpu_module_vmfb, needs_iree_compile
+from conftest import CPU_DEVICE as DEVICE, DATA, cpu_module_vmfb, needs_iree_compile
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ the runtime API, `kitdispatch run` and `kitdispatch test`."""
 import io
 import json
 import re
-import subprocess
 
 import numpy as np
 import pytest
