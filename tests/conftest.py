@@ -82,17 +82,18 @@ def simple_mul_build(tmp_path_factory, prebuilt_dir):
     return prebuilt_or_build(SAMPLES / "simple_mul", tmp_path_factory, prebuilt_dir)
 
 
+def kernel_toml(name: str = "k", *, threads: int = 64, size: str = "n", source: str = "k.cu", module: str | None = None, body: str = "") -> str:
+    """A manifest of one 1-D kernel: `threads` a workgroup, ceildiv(size, threads) workgroups,
+    `body` (its shapes or params, values...) after; `module` names the module."""
+    head = f'name = "{module}"\n\n' if module else ""
+    return (f'{head}[[kernels]]\nname = "{name}"\nsource = "{source}"\nworkgroup_size = [{threads}]\n'
+            f'workgroup_count = ["ceildiv({size}, {threads})"]\n{body}')
+
+
 # A kernel that doubles `x` into `y`, described from its C signature: the project the safety,
 # output-folder and record tests build and break.
 DOUBLING_CU = 'extern "C" __global__ void k(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = 2 * x[i]; }\n'
-DOUBLING_TOML = """
-[[kernels]]
-name = "k"
-source = "k.cu"
-workgroup_size = [64]
-workgroup_count = ["ceildiv(n, 64)"]
-shapes = { x = "f32[n]", y = "f32[n]" }
-"""
+DOUBLING_TOML = kernel_toml(body='shapes = { x = "f32[n]", y = "f32[n]" }\n')
 
 
 def doubling_project(root: Path, cu: str = DOUBLING_CU, toml: str = DOUBLING_TOML) -> Path:

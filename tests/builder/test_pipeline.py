@@ -9,7 +9,7 @@ from kitdispatch import build
 from kitdispatch.emit.render import ExecutableObjects, render_module
 from kitdispatch.iree.tools import target_release
 
-from conftest import SAMPLES, needs_iree_compile, write_kernel_project
+from conftest import kernel_toml, SAMPLES, needs_iree_compile, write_kernel_project
 
 pytestmark = needs_iree_compile
 
@@ -80,16 +80,7 @@ extern "C" __global__ void scale(const float* x, float* out, int n) {
   if (i < n) out[i] = 2.0f * x[i];
 }
 """
-SCALE_TOML = """
-name = "scale"
-
-[[kernels]]
-name = "scale"
-source = "k.cu"
-workgroup_size = [64]
-workgroup_count = ["ceildiv(n, 64)"]
-shapes = { x = "f32[n]", out = "f32[n]" }
-"""
+SCALE_TOML = kernel_toml("scale", module="scale", body='shapes = { x = "f32[n]", out = "f32[n]" }\n')
 
 
 def test_generated_mlir_is_reproducible(tmp_path):

@@ -16,7 +16,7 @@ from kitdispatch.compile.archs import Arch
 from kitdispatch.compile.cache import Cache, CacheWarning, object_key
 from kitdispatch.compile.compilers import IncludeSearch, NvrtcCompiler
 
-from conftest import REPO, needs_iree_compile, write_kernel_project
+from conftest import kernel_toml, REPO, needs_iree_compile, write_kernel_project
 
 SM80, SM90 = Arch.parse("sm_80"), Arch.parse("sm_90")
 
@@ -81,14 +81,7 @@ def test_uncacheable_computed_include_still_compiles(tmp_path):
         source_closure(path, IncludeSearch(()))
 
 
-TOML = """
-[[kernels]]
-name = "k"
-source = "k.cu"
-workgroup_size = [32]
-workgroup_count = ["ceildiv(n, 32)"]
-params = [{ name = "x", inout = "f32[n]" }, { name = "n", scalar = "i32" }]
-"""
+TOML = kernel_toml(threads=32, body='params = [{ name = "x", inout = "f32[n]" }, { name = "n", scalar = "i32" }]\n')
 
 
 def project(tmp_path, body="x[i] = 2 * x[i];"):

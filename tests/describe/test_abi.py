@@ -20,7 +20,7 @@ from kitdispatch.run.arguments import scalar_argument
 from kitdispatch.describe.kernel import Buffer, Scalar
 from kitdispatch.describe.types import float_bits
 
-from conftest import REPO, DATA, needs_iree_compile, write_kernel_project
+from conftest import kernel_toml, REPO, DATA, needs_iree_compile, write_kernel_project
 
 ABI_SCALARS = DATA / "abi_scalars"
 
@@ -31,13 +31,7 @@ extern "C" __global__ void saxpy(const float* __restrict__ x, float* __restrict_
   if (i < n) y[i] = alpha * x[i] + y[i];
 }
 """
-SAXPY_HEAD = """
-[[kernels]]
-name = "saxpy"
-source = "k.cu"
-workgroup_size = [64]
-workgroup_count = ["ceildiv(n, 64)"]
-"""
+SAXPY_HEAD = kernel_toml("saxpy")
 
 
 def manifest(tmp_path, cu, body):

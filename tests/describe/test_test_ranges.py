@@ -20,7 +20,7 @@ from kitdispatch.describe.module import InputRange, Tolerance
 from kitdispatch.describe.types import ScalarType, TensorType
 from kitdispatch.run.sample_tests import _limits, _make_input, _verify_function
 
-from conftest import REPO, needs_iree_compile, prebuilt_or_build, write_kernel_project
+from conftest import kernel_toml, REPO, needs_iree_compile, prebuilt_or_build, write_kernel_project
 
 PROJECT = REPO / "tests" / "data" / "test_ranges"
 
@@ -30,16 +30,10 @@ extern "C" __global__ void gather(const int* idx, const float* table, float* out
   if (i < n) out[i] = scale * table[idx[i]];
 }
 """
-GATHER_TOML = """
-[[kernels]]
-name = "gather"
-source = "k.cu"
-workgroup_size = [64]
-workgroup_count = ["ceildiv(n, 64)"]
-shapes = { idx = "i32[n]", table = "f32[v]", out = "f32[n]" }
+GATHER_TOML = kernel_toml("gather", body="""shapes = { idx = "i32[n]", table = "f32[v]", out = "f32[n]" }
 
 [test]
-"""
+""")
 
 
 def load(tmp_path, test_lines: str):
