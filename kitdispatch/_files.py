@@ -62,7 +62,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def is_plain_name(name) -> bool:
+def is_plain_name(name: object) -> bool:
     """A file name inside one folder: no path, no parent, no NUL, short enough to exist."""
     return (
         isinstance(name, str)

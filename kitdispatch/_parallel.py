@@ -32,5 +32,5 @@ class CpuSlots:
         self._semaphore.acquire()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._semaphore.release()

@@ -6,6 +6,8 @@ Started by `kitdispatch._workers` as `python _worker_main.py`; it imports nothin
 (fast start, no numpy). Requests and replies are length-prefixed pickles on stdin/stdout.
 """
 
+from __future__ import annotations
+
 import os
 import struct
 import sys
@@ -19,11 +21,17 @@ import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (fast start)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
+
 
 _LOADED = []
 
 
-def _load(libraries):
+def _load(libraries: list[str]):
     """The NVRTC the build chose (and its builtins), loaded before cuda-python looks for one:
     it takes a library already loaded under its name."""
     if _LOADED or not libraries:
@@ -35,7 +43,7 @@ def _load(libraries):
     _LOADED.append(True)
 
 
-def nvrtc_info(libraries):
+def nvrtc_info(libraries: list[str]):
     _load(libraries)
     from cuda.bindings import nvrtc
 
@@ -46,7 +54,7 @@ def nvrtc_info(libraries):
     return {"version": f"{major}.{minor}", "archs": list(archs)}
 
 
-def nvrtc_compile(request):
+def nvrtc_compile(request: dict[str, Any]):
     """request: source (bytes), name (str), options (list of str), names (name expressions),
     cubin (bool), libraries (to load first). Returns ok, log, ptx, cubin, lowered names."""
     _load(request["libraries"])
@@ -76,7 +84,7 @@ def nvrtc_compile(request):
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def iree_link(request):
+def iree_link(request: dict[str, Any]):
     """request: mlir (str), buffer_name, output (path), flags, cwd: the folder holding the
     objects, which the MLIR names relative to it (the in-process API takes no object search
     path; this process is the worker's own, so changing its folder is harmless). Returns ok and
@@ -118,7 +126,7 @@ class _captured_stderr:
         os.dup2(self.file.fileno(), 2)
         return self.result
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object):
         sys.stderr.flush()
         os.dup2(self.saved, 2)
         os.close(self.saved)
@@ -127,7 +135,7 @@ class _captured_stderr:
         self.file.close()
 
 
-def _nvrtc_bytes(nvrtc, prog, size_fn, get_fn, strip=True):
+def _nvrtc_bytes(nvrtc: ModuleType, prog: object, size_fn: Callable[..., tuple[Any, int]], get_fn: Callable[..., tuple[Any]], strip: bool = True):
     err, size = size_fn(prog)
     _check(nvrtc, err, size_fn.__name__)
     buf = bytearray(size)
@@ -136,12 +144,12 @@ def _nvrtc_bytes(nvrtc, prog, size_fn, get_fn, strip=True):
     return bytes(buf).rstrip(b"\0") if strip else bytes(buf)
 
 
-def _check(nvrtc, err, what):
+def _check(nvrtc: ModuleType, err: object, what: str):
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise RuntimeError(f"NVRTC call {what} failed: {err}")
 
 
-def nvjitlink_cubin(request):
+def nvjitlink_cubin(request: dict[str, Any]):
     """request: ptx (NUL-terminated bytes), options. Returns ok, log, cubin (bridge.py)."""
     from cuda.bindings import nvjitlink
 
@@ -159,7 +167,7 @@ def nvjitlink_cubin(request):
         nvjitlink.destroy(handle)
 
 
-def _nvjitlink_log(nvjitlink, handle, *, error):
+def _nvjitlink_log(nvjitlink: ModuleType, handle: int, *, error: bool):
     size = (nvjitlink.get_error_log_size if error else nvjitlink.get_info_log_size)(handle)
     buf = bytearray(size)
     if size:

@@ -45,7 +45,7 @@ class _Worker:
             start_new_session=True,  # a terminal's Ctrl-C reaches the build, which decides
         )
 
-    def call(self, name: str, payload, deadline: float):
+    def call(self, name: str, payload: object, deadline: float):
         blob = pickle.dumps((name, payload))
         self.proc.stdin.write(struct.pack("<Q", len(blob)) + blob)
         self.proc.stdin.flush()
@@ -91,7 +91,7 @@ class WorkerPool:
         self._busy: set[_Worker] = set()
         self._lock = threading.Lock()
 
-    def call(self, name: str, payload, *, timeout: float, what: str, argv: list[str] | None = None):
+    def call(self, name: str, payload: object, *, timeout: float, what: str, argv: list[str] | None = None):
         """Runs `name(payload)` in a worker; returns its reply, or raises WorkerTimeout /
         WorkerCrashed (kit errors naming `what`). A worker-side exception is a WorkerCrashed."""
         worker = self._take()

@@ -15,11 +15,17 @@ import traceback
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from kitdispatch._version import __version__
 from kitdispatch.describe.choices import DEFAULT_ARCHS, DEFAULT_COMPILER, DEFAULT_FORMAT, CompilerName, ObjectFormat
 from kitdispatch.errors import KitError
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from kitdispatch.builder.options import BuildOptions
+    from kitdispatch.builder.pipeline import ProgressEvent
 
 EXIT_USAGE = 2
 EXIT_NOTHING_CHECKED = 5  # as pytest: the command ran, but no check did
@@ -43,7 +49,7 @@ class _Out:
         if self.verbosity > 0:
             print(text, file=self.stderr)
 
-    def progress(self, event) -> None:
+    def progress(self, event: ProgressEvent) -> None:
         if self.verbosity < 0:
             return
         line = f"[{event.done}/{event.total}] {event.what} ({event.seconds:.2f} s)"
@@ -178,7 +184,7 @@ _PATH_OPTIONS = {"output": "-o/--output", "model": "--model", "inputs": "--input
 _PATH_LISTS = {"manifests": "manifest", "paths": "paths", "include_dirs": "-I"}
 
 
-def _check_usage(parser: argparse.ArgumentParser, args) -> None:
+def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What argparse cannot say: options that need another, and empty paths (`-o ''` would
     be the current folder)."""
     if getattr(args, "with_baseline", False) and not getattr(args, "model", None):
@@ -214,7 +220,7 @@ def _terminate_as_interrupt():
     """SIGTERM (a `kill`, a job scheduler's stop) ends a command as Ctrl-C does: the same
     cleanup of workers, tools and staging folders, and exit 130. Only the main thread may
     set a handler; the previous one comes back afterwards (main() also runs in-process)."""
-    def interrupt(signum, frame):
+    def interrupt(signum: int, frame: FrameType | None):
         raise KeyboardInterrupt
 
     try:
@@ -232,7 +238,7 @@ def _terminate_as_interrupt():
 def _warnings_as_lines(out: "_Out"):
     """The kit's warnings (an unusable cache, ...) as one `warning:` line each, not Python's
     file:line warning format."""
-    def show(message, category, filename, lineno, file=None, line=None):
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None, line: str | None = None):
         if out.verbosity >= 0:
             print(f"kitdispatch: warning: {message}", file=out.stderr)
 
@@ -253,7 +259,7 @@ def console_main() -> None:
     sys.exit(code)
 
 
-def _interrupted_while_exiting(signum, frame) -> None:
+def _interrupted_while_exiting(signum: int, frame: FrameType | None) -> None:
     """Exit 130 with no traceback. Compiler workers notice their parent has gone and exit
     (_worker_main.py); the atexit hook that kills them may be what this interrupts."""
     for stream in (sys.stdout, sys.stderr):
@@ -267,7 +273,7 @@ def _interrupted_while_exiting(signum, frame) -> None:
 # ---------------------------------------------------------------------------- commands
 
 
-def _build_options(args):
+def _build_options(args: argparse.Namespace) -> BuildOptions:
     from kitdispatch.builder.options import BuildOptions
     from kitdispatch.compile.compilers import CompileOptions
 
@@ -289,7 +295,7 @@ def _build_options(args):
     )
 
 
-def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
+def _cmd_build(args: argparse.Namespace, out: _Out, *, make_vmfb: bool = True) -> int:
     from kitdispatch.builder.pipeline import build, build_all, generate, generate_all
 
     options = _build_options(args)
@@ -322,7 +328,7 @@ def _cmd_build(args, out: _Out, *, make_vmfb: bool = True) -> int:
     return 0
 
 
-def _build_model(args, options, out: _Out) -> int:
+def _build_model(args: argparse.Namespace, options: BuildOptions, out: _Out) -> int:
     from kitdispatch.models.pipeline import build_model, format_report
 
     if len(args.manifests) != 1:
@@ -335,7 +341,7 @@ def _build_model(args, options, out: _Out) -> int:
     return 0
 
 
-def _cmd_compare(args, out: _Out) -> int:
+def _cmd_compare(args: argparse.Namespace, out: _Out) -> int:
     from kitdispatch.models.compare import compare_model, format_comparison
 
     result = compare_model(Path(args.built), inputs=args.inputs, function=args.function, device=args.device)
@@ -343,7 +349,7 @@ def _cmd_compare(args, out: _Out) -> int:
     return 0 if result.agree else 1
 
 
-def _cmd_profile(args, out: _Out) -> int:
+def _cmd_profile(args: argparse.Namespace, out: _Out) -> int:
     from kitdispatch.models.compare import format_dispatch, profile_module
 
     vmfb, times = profile_module(Path(args.built), inputs=args.inputs, function=args.function, device=args.device)
@@ -352,11 +358,11 @@ def _cmd_profile(args, out: _Out) -> int:
     return 0
 
 
-def _cmd_gen(args, out: _Out) -> int:
+def _cmd_gen(args: argparse.Namespace, out: _Out) -> int:
     return _cmd_build(args, out, make_vmfb=False)
 
 
-def _cmd_run(args, out: _Out) -> int:
+def _cmd_run(args: argparse.Namespace, out: _Out) -> int:
     from kitdispatch.run.module import read_signatures
     from kitdispatch.run.cli_calls import run_function, run_module
 
@@ -376,7 +382,7 @@ def _cmd_run(args, out: _Out) -> int:
     return 0
 
 
-def _cmd_test(args, out: _Out) -> int:
+def _cmd_test(args: argparse.Namespace, out: _Out) -> int:
     from kitdispatch.run.sample_tests import format_table, verify
 
     def build_sample(sample: Path, dest: Path) -> Path:
@@ -402,7 +408,7 @@ def _cmd_test(args, out: _Out) -> int:
     return 0
 
 
-def _cmd_doctor(args, out: _Out) -> int:
+def _cmd_doctor(args: argparse.Namespace, out: _Out) -> int:
     from kitdispatch.doctor import collect, format_report
 
     report = collect()
@@ -410,7 +416,7 @@ def _cmd_doctor(args, out: _Out) -> int:
     return 0
 
 
-def _cmd_cache(args, out: _Out) -> int:
+def _cmd_cache(args: argparse.Namespace, out: _Out) -> int:
     from kitdispatch.compile.cache import Cache
 
     cache = Cache()

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import re
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 from kitdispatch._version import __version__
+
+if TYPE_CHECKING:
+    from kitdispatch.compile.archs import Arch
+    from kitdispatch.compile.compilers import CompileOptions, Compiler
 
 
 def collect() -> dict:
@@ -89,7 +94,7 @@ def _compiler(name: str) -> dict:
     return info
 
 
-def _ptx_isa(compiler, arch, options) -> str | None:
+def _ptx_isa(compiler: Compiler, arch: Arch, options: CompileOptions) -> str | None:
     """The `.version` of the PTX this compiler emits: a driver loads only what it knows."""
     import tempfile
     from pathlib import Path

@@ -138,3 +138,23 @@ def test_running_a_module_imports_nothing_of_the_build_side():
 def test_each_stage_is_a_package_with_a_docstring(stage):
     init = PACKAGE / stage / "__init__.py"
     assert init.is_file() and ast.get_docstring(ast.parse(init.read_text()))
+
+
+def test_every_parameter_is_annotated():
+    """Every parameter of the kit's functions says its type (issue 22), `*args`/`**kwargs` too."""
+    # kitdispatch/models/ is annotated with its rewrite (another branch); drop this when it lands.
+    skipped = (PACKAGE / "models",)
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if any(path.is_relative_to(s) for s in skipped):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(p for p in (a.vararg, a.kwarg) if p is not None)]
+            missing += [
+                f"{path.relative_to(REPO)}:{p.lineno}: {node.name}({p.arg})"
+                for p in params if p.annotation is None and p.arg not in ("self", "cls")
+            ]
+    assert not missing, "\n".join(missing)

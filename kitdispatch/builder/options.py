@@ -34,7 +34,7 @@ class BuildOptions:
     link_timeout: float = IREE_COMPILE_TIMEOUT_S
 
     @classmethod
-    def create(cls, archs: Sequence[str] | str, **kwargs) -> "BuildOptions":
+    def create(cls, archs: Sequence[str] | str, **kwargs: object) -> "BuildOptions":
         fmt = kwargs.get("format", cls.format)
         if fmt not in ObjectFormat.choices():
             raise KitError(f"unknown object format {fmt!r}", fix=f"use one of {', '.join(ObjectFormat.choices())}")

@@ -24,7 +24,7 @@ from kitdispatch.check.arch_features import check_arch_features
 from kitdispatch.compile.archs import Arch, ptx_fallback_archs
 from kitdispatch.compile.bridge import BridgingCompiler, entry_bridge
 from kitdispatch.compile.cache import Cache, CachedCompiler, CachedLinker, Linked, checks_key
-from kitdispatch.compile.compilers import ANY_SEVERITY, log_location, CompileOptions, ObjectCode, get_compiler
+from kitdispatch.compile.compilers import ANY_SEVERITY, log_location, CompileOptions, Compiler, ObjectCode, get_compiler
 from kitdispatch.errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
 from kitdispatch.iree.tools import choose_codegen_target, target_release, compile_args, compile_vmfb, iree_compiler_version, iree_flags, link_in_worker
 from kitdispatch.describe.manifest import MANIFEST_NAME, load_manifest
@@ -178,7 +178,7 @@ class _Shared:
 
 
 def _build_modules(
-    specs, options: BuildOptions, out_dir_of: Callable[[ModuleSpec], Path], progress, *, make_vmfb: bool
+    specs: Sequence[ModuleSpec | str | Path], options: BuildOptions, out_dir_of: Callable[[ModuleSpec], Path], progress: Progress | None, *, make_vmfb: bool
 ) -> tuple[BuildResult, ...]:
     with ThreadPoolExecutor(max_workers=1) as side:
         # Loading libcuda for its version takes ~15 ms on a GPU machine (a third of a build with
@@ -307,7 +307,7 @@ def _run_in(spec: ModuleSpec, options: BuildOptions, out_dir: Path, shared: _Sha
     )
 
 
-def _counting(compiler, cache: Cache | None) -> CachedCompiler:
+def _counting(compiler: Compiler, cache: Cache | None) -> CachedCompiler:
     """Every module goes through a CachedCompiler of its own, which counts its compiler runs;
     with no cache it uses an unusable one, so every compile is a miss."""
     return CachedCompiler(BridgingCompiler(compiler), cache if cache is not None else Cache.disabled())
@@ -392,7 +392,7 @@ def _with_manifest_flags(spec: ModuleSpec, source: Path, options: CompileOptions
 
 
 def _compile_all(
-    spec: ModuleSpec, options: BuildOptions, source_options: dict[Path, CompileOptions], compiler, report: Callable[[str, float], None]
+    spec: ModuleSpec, options: BuildOptions, source_options: dict[Path, CompileOptions], compiler: CachedCompiler, report: Callable[[str, float], None]
 ) -> list[_Built]:
     """Cached objects first, in this thread; then what is left, each on a thread of its own
     (the compiler's slots bound how many run at once)."""
@@ -440,14 +440,14 @@ def _resolve_entries(spec: ModuleSpec, built: list[_Built]) -> ModuleSpec:
     return dataclasses.replace(spec, kernels=tuple(kernels))
 
 
-def _ptx_with_lines(source: Path, arch: Arch, compiler, source_options: dict[Path, CompileOptions]) -> bytes:
+def _ptx_with_lines(source: Path, arch: Arch, compiler: CachedCompiler, source_options: dict[Path, CompileOptions]) -> bytes:
     """The source's PTX with -lineinfo, for an error that names the source line."""
     with_lines = dataclasses.replace(source_options[source], line_info=True)
     return compiler.compile(source, arch, "ptx", with_lines).data
 
 
 def _check_objects(
-    spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, source_options: dict[Path, CompileOptions], cache: Cache | None
+    spec: ModuleSpec, built: list[_Built], compiler: CachedCompiler, options: BuildOptions, source_options: dict[Path, CompileOptions], cache: Cache | None
 ) -> tuple[ModuleSpec, tuple[Diagnostic, ...]]:
     """The objects against the kernels (ABI, pointer roles, architecture features): the spec
     with every pointer's role settled by the code (roles.py), and the warnings. The verdict
@@ -471,7 +471,7 @@ def _check_objects(
 
 
 def _check_abi(
-    spec: ModuleSpec, built: list[_Built], compiler, options: BuildOptions, source_options: dict[Path, CompileOptions]
+    spec: ModuleSpec, built: list[_Built], compiler: CachedCompiler, options: BuildOptions, source_options: dict[Path, CompileOptions]
 ) -> tuple[ModuleSpec, tuple[Diagnostic, ...]]:
     """Every kernel against the PTX of its source: entry name, parameters, block size; then
     its pointers' roles from the loads and stores of its code (roles.py). nvcc's cubins and
@@ -757,7 +757,7 @@ def _read_reference(path: Path) -> bytes:
         raise ManifestError(f"cannot read reference file {path}: {exc.strerror}", fix="point [test] reference at a Python file") from None
 
 
-def _record(spec, options, compiler, codegen: Arch, built: list[_Built], outputs: dict[str, bytes], mlir_name, vmfb_name, reference, diagnostics) -> BuildRecord:
+def _record(spec: ModuleSpec, options: BuildOptions, compiler: CachedCompiler, codegen: Arch, built: list[_Built], outputs: dict[str, bytes], mlir_name: str, vmfb_name: str | None, reference: Path | None, diagnostics: tuple[Diagnostic, ...]) -> BuildRecord:
     ptx_versions = [v for b in built if _is_primary_ptx(b) and (v := ptx_isa(b.obj.data))]
     return BuildRecord(
         name=spec.name,

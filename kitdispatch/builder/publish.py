@@ -26,7 +26,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,7 +201,7 @@ class OutputFolder:
     record says. A record or journal is acted on only when the kit can show it wrote it (see
     `_check_written_by_kit`), and every name in it must be a plain file name of this folder."""
 
-    def __init__(self, out_dir: Path, module: str, *, record: str | None = None, claims=None, protected=()) -> None:
+    def __init__(self, out_dir: Path, module: str, *, record: str | None = None, claims: Callable[[Path], dict[str, str]] | None = None, protected: Iterable[str] = ()) -> None:
         self.dir = Path(out_dir)
         self.module = module
         self.record = record or record_name(module)
@@ -378,7 +378,7 @@ def _check_written_by_kit(path: Path, what: str) -> None:
 _KIT_INTERNAL = (STAGING_PREFIX, STAGING_MARKER, TRANSIT_PREFIX)
 
 
-def _check_claim(name, source: Path) -> None:
+def _check_claim(name: str, source: Path) -> None:
     """A name a record or journal claims: a plain file name of its folder, never one of the
     kit's own bookkeeping files, so acting on it cannot reach outside the folder."""
     bad = (

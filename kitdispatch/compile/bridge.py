@@ -37,7 +37,7 @@ from kitdispatch._proc import run_tool
 from kitdispatch._resources import installed_version
 from kitdispatch._workers import POOL, map_in_threads
 from kitdispatch.compile.archs import Arch, ptx_fallback_archs
-from kitdispatch.compile.compilers import CompileOptions, ObjectCode, check_archs, fatbin_note, pack_fatbin
+from kitdispatch.compile.compilers import CompileOptions, Compiler, IncludeSearch, ObjectCode, check_archs, fatbin_note, pack_fatbin
 from kitdispatch.compile.toolchain import find_nvrtc
 from kitdispatch.errors import AbiError, CompileError, KitError
 from kitdispatch.compile.ptx_text import ENTRY_RE, body_end_of
@@ -252,17 +252,17 @@ class BridgingCompiler:
     PTX, the entries are rewritten, and cubins and fatbins are assembled from that PTX. An
     object's `ptx` stays the compiler's own (the build checks the layout against it)."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner: Compiler) -> None:
         self.inner = inner
         self.name = inner.name
 
     def version(self) -> str:
         return self.inner.version()
 
-    def supported_archs(self):
+    def supported_archs(self) -> tuple[Arch, ...]:
         return self.inner.supported_archs()
 
-    def include_search(self, source: Path, options: CompileOptions):
+    def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
         search = self.inner.include_search(source, options)
         if not options.bridges:
             return search

@@ -24,14 +24,14 @@ import stat
 import struct
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kitdispatch._version import __version__
 from kitdispatch._files import FileTooLarge, is_temp_file, read_regular_file, remove_stale_temp_files, write_atomic
 from kitdispatch.compile.archs import Arch
-from kitdispatch.compile.compilers import CompileOptions, IncludeSearch, ObjectCode
+from kitdispatch.compile.compilers import CompileOptions, Compiler, IncludeSearch, ObjectCode
 from kitdispatch.errors import KitError, ManifestError
 
 SCHEMA = 2
@@ -475,7 +475,7 @@ def _unlink(path: Path) -> None:
 class CachedCompiler:
     """Any compiler backend behind the cache: same contract, compiles only on a miss."""
 
-    def __init__(self, compiler, cache: Cache) -> None:
+    def __init__(self, compiler: Compiler, cache: Cache) -> None:
         self.inner = compiler
         self.cache = cache
         self.name = compiler.name
@@ -486,10 +486,10 @@ class CachedCompiler:
     def version(self) -> str:
         return self._version
 
-    def supported_archs(self):
+    def supported_archs(self) -> tuple[Arch, ...]:
         return self.inner.supported_archs()
 
-    def include_search(self, source: Path, options: CompileOptions):
+    def include_search(self, source: Path, options: CompileOptions) -> IncludeSearch:
         return self.inner.include_search(source, options)
 
     def compile(self, source: Path, arch: Arch, fmt: str, options: CompileOptions) -> ObjectCode:
@@ -503,7 +503,7 @@ class CachedCompiler:
         only for what it must compile."""
         return self._get(source, archs, fmt, self._key(source, archs, fmt, options))
 
-    def _key(self, source: Path, archs, fmt: str, options: CompileOptions) -> str | None:
+    def _key(self, source: Path, archs: tuple[Arch, ...], fmt: str, options: CompileOptions) -> str | None:
         if not self.cache.usable:
             return None
         try:
@@ -514,7 +514,7 @@ class CachedCompiler:
             pass  # a missing source: let the compiler report it
         return None
 
-    def _get(self, source: Path, archs, fmt: str, key: str | None) -> ObjectCode | None:
+    def _get(self, source: Path, archs: tuple[Arch, ...], fmt: str, key: str | None) -> ObjectCode | None:
         """The entry as an object, only if it is one of `fmt` for `archs` (the key's own)."""
         hit = self.cache.get("object", key) if key is not None else None
         if hit is None:
@@ -536,7 +536,7 @@ class CachedCompiler:
             return None
         return obj
 
-    def _cached(self, source: Path, archs, fmt: str, options: CompileOptions, make) -> ObjectCode:
+    def _cached(self, source: Path, archs: tuple[Arch, ...], fmt: str, options: CompileOptions, make: Callable[[], ObjectCode]) -> ObjectCode:
         key = self._key(source, archs, fmt, options)
         found = self._get(source, archs, fmt, key)
         if found is not None:
@@ -554,7 +554,7 @@ class CachedCompiler:
             self.cache.put("object", key, meta, obj.data + extra_ptx)
         return obj
 
-    def _run(self, make) -> ObjectCode:
+    def _run(self, make: Callable[[], ObjectCode]) -> ObjectCode:
         with self._lock:
             self.compiles += 1
         return make()
@@ -597,7 +597,7 @@ class CachedLinker:
         self.cache = cache
         self.iree_version = iree_version
 
-    def link(self, mlir_text: str, objects: Sequence[tuple[str, bytes]], flags: Sequence[str], link) -> Linked:
+    def link(self, mlir_text: str, objects: Sequence[tuple[str, bytes]], flags: Sequence[str], link: Callable[[], tuple[bytes, Sequence[str]]]) -> Linked:
         key = None
         if self.cache is not None and self.cache.usable:
             key = vmfb_key(mlir_text, objects, flags, self.iree_version)

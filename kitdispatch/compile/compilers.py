@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -81,16 +82,16 @@ class ObjectCode:
     commands: tuple[str, ...] = ()
 
     @classmethod
-    def from_ptx(cls, data: bytes, arch: Arch, source: Path, compiler: str, **extra) -> "ObjectCode":
+    def from_ptx(cls, data: bytes, arch: Arch, source: Path, compiler: str, **extra: tuple[str, ...] | tuple[tuple[str, str], ...]) -> "ObjectCode":
         ptx = data.rstrip(b"\0")
         return cls(ptx, "ptx", (arch,), source, compiler, ptx, **extra)
 
     @classmethod
-    def from_cubin(cls, data: bytes, arch: Arch, source: Path, compiler: str, ptx: bytes | None = None, **extra) -> "ObjectCode":
+    def from_cubin(cls, data: bytes, arch: Arch, source: Path, compiler: str, ptx: bytes | None = None, **extra: tuple[str, ...] | tuple[tuple[str, str], ...]) -> "ObjectCode":
         return cls(data, "cubin", (arch,), source, compiler, ptx, **extra)
 
     @classmethod
-    def from_fatbin(cls, data: bytes, archs: tuple[Arch, ...], source: Path, compiler: str, ptx: bytes | None = None, **extra) -> "ObjectCode":
+    def from_fatbin(cls, data: bytes, archs: tuple[Arch, ...], source: Path, compiler: str, ptx: bytes | None = None, **extra: tuple[str, ...] | tuple[tuple[str, str], ...]) -> "ObjectCode":
         return cls(data, "fatbin", archs, source, compiler, ptx, **extra)
 
     @property
@@ -479,7 +480,7 @@ def get_compiler(name: CompilerName | str, slots: CpuSlots | None = None, *, tim
     raise KitError(f"unknown compiler {name!r}", fix=f"use one of {', '.join(CompilerName.choices())}")
 
 
-def check_archs(compiler: Compiler, archs) -> None:
+def check_archs(compiler: Compiler, archs: Iterable[Arch]) -> None:
     """Every backend checks its targets as it compiles (not before: a build whose objects
     all come from the cache never loads its compiler)."""
     check_supported(archs, compiler.supported_archs(), compiler.name)

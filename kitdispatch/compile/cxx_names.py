@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from kitdispatch.errors import CompileError, KitError
@@ -31,7 +32,7 @@ class KernelNameError(CompileError):
     exit_code = 2
 
 
-def unknown_kernel_error(compiler: str, name: str, source: Path, **tool) -> KernelNameError:
+def unknown_kernel_error(compiler: str, name: str, source: Path, **tool: str | Sequence[str] | int | None) -> KernelNameError:
     """A C++ kernel name of the manifest that the compiler cannot resolve to one kernel."""
     return KernelNameError(
         f"{compiler} finds no single kernel {name!r} in {source}",

@@ -25,6 +25,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from kitdispatch._resources import installed_version
 from kitdispatch.run.driver_ptx import Version
@@ -195,7 +196,7 @@ def not_installed_error() -> KitError:
 
 
 @functools.cache
-def load_nvrtc():
+def load_nvrtc() -> ModuleType:
     """cuda-python's NVRTC bindings, bound to `find_nvrtc()`'s library."""
     install = find_nvrtc()
     if install is not None:
@@ -226,7 +227,7 @@ def load_nvrtc():
 
 
 @functools.cache
-def load_nvfatbin():
+def load_nvfatbin() -> ModuleType:
     """cuda-python's nvFatbin bindings, bound to the nvFatbin beside the NVRTC in use (an
     nvFatbin of another CUDA major may not know that NVRTC's architectures)."""
     install = find_nvrtc()

@@ -274,7 +274,7 @@ def _signed(value: int, width: int) -> int:
     return value - (1 << width) if value >= 1 << (width - 1) else value
 
 
-def _integer(value) -> int:
+def _integer(value: object) -> int:
     if isinstance(value, (bool, np.bool_, int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)) and float(value).is_integer():

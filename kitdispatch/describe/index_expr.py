@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from kitdispatch.describe import abi
 from kitdispatch.errors import ManifestError
@@ -110,7 +111,7 @@ class IndexExpr:
         else:
             raise bad(f"unsupported syntax {ast.unparse(node)!r}")
 
-    def _check_divisor(self, lhs: ast.expr, rhs: ast.expr, where: str, bad) -> None:
+    def _check_divisor(self, lhs: ast.expr, rhs: ast.expr, where: str, bad: Callable[[str], ManifestError]) -> None:
         """A constant divisor must be positive; one over symbols is checked at each call."""
         self._check(lhs, where)
         self._check(rhs, where)
@@ -188,7 +189,7 @@ def _walk_values(node: ast.expr):
         queue += [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr)]
 
 
-def _sizeof(node: ast.Call, bad=None) -> int:
+def _sizeof(node: ast.Call, bad: Callable[[str], ManifestError] | None = None) -> int:
     """sizeof(float), sizeof(f16), sizeof(int64_t): a type name of abi.py, C's or the kit's."""
     arg = node.args[0]
     row = (abi.BY_C_NAME.get(arg.id) or abi.BY_NAME.get(arg.id)) if isinstance(arg, ast.Name) else None

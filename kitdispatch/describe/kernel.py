@@ -7,7 +7,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal, Union
 from kitdispatch.describe import abi
 from kitdispatch.errors import ManifestError
@@ -421,7 +421,7 @@ class Kernel:
             self._check_symbols(self.replaces.limited_symbols, set(self.dimension_symbols) | provisional, where, "replace_when")
 
     @staticmethod
-    def _check_symbols(symbols, known: set[str], where: str, what: str) -> None:
+    def _check_symbols(symbols: Iterable[str], known: set[str], where: str, what: str) -> None:
         for s in symbols:
             if s not in known:
                 names = ", ".join(sorted(known)) or "none"
@@ -560,7 +560,7 @@ def _check_constant_counts(count: tuple[IndexExpr, ...], where: str) -> None:
             )
 
 
-def _pad3(values, fill, where: str) -> tuple:
+def _pad3(values: object, fill: int, where: str) -> tuple:
     values = list(values) if isinstance(values, (list, tuple)) else [values]
     if not 1 <= len(values) <= 3:
         raise ManifestError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -371,7 +372,7 @@ def _parse_test(data: Any, root: Path, where: str) -> TestSpec:
     )
 
 
-def _named_table(table: Any, parse, key: str, what: str, where: str) -> tuple:
+def _named_table(table: Any, parse: Callable[[Any, str], object], key: str, what: str, where: str) -> tuple:
     """`{ name = value, ... }` as sorted (name, parse(value)) pairs."""
     if not isinstance(table, dict):
         raise ManifestError(f"{key} must be a table of {what} names", where=f"{where}: {key}", fix='e.g. ranges = { idx = [0, "V"] }')

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Container
 from kitdispatch.errors import ManifestError
 
 
@@ -57,7 +58,7 @@ def default_function_name(kernel: str) -> str:
     return text if _IDENT_RE.match(text) else f"k_{text}"
 
 
-def distinct_names(wanted: dict, salts: dict[object, str], *, join: str, fold=lambda s: s, taken=frozenset(), what: str) -> dict:
+def distinct_names(wanted: dict, salts: dict[object, str], *, join: str, fold: Callable[[str], str] = lambda s: s, taken: Container[str] = frozenset(), what: str) -> dict:
     """`wanted` names made distinct (after `fold`) from each other and from `taken`: every name
     that two keys share, or that is taken, gets a short hash of the key's salt appended after
     `join`, until none is shared. Deterministic: a name changes only where it collides."""

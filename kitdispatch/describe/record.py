@@ -188,13 +188,13 @@ def record_beside(vmfb: Path) -> Path:
     return vmfb.with_name(vmfb.name.removesuffix(".vmfb") + RECORD_SUFFIX)
 
 
-def _str(value) -> str:
+def _str(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {value!r}")
     return value
 
 
-def _function(data, where: str) -> FunctionSignature:
+def _function(data: object, where: str) -> FunctionSignature:
     """A function's signature, after checking the JSON types FunctionSignature.from_json reads."""
     if not isinstance(data, dict):
         raise TypeError(f"a function is not a JSON object: {data!r:.60}")
@@ -204,14 +204,14 @@ def _function(data, where: str) -> FunctionSignature:
     return FunctionSignature.from_json(data, where)
 
 
-def _list(value) -> list:
+def _list(value: object) -> list:
     """A JSON array: a string would iterate as its characters."""
     if not isinstance(value, list):
         raise TypeError(f"expected a list, got {value!r:.60}")
     return value
 
 
-def _int(value, *, least: int | None = None) -> int:
+def _int(value: object, *, least: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
     if least is not None and value < least:  # a size or seed numpy would refuse in `kitdispatch test`
@@ -219,13 +219,13 @@ def _int(value, *, least: int | None = None) -> int:
     return value
 
 
-def _number(value) -> int | float:
+def _number(value: object) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"expected a number, got {value!r}")
     return value
 
 
-def _plain_name(value) -> str:
+def _plain_name(value: object) -> str:
     """Files of a record are names inside its folder: a path would let a damaged record point
     the kit at someone else's file."""
     name = _str(value)

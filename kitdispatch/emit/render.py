@@ -23,7 +23,7 @@ from kitdispatch.describe import abi
 from kitdispatch.emit.index_ops import IndexOps
 from kitdispatch.emit.syntax import Spelling
 from kitdispatch.emit.mlir_text import mlir_comment, mlir_string, mlir_symbol
-from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
+from kitdispatch.describe.kernel import Buffer, Kernel, Param, Scalar
 from kitdispatch.describe.index_expr import IndexExpr
 from kitdispatch.describe.module import ModuleSpec
 from kitdispatch.describe.types import ScalarType, TensorType
@@ -183,7 +183,7 @@ class _BytecodeCache(jinja2.FileSystemBytecodeCache):
     """jinja2's file cache of compiled templates, where a write that fails (a full disk, or
     `kitdispatch cache clear` removing the folder meanwhile) only loses the speed-up."""
 
-    def dump_bytecode(self, bucket) -> None:
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         try:
             Path(self.directory).mkdir(mode=0o700, parents=True, exist_ok=True)
             super().dump_bytecode(bucket)
@@ -410,7 +410,7 @@ def _function_view(kernel: Kernel, exe: dict, spelling: Spelling) -> dict:
         targets = [f"{mlir_symbol(exe['name'])}::{mlir_symbol(v['name'])}::{mlir_symbol(kernel.entry)}" for v in exe["variants"]]
     outputs = [(i, ssa.take(f"{b.name}_storage"), b) for i, b in enumerate(result_buffers) if b.access == "out"]
 
-    def declare(p, tensor_type: str) -> str:
+    def declare(p: Param, tensor_type: str) -> str:
         """`p`'s function argument(s); a tensor's of type `tensor_type`."""
         if p.name in words:
             return ", ".join(f"%{w}: i32" for w in words[p.name])
@@ -581,7 +581,7 @@ def _check_program_text(origin: str, text: str) -> None:
         )
 
 
-def render_template(name: str, **values) -> str:
+def render_template(name: str, **values: object) -> str:
     """Any template of mlir_templates/ in the kit's environment (StrictUndefined), for
     stages that render MLIR of their own (models/pipeline.py's transform spec)."""
     return _environment().get_template(name).render(**values)

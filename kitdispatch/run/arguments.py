@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 import numpy as np
 from kitdispatch.run.device import element_type, numpy_dtype
 from kitdispatch.errors import KitError
 from kitdispatch.describe import abi
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
+
+if TYPE_CHECKING:
+    from iree.runtime import VmFunction
 
 
 class TensorCheck:
@@ -22,7 +26,7 @@ class TensorCheck:
         self.dims = t.shape
         self.name = t.dtype  # with a shape, the pool's key
 
-    def fits(self, shape: tuple, dtype, bound: dict[str, int]) -> bool:
+    def fits(self, shape: tuple, dtype: np.dtype, bound: dict[str, int]) -> bool:
         if dtype != self.dtype or len(shape) != len(self.dims):
             return False
         for dim, size in zip(self.dims, shape):
@@ -51,7 +55,7 @@ def sizing_scalars(sig: FunctionSignature) -> dict[int, str]:
     }
 
 
-def result_size(value, where: str) -> int:
+def result_size(value: object, where: str) -> int:
     """A scalar argument (range-checked already) as the size of a result dimension."""
     size = int(value)
     if size < 0:
@@ -59,7 +63,7 @@ def result_size(value, where: str) -> int:
     return size
 
 
-def stored_results(vm_function) -> tuple[int, ...]:
+def stored_results(vm_function: VmFunction) -> tuple[int, ...]:
     """Indices of the results NAME$async writes into given buffers (its `iree.abi.output`
     arguments, in order); the others are inout, updated in their argument."""
     declaration = vm_function.reflection.get("iree.abi.declaration", "")
@@ -78,7 +82,7 @@ def check_distinct_outputs(name: str, given: tuple, arrays: list) -> None:
                 )
 
 
-def is_device_value(value) -> bool:
+def is_device_value(value: object) -> bool:
     """Device memory the kit can take as it is (no host copy)."""
     import iree.runtime as rt
 
@@ -117,7 +121,7 @@ def check_arguments(sig: FunctionSignature, args: Sequence) -> list:
     return out
 
 
-def check_tensor(where: str, want: TensorType, shape: tuple, dtype, bound: dict[str, int]) -> None:
+def check_tensor(where: str, want: TensorType, shape: tuple, dtype: np.dtype, bound: dict[str, int]) -> None:
     """dtype, rank, static dims, and symbols that must agree with earlier arguments (`bound`)."""
     want_dtype = numpy_dtype(want.dtype)
     if dtype != want_dtype:
@@ -134,7 +138,7 @@ def check_tensor(where: str, want: TensorType, shape: tuple, dtype, bound: dict[
             )
 
 
-def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float | tuple[int, ...]:
+def scalar_argument(dtype: str, value: object, where: str = "scalar") -> int | float | tuple[int, ...]:
     """A Python or numpy scalar as the generated function takes it (abi.argument),
     range-checked; a struct (`structN`) as the tuple of its 32-bit words."""
     try:
@@ -143,10 +147,10 @@ def scalar_argument(dtype: str, value, where: str = "scalar") -> int | float | t
         raise KitError(f"{where}: {exc}", fix=f"pass a number that fits {dtype}") from None
 
 
-def flat_values(value) -> tuple:
+def flat_values(value: object) -> tuple:
     """An argument as the VM arguments it becomes: a struct's words, or itself."""
     return value if isinstance(value, tuple) else (value,)
 
 
-def to_numpy(value):
+def to_numpy(value: object) -> np.ndarray:
     return value.to_host() if hasattr(value, "to_host") else np.asarray(value)

@@ -51,13 +51,25 @@ import threading
 import time
 import weakref
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kitdispatch.errors import KitError, UsageError
 from kitdispatch.describe import abi
 from kitdispatch.run.cuda_driver import libcuda
+
+if TYPE_CHECKING:
+    import torch
+    from iree.runtime import HalBufferView, HalCommandBuffer, HalElementType, HalFence, HalSemaphore, VmRef
+    from numpy.typing import ArrayLike, DTypeLike
+
+    from kitdispatch.run.arguments import TensorCheck  # arguments.py imports this module
+
+    PoolKey = tuple[tuple[int, ...], str]  # (shape, the kit's element type name)
+    PoolItem = tuple[HalBufferView, VmRef]  # a buffer view, and the ref a call pushes
 
 KDL_CPU, KDL_CUDA = 1, 2  # DLPack device types
 DEFAULT_POOL_BYTES = 2 << 30  # free output buffers kept for reuse, per device
@@ -84,14 +96,14 @@ class OutputPool:
     Holds at most `max_free_bytes` of free buffers; `trim()` frees them all. What it hands out
     is whatever `allocate(key, nbytes)` makes (the device: a buffer view)."""
 
-    def __init__(self, allocate, max_free_bytes: int = DEFAULT_POOL_BYTES):
+    def __init__(self, allocate: Callable[[PoolKey, int], PoolItem], max_free_bytes: int = DEFAULT_POOL_BYTES):
         self._allocate = allocate
         self.max_free_bytes = max_free_bytes
         self._free: dict = defaultdict(list)
         self._lock = threading.Lock()
         self.stats = PoolStats()
 
-    def take(self, key, nbytes: int):
+    def take(self, key: PoolKey, nbytes: int) -> PoolItem:
         with self._lock:
             free = self._free.get(key)
             if free:
@@ -101,7 +113,7 @@ class OutputPool:
             self.stats.allocations += 1
         return self._allocate(key, nbytes)
 
-    def give(self, key, nbytes: int, item) -> None:
+    def give(self, key: PoolKey, nbytes: int, item: PoolItem) -> None:
         with self._lock:
             if self.stats.free_bytes + nbytes > self.max_free_bytes:
                 self.stats.dropped += 1
@@ -132,7 +144,7 @@ class DeviceArray(_iree_device_array()):
     `np.asarray` / `to_host()` copy it to the host), plus DLPack export (`torch.from_dlpack`,
     `cupy.from_dlpack`) without a copy. Shape and dtype are fixed at creation."""
 
-    def __init__(self, device: "Device", buffer_view, shape: tuple[int, ...], dtype: np.dtype, *, pooled=None, ref=None):
+    def __init__(self, device: "Device", buffer_view: HalBufferView, shape: tuple[int, ...], dtype: np.dtype, *, pooled: tuple[PoolKey, int] | None = None, ref: VmRef | None = None):
         super().__init__(device.hal, buffer_view, implicit_host_transfer=True, override_dtype=dtype)
         self.device = device
         self._shape = shape
@@ -153,17 +165,17 @@ class DeviceArray(_iree_device_array()):
         return self._np_dtype.itemsize * math.prod(self._shape)
 
     @property
-    def buffer_view(self):
+    def buffer_view(self) -> HalBufferView:
         """IREE's HalBufferView of this array (for `Module.raw` and other IREE APIs)."""
         return self._buffer_view
 
-    def _transfer_to_host(self, implicit) -> np.ndarray:
+    def _transfer_to_host(self, implicit: bool) -> np.ndarray:
         # Every launched call first; then always a copy: a mapped view of a pooled buffer
         # would change under the caller once the buffer is reused.
         self.device.synchronize()
         return self._copy_to_host()
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None, dl_device: tuple[int, int] | None = None, copy: bool | None = None):
         """A DLPack capsule of this memory (no copy), once every launched call is done.
         The buffer leaves the pool: the consumer may keep the memory as long as it likes."""
         if copy:
@@ -208,7 +220,7 @@ class TorchImports:
         self._entries: dict[int, tuple] = {}  # id(tensor) -> (weakref, ptr, shape, strides, dtype, array, token)
         self._tokens = itertools.count()
 
-    def get(self, tensor) -> DeviceArray | None:
+    def get(self, tensor: object) -> DeviceArray | None:
         entry = self._entries.get(id(tensor))
         if entry is None or entry[0]() is not tensor:
             return None
@@ -216,7 +228,7 @@ class TorchImports:
             return None
         return entry[5]
 
-    def add(self, tensor, array: DeviceArray) -> None:
+    def add(self, tensor: torch.Tensor, array: DeviceArray) -> None:
         key, token = id(tensor), next(self._tokens)
         entries = self._entries
         entries.pop(key, None)
@@ -229,14 +241,14 @@ class TorchImports:
         return len(self._entries)
 
 
-def _forget_import(imports_ref, key: int, token: int) -> None:
+def _forget_import(imports_ref: weakref.ref[TorchImports], key: int, token: int) -> None:
     imports = imports_ref()
     entry = imports._entries.get(key) if imports is not None else None
     if entry is not None and entry[6] == token:  # not a later tensor's entry under the same id
         del imports._entries[key]
 
 
-def is_torch_tensor(value) -> bool:
+def is_torch_tensor(value: object) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
@@ -287,7 +299,7 @@ class Device:
 
     # -- memory ----------------------------------------------------------------------
 
-    def _allocate(self, key, nbytes: int):
+    def _allocate(self, key: PoolKey, nbytes: int) -> PoolItem:
         rt = self._rt
         shape, name = key
         hal_type = element_type(numpy_dtype(name))
@@ -299,18 +311,18 @@ class Device:
         view = rt.HalBufferView(buffer, shape, hal_type)
         return view, view.ref
 
-    def empty(self, shape, dtype) -> DeviceArray:
+    def empty(self, shape: Iterable[int], dtype: DTypeLike) -> DeviceArray:
         """An uninitialized array from the pool (for `out=`)."""
         shape = tuple(int(d) for d in shape)
         return self.pooled_array(shape, _PoolType(np.dtype(dtype)))
 
-    def pooled_array(self, shape: tuple[int, ...], kind) -> DeviceArray:
+    def pooled_array(self, shape: tuple[int, ...], kind: _PoolType | TensorCheck) -> DeviceArray:
         """An array from the pool; `kind` has the numpy `dtype` and the kit's type `name`."""
         key, nbytes = (shape, kind.name), kind.dtype.itemsize * math.prod(shape)
         view, ref = self.pool.take(key, nbytes)
         return DeviceArray(self, view, shape, kind.dtype, pooled=(key, nbytes), ref=ref)
 
-    def put(self, host) -> DeviceArray:
+    def put(self, host: ArrayLike) -> DeviceArray:
         """A copy of a host array on this device."""
         host = np.ascontiguousarray(host)
         hal_type = element_type(host.dtype)
@@ -323,7 +335,7 @@ class Device:
         )
         return DeviceArray(self, view, host.shape, host.dtype)
 
-    def asarray(self, value) -> DeviceArray:
+    def asarray(self, value: object) -> DeviceArray:
         """`value` as an array on this device: kit and IREE device arrays and buffer views
         as they are, CUDA tensors of other libraries (torch, CuPy, ...) through DLPack without
         a copy, host arrays copied."""
@@ -347,7 +359,7 @@ class Device:
                 return self._import_dlpack(value, int(index))
         return self.put(value)
 
-    def _import_dlpack(self, tensor, index: int) -> DeviceArray:
+    def _import_dlpack(self, tensor: object, index: int) -> DeviceArray:
         if not self.is_cuda or index != self.ordinal:
             raise KitError(
                 f"a CUDA tensor on device {index} cannot go to {self.uri}",
@@ -392,11 +404,11 @@ class Device:
 
     # -- order -----------------------------------------------------------------------
 
-    def _point(self, call: int):
+    def _point(self, call: int) -> tuple[HalSemaphore, int]:
         """(semaphore, value) that call number `call` signals (call 0: reached from the start)."""
         return self._ring[(call - 1) % RING], (call - 1) // RING + 1
 
-    def next_fences(self):
+    def next_fences(self) -> tuple[HalFence, HalFence]:
         """(wait fence, signal fence) for the next call; take them, queue the call, then
         `launched()`, all under `order`."""
         fence = self._rt.HalFence.create_at
@@ -404,7 +416,7 @@ class Device:
         wait = fence(*self._point(self._last)) if self._chained else self._no_wait
         return wait, done
 
-    def submit(self, commands) -> int:
+    def submit(self, commands: HalCommandBuffer) -> int:
         """Queues a recorded command buffer as the next call; returns its number."""
         with self.order:
             wait, done = self.next_fences()
@@ -419,7 +431,7 @@ class Device:
         self._last += 1
         return self._last
 
-    def abandon(self, signal) -> None:
+    def abandon(self, signal: HalFence) -> None:
         """A call that failed before reaching the queue still passes its place in the order on."""
         rt = self._rt
         empty = rt.HalCommandBuffer(self.hal)
@@ -450,7 +462,7 @@ class Device:
         return f"<kitdispatch Device {self.uri}>"
 
 
-def wait_fence(fence) -> None:
+def wait_fence(fence: HalFence) -> None:
     try:
         fence.wait()
     except (RuntimeError, ValueError) as exc:
@@ -488,7 +500,7 @@ def numpy_dtype(name: str) -> np.dtype:
     return abi.lookup(name).dtype
 
 
-def element_type(dtype: np.dtype):
+def element_type(dtype: np.dtype) -> HalElementType:
     from iree.runtime.dtypes import map_dtype_to_hal_element_type
 
     hal_type = map_dtype_to_hal_element_type(np.dtype(dtype))

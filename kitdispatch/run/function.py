@@ -15,6 +15,10 @@ from kitdispatch.run.prepared import PreparedCall, RecordedCalls, TorchCalls
 
 
 if TYPE_CHECKING:  # a Function belongs to a Module, which makes its Functions
+    from collections.abc import Sequence
+
+    from iree.runtime import FunctionInvoker, HalCommandBuffer, VmFunction
+
     from kitdispatch.run.module import Module
 
 
@@ -34,7 +38,7 @@ class Function:
     outputs are given, not allocated, and nothing blocks. Others ([[programs]], older builds)
     run through IREE's synchronous call, which allocates its results."""
 
-    def __init__(self, module: Module, name: str, signature: FunctionSignature | None, invoker, vm_async, vm_record=None):
+    def __init__(self, module: Module, name: str, signature: FunctionSignature | None, invoker: FunctionInvoker, vm_async: VmFunction | None, vm_record: VmFunction | None = None):
         self.module = module
         self.name = name
         self.signature = signature
@@ -64,7 +68,7 @@ class Function:
         """Whether calls run through NAME$async (`out=`, no allocation, no blocking)."""
         return self._vm_async is not None
 
-    def __call__(self, *args, out=None):
+    def __call__(self, *args: object, out: object | None = None) -> object:
         if self._vm_async is None:
             return self._call_allocating(args, out)
         results, host_only, value = self._launch(args, out)
@@ -75,7 +79,7 @@ class Function:
             return hosts if isinstance(results, tuple) else hosts[0]
         return results
 
-    def launch(self, *args, out=None):
+    def launch(self, *args: object, out: object | None = None) -> object:
         """Queues the call and returns its results (device arrays, or `out`) at once."""
         if self._vm_async is None:
             return self._call_allocating(args, out)
@@ -85,14 +89,14 @@ class Function:
 
     # -- the fast path: NAME$async with given outputs --------------------------------
 
-    def prepare(self, *args, out=None) -> "PreparedCall":
+    def prepare(self, *args: object, out: object | None = None) -> "PreparedCall":
         """This call with its arguments fixed and checked once; `launch()` / `()` on it run it
         again into the same result arrays, at little more than IREE's own cost."""
         if self._vm_async is None:
             raise KitError(f"{self.name} has no NAME$async form to prepare", fix="call it directly")
         return PreparedCall(self, *self._pack(args, out))
 
-    def _launch(self, args, out):
+    def _launch(self, args: Sequence[object], out: object | None):
         refs, results, given, host_only, bound, inputs, views = self._pack(args, out)
         if given is not None and self._all_stored and not inputs and self._vm_record is not None:
             # Every array is the caller's: the same call again is a recorded command buffer.
@@ -107,7 +111,7 @@ class Function:
             returned = tuple(results) if len(results) > 1 else results[0]
         return returned, host_only and out is None, value
 
-    def _pack(self, args, out):
+    def _pack(self, args: Sequence[object], out: object | None):
         """Checks the arguments and takes the outputs: (what to push, the stored results,
         `out` as given, whether every tensor came from the host, the bound sizes, arrays made
         here, which must live until the call is queued, and torch tensors' kept imports)."""
@@ -185,7 +189,7 @@ class Function:
                 push(ref)
         return vm_args
 
-    def record_call(self, refs: list):
+    def record_call(self, refs: list) -> HalCommandBuffer | None:
         """This call recorded into a command buffer that `Device.submit` queues again
         (NAME$record, render.py), or None for a module built without NAME$record."""
         import iree.runtime as rt
@@ -217,7 +221,7 @@ class Function:
     def _where(self, i: int) -> str:
         return f"{self.signature.name} argument {i} ({self.signature.args[i]})"
 
-    def _device_argument(self, i: int, value, bound: dict):
+    def _device_argument(self, i: int, value: object, bound: dict):
         """The argument as an array on this device, checked; and whether it came from the host."""
         want = self.signature.args[i]
         if isinstance(value, np.ndarray) or not is_device_value(value):
@@ -230,7 +234,7 @@ class Function:
 
     # -- the fallback: IREE's synchronous call ---------------------------------------
 
-    def _call_allocating(self, args, out):
+    def _call_allocating(self, args: Sequence[object], out: object | None):
         if out is not None:
             raise KitError(
                 f"{self.name} cannot write into given outputs: only kernel functions of modules built by this kitdispatch can",

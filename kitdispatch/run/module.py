@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from kitdispatch.run.device import get_device
 from kitdispatch.errors import KitError, RuntimeUnavailable, UsageError
 from kitdispatch.describe.record import BuildRecord, read_record, record_beside
@@ -16,6 +17,9 @@ from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.run.driver_ptx import Version, check_ptx_loads, local_driver
 from kitdispatch.run.function import Function
+
+if TYPE_CHECKING:
+    from iree.runtime import FunctionInvoker
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ class Module:
     def function_names(self) -> tuple[str, ...]:
         return tuple(self.signatures) if self.signatures else ()
 
-    def raw(self, name: str):
+    def raw(self, name: str) -> FunctionInvoker:
         """IREE's own callable: no argument checks, and it takes device arrays
         (`iree.runtime.asdevicearray(module.hal_device, x)`) as well as numpy."""
         try:
@@ -155,7 +159,7 @@ class Module:
             raise AttributeError(name)
         return self.function(name)
 
-    def call(self, name: str, *args, out=None):
+    def call(self, name: str, *args: object, out: object | None = None) -> object:
         """Calls `name` and waits; one result, or a tuple for several."""
         return self.function(name)(*args, out=out)
 

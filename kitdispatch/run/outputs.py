@@ -27,7 +27,7 @@ class GivenOutputs:
     def all_stored(self) -> bool:
         return len(self.storage) == len(self.results)
 
-    def take(self, out, device: Device, bound: dict[str, int], views: list) -> tuple[list[DeviceArray], object | None]:
+    def take(self, out: object | None, device: Device, bound: dict[str, int], views: list) -> tuple[list[DeviceArray], object | None]:
         """(arrays the call writes its `out` results into, `out` as given or None): arrays from
         the device's pool, or the caller's (torch tensors imported before join `views`)."""
         stored = self.checks

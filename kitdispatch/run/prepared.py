@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,6 +14,9 @@ from kitdispatch.run.device import DeviceArray, is_torch_tensor
 
 
 if TYPE_CHECKING:  # a Function makes its prepared calls
+    import torch
+    from iree.runtime import HalCommandBuffer
+
     from kitdispatch.run.function import Function
 
 
@@ -24,11 +28,11 @@ class RecordedCalls:
 
     LIMIT = 16
 
-    def __init__(self, record):
+    def __init__(self, record: Callable[[list], HalCommandBuffer | None]):
         self._record = record
         self._entries: OrderedDict = OrderedDict()  # key -> command buffer, or None: seen once
 
-    def commands_for(self, refs: list, arrays: list):
+    def commands_for(self, refs: list, arrays: list) -> HalCommandBuffer | None:
         """The recorded call on `refs` (VmRefs of `arrays`, and scalars), or None for now."""
         key = tuple(r if r.__class__ is tuple else id(r) for r in refs)
         entries = self._entries
@@ -50,7 +54,7 @@ class RecordedCalls:
         return sum(c is not None for c in self._entries.values())
 
 
-def _forget(calls_ref, key) -> None:
+def _forget(calls_ref: weakref.ref[RecordedCalls], key: tuple) -> None:
     calls = calls_ref()
     if calls is not None:
         calls._entries.pop(key, None)
@@ -72,7 +76,7 @@ class TorchCalls:
         self._entries: OrderedDict = OrderedDict()  # key -> (snapshot, PreparedCall or None: seen once, token)
         self._tokens = iter(range(1 << 62))
 
-    def launched(self, args, out) -> bool:
+    def launched(self, args: tuple[object, ...], out: object) -> bool:
         """Whether the call went out this way; False: take the usual path."""
         outs = out if isinstance(out, (tuple, list)) else (out,)
         key, arrays = _call_key((*args, *outs))
@@ -108,7 +112,7 @@ class TorchCalls:
         return sum(e[1] is not None for e in self._entries.values())
 
 
-def _call_key(values) -> tuple:
+def _call_key(values: Iterable[object]) -> tuple:
     """(the call's key, its arrays) where every value is a torch tensor, a device array or a
     number and one at least is a torch tensor; (None, ()) otherwise."""
     key, arrays, torch_seen = [], [], False
@@ -127,14 +131,14 @@ def _call_key(values) -> tuple:
     return (tuple(key), arrays) if torch_seen else (None, ())
 
 
-def _snapshot(arrays) -> tuple:
+def _snapshot(arrays: list[DeviceArray | torch.Tensor]) -> tuple:
     return tuple(
         (weakref.ref(a),) if a.__class__ is DeviceArray else (weakref.ref(a), a.data_ptr(), a.shape, a.stride(), a.dtype)
         for a in arrays
     )
 
 
-def _unchanged(snapshot: tuple, arrays) -> bool:
+def _unchanged(snapshot: tuple, arrays: list[DeviceArray | torch.Tensor]) -> bool:
     for was, a in zip(snapshot, arrays):
         if was[0]() is not a:
             return False
@@ -143,7 +147,7 @@ def _unchanged(snapshot: tuple, arrays) -> bool:
     return True
 
 
-def _forget_torch_call(calls_ref, key, token) -> None:
+def _forget_torch_call(calls_ref: weakref.ref[TorchCalls], key: tuple, token: int) -> None:
     calls = calls_ref()
     entry = calls._entries.get(key) if calls is not None else None
     if entry is not None and entry[2] == token:  # not a later call's entry under reused ids
@@ -159,7 +163,10 @@ class PreparedCall:
     call and no argument list: 4 to 7 us a call in a loop on an H100 against 13 us through
     NAME$async (benchmarks/calls.py). Modules built without NAME$record keep NAME$async."""
 
-    def __init__(self, function: Function, refs, results, given, host_only, bound, inputs, views):
+    def __init__(
+        self, function: Function, refs: list, results: list[DeviceArray], given: object | None, host_only: bool,
+        bound: dict[str, int], inputs: list[DeviceArray], views: list[DeviceArray],
+    ):
         self.function = function
         self._refs, self._bound, self._inputs = refs, bound, inputs + views  # kept alive
         self.after_torch = bool(views)  # each launch ordered after torch's queued work
@@ -169,7 +176,7 @@ class PreparedCall:
         self._commands = None  # the recorded call, once launched
         self._launched = False
 
-    def launch(self):
+    def launch(self) -> object:
         function = self.function
         if self.after_torch:
             function.device.order_after_torch()
@@ -195,7 +202,7 @@ class PreparedCall:
         self._returned = None
 
     @property
-    def results(self):
+    def results(self) -> object:
         if self._returned is not None:
             return self._returned
         return tuple(self._results) if len(self._results) > 1 else self._results[0]

@@ -132,7 +132,7 @@ def verify(
     return report
 
 
-def _verify_record(record_path: Path, available: bool, reason: str, device: str, log) -> list[CaseResult]:
+def _verify_record(record_path: Path, available: bool, reason: str, device: str, log: Callable[[str], None]) -> list[CaseResult]:
     record = read_record(record_path)
     name, sigs = record.name, record.functions
     if record.vmfb is None:
@@ -163,7 +163,10 @@ def _verify_record(record_path: Path, available: bool, reason: str, device: str,
     return results
 
 
-def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, rng, scalars=None, *, ranges=None, tolerance=None) -> CaseResult:
+def _verify_function(
+    name: str, module: Module, sig: FunctionSignature, ref: Callable[..., object], sizes: dict[str, int], rng: np.random.Generator,
+    scalars: dict[str, int | float] | None = None, *, ranges: dict[str, InputRange] | None = None, tolerance: Tolerance | None = None,
+) -> CaseResult:
     """One function against its reference. `ranges` (argument name -> InputRange) say where
     inputs are drawn from; `tolerance` replaces the one of the result's element type."""
     symbols = {s: sizes.get(s, DEFAULT_SIZE) for t in sig.args + sig.results if isinstance(t, TensorType) for s in t.symbols}
@@ -207,7 +210,7 @@ def _verify_function(name, module: Module, sig: FunctionSignature, ref, sizes, r
     return CaseResult(name, sig.name, "pass", shape_text, worst)
 
 
-def _tolerance_dtype(sig: FunctionSignature, result) -> str:
+def _tolerance_dtype(sig: FunctionSignature, result: TensorType) -> str:
     """A result is as precise as the least precise float it was computed from: f16 inputs
     accumulated in f32 (tensor cores) are checked with the f16 tolerance."""
     if abi.lookup(result.dtype).tolerance is None:
@@ -215,7 +218,7 @@ def _tolerance_dtype(sig: FunctionSignature, result) -> str:
     return abi.tolerance_type([t.dtype for t in (*sig.args, result)])
 
 
-def _make_input(t, symbols: dict[str, int], rng, limits: tuple | None = None) -> np.ndarray | float | int:
+def _make_input(t: ScalarType | TensorType, symbols: dict[str, int], rng: np.random.Generator, limits: tuple | None = None) -> np.ndarray | float | int:
     """Random values for an argument: from `limits` ([low, high), [test] ranges) where given,
     else small ones (floats in [-2, 2), integers in [-100, 100), scalars from 1 to 7)."""
     row = abi.lookup(t.dtype)
@@ -253,7 +256,7 @@ def _limits(r: InputRange, arg: str, dtype: str, symbols: dict[str, int]) -> tup
     return low, high
 
 
-def _fixed_scalar(t, value: float) -> float | int:
+def _fixed_scalar(t: ScalarType | TensorType, value: float) -> float | int:
     """A value from [test] scalars, as the type of the argument takes it."""
     return value if abi.lookup(t.dtype).kind == "float" else int(value)
 

@@ -23,7 +23,7 @@ MAX_PRINTED = 1024  # iree-run-module's --print_max_element_count default
 _INPUT_RE = re.compile(r"^\s*((?:\d+x)*)([a-z]+\d*)\s*=(.*)$", re.S)
 
 
-def parse_input(text: str, want: TensorType | ScalarType, where: str):
+def parse_input(text: str, want: TensorType | ScalarType, where: str) -> np.ndarray | int | float:
     """One --input for an argument of type `want`: a numpy array, or a number for a scalar."""
     if isinstance(want, ScalarType):
         try:
@@ -66,7 +66,7 @@ def _is_float(dtype: str) -> bool:
     return abi.lookup(dtype).kind == "float"
 
 
-def format_result(index: int, value) -> str:
+def format_result(index: int, value: object) -> str:
     """A result as iree-run-module prints it."""
     if not isinstance(value, np.ndarray):
         return f"result[{index}]: {value}"
@@ -83,7 +83,7 @@ def _format_elements(value: np.ndarray) -> str:
     return "".join(f"[{_format_elements(row)}]" for row in value)
 
 
-def _number(v) -> str:
+def _number(v: bool | int | float) -> str:
     return str(int(v)) if isinstance(v, (bool, int)) else f"{v:g}"
 
 

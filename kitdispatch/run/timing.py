@@ -19,8 +19,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kitdispatch.errors import KitError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from kitdispatch.run.function import Function
 
 _KIND_KERNEL, _KIND_CONCURRENT_KERNEL = 3, 10  # CUpti_ActivityKind
 # Offsets of `start` and `end` (ns) in every CUpti_ActivityKernel record since version 4:
@@ -59,7 +65,7 @@ class CallTimes:
         return {k: getattr(self, k) for k in ("calls", "device_us", "launched_us", "sync_us", "kernels_per_call", "cupti_note")}
 
 
-def time_calls(function, args, *, calls: int = 1000, sync_calls: int = 200) -> CallTimes:
+def time_calls(function: Function, args: Sequence[object], *, calls: int = 1000, sync_calls: int = 200) -> CallTimes:
     """Times `function` (a kitdispatch Function) on `args` (already on its device)."""
     device = function.module.device
     out = function.launch(*args)  # warm-up, and the outputs every timed call reuses
@@ -148,7 +154,7 @@ class KernelTimer:
     def collect(self) -> "_Collection":
         return _Collection(self)
 
-    def _on_request(self, buffer, size, max_records) -> None:
+    def _on_request(self, buffer: ctypes._Pointer[ctypes.c_void_p], size: ctypes._Pointer[ctypes.c_size_t], max_records: ctypes._Pointer[ctypes.c_size_t]) -> None:
         storage = ctypes.create_string_buffer(_BUFFER_BYTES + 8)
         address = (ctypes.addressof(storage) + 7) & ~7  # records are 8-byte aligned
         self._buffers[address] = storage
@@ -156,7 +162,7 @@ class KernelTimer:
         size[0] = _BUFFER_BYTES
         max_records[0] = 0
 
-    def _on_complete(self, context, stream_id, buffer, size, valid_size) -> None:
+    def _on_complete(self, context: int | None, stream_id: int, buffer: int, size: int, valid_size: int) -> None:
         record = ctypes.c_void_p()
         spans = []
         while self._lib.cuptiActivityGetNextRecord(ctypes.c_void_p(buffer), ctypes.c_size_t(valid_size), ctypes.byref(record)) == 0:
@@ -184,7 +190,7 @@ class _Collection:
         timer._check(timer._lib.cuptiActivityEnable(_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable")
         return self.spans
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         timer = self._timer
         timer._lib.cuptiActivityFlushAll(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
         timer._lib.cuptiActivityDisable(_KIND_CONCURRENT_KERNEL)
