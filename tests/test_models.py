@@ -268,8 +268,8 @@ def generics_of(mlir: str):
 def test_generic_hit_by_pattern(constants_inside):
     d = only(decide(generics_of(bias_gelu_model(constants_inside=constants_inside)), [bias_gelu_kernel()]))
     assert d.kernel is not None and d.kernel.name == "bias_gelu" and d.operands == (0, 1)
-    assert d.op.structure.summary == "addf, fpowi, mulf, addf, mulf, tanh, addf, mulf, mulf"
-    assert d.to_json()["body"] == d.op.structure.summary
+    assert d.op.detail.summary == "addf, fpowi, mulf, addf, mulf, tanh, addf, mulf, mulf"
+    assert d.to_json()["body"] == d.op.detail.summary
 
 
 @pytest.mark.parametrize(
@@ -528,7 +528,7 @@ def test_kept_spec_reapplies_with_iree_tools(linalg_build, tmp_path):
     subprocess.run([_find_tool("iree-compile"), str(model), *target, "--compile-to=global-optimization", "-o", str(stage)],
                    check=True, timeout=300)
     module = ir.Module.parse(stage.read_text(), ir.Context())
-    ops = [op for op, facts in read_ops(module, ["linalg.softmax"]) if facts.dimension == 1]
+    ops = [op for op, facts in read_ops(module, ["linalg.softmax"]) if facts.detail.dimension == 1]
     ops[0].attributes["kitdispatch.replace"] = ir.StringAttr.get("kitdispatch_row_softmax", module.context)
     marked.write_text(str(module))
     subprocess.run([_find_tool("iree-opt"), str(marked), f"--pass-pipeline={SPEC_PIPELINE.format(spec=result.spec)}",
@@ -970,7 +970,7 @@ def test_torch_attention_sample_exports_and_builds(tmp_path):
     result = build_model(ATTENTION, mlir, BuildOptions.create("sm_90a,sm_80"), tmp_path / "out", with_baseline=True)
     [replaced] = result.replaced
     assert replaced.kernel.name == "attention_f16" and replaced.op.result.shape == (6, 300, 128)
-    assert replaced.op.attention.scale_text == "0.0883883461 : f32" and replaced.through == (2,)
+    assert replaced.op.detail.scale_text == "0.0883883461 : f32" and replaced.through == (2,)
     assert iree_dispatches(result.baseline_vmfb, "attention") and not iree_dispatches(result.vmfb, "attention")
 
 

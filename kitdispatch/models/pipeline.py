@@ -45,8 +45,10 @@ from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target
 from kitdispatch.describe.manifest import load_manifest
 from kitdispatch.emit.mlir_text import mlir_comment, mlir_string
 from kitdispatch.emit.render import render_template
-from kitdispatch.models.replace import MARK_ATTRIBUTE, Decision, OpFacts, decide, read_ops, replacing_kernels, wrapper_name
-from kitdispatch.describe.kernel import REPLACEABLE_OPS, Kernel
+from kitdispatch.models.ops import OP_KINDS
+from kitdispatch.models.ops.base import OpFacts, Preparation, tensor_facts
+from kitdispatch.models.replace import KIT_PREFIX, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, wrapper_name
+from kitdispatch.describe.kernel import Kernel
 from kitdispatch.describe.module import ModuleSpec, TestSpec
 
 MODEL_RECORD_SCHEMA = 1
@@ -56,8 +58,6 @@ SPEC_PIPELINE = (
     "inline,util.func(canonicalize))"
 )
 STAGE = "global-optimization"
-# IREE's own elementwise fusion, run on the stage before generics are matched (see above).
-FUSION_PIPELINE = "builtin.module(util.func(iree-dispatch-creation-elementwise-op-fusion))"
 
 
 @dataclass(frozen=True)
@@ -158,11 +158,12 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
             timeout=timeout,
         )
         kinds = sorted({kind for k in kernels for kind in k.replaces.ops})
-        if "linalg.generic" in kinds:
+        prepared = _preparations(kinds)
+        for step in prepared:  # passes a kind needs run first (IREE's elementwise fusion for generics)
             staged = _run_iree(
-                [_find_tool("iree-opt"), str(staged), f"--pass-pipeline={FUSION_PIPELINE}", "--mlir-print-debuginfo",
+                [_find_tool("iree-opt"), str(staged), f"--pass-pipeline={step.pipeline}", "--mlir-print-debuginfo",
                  "-o", str(stage / f"{name}.fused.mlir")],
-                what="iree-opt could not run IREE's elementwise fusion on the model",
+                what=f"iree-opt could not run {step.what} on the model",
                 stage=stage,
                 timeout=timeout,
             )
@@ -229,7 +230,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
             "codegen_target": codegen.name,
             "iree_compiler": iree_compiler_version(),
             "iree_flags": flags,
-            "matched_after": [STAGE] + (["iree-dispatch-creation-elementwise-op-fusion"] if "linalg.generic" in kinds else []),
+            "matched_after": [STAGE] + [step.pass_name for step in prepared],
             "functions": _signatures(module),
             "replaced": [d.to_json() for d in decisions if d.kernel is not None],
             "not_replaced": [d.to_json() for d in decisions if d.kernel is None],
@@ -254,6 +255,11 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
         decisions=tuple(decisions),
         codegen_target=codegen.name,
     )
+
+
+def _preparations(kinds: Sequence[str]) -> list[Preparation]:
+    """What the kinds need run on the model before their ops are read, each once."""
+    return list(dict.fromkeys(OP_KINDS[k].prepare for k in kinds if OP_KINDS[k].prepare))
 
 
 def _model_name(model: Path) -> str:
@@ -436,7 +442,7 @@ def _as_spec_symbols(text: str, kernels: list[Kernel]) -> _Symbols:
         for op in _top_ops(module):
             name = ir.StringAttr(op.attributes["sym_name"]).value
             if op.name.startswith("hal.executable"):
-                new = f"kitdispatch_{name}"
+                new = f"{KIT_PREFIX}{name}"
                 ir.SymbolTable.replace_all_symbol_uses(name, new, module.operation)
                 ir.SymbolTable.set_symbol_name(op, new)
                 executables.append(new)
@@ -491,8 +497,8 @@ def _check_symbols_free(module, symbols: _Symbols, model: Path) -> None:
 
 def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequence[Decision], symbols: _Symbols) -> str:
     """One match-and-call block per way of calling a kernel (its mark); the ops themselves were
-    chosen in Python and carry MARK_ATTRIBUTE naming it. Attention ops with fewer batch dims
-    than the kernel call an adapter that reshapes to the kernel's [b, h, s, d] (b = 1)."""
+    chosen in Python and carry MARK_ATTRIBUTE naming it. Ops with fewer dims than the kernel
+    (their kind's `call` says how many) call an adapter that adds leading unit dims."""
     blocks, adapters = [], {}
     for kernel in kernels:
         for kind in kernel.replaces.ops:
@@ -500,7 +506,7 @@ def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequ
             for mark in dict.fromkeys(d.mark for d in mine):
                 ops = [d for d in mine if d.mark == mark]
                 first = ops[0]
-                if first.batch_dims is not None:
+                if first.call.unit_dims:
                     adapters[first.function] = _adapter(first)
                 blocks.append(
                     {
@@ -508,7 +514,7 @@ def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequ
                         "op": kind,
                         "mark": mlir_string(mark),
                         "function": first.function,
-                        "imports": list(symbols.executables) + ([wrapper_name(kernel)] if first.batch_dims is not None else []),
+                        "imports": list(symbols.executables) + ([wrapper_name(kernel)] if first.call.unit_dims else []),
                         "operands": ", ".join(str(i) for i in first.operands),
                         "through": [{"index": i, "through": i in first.through} for i in first.operands] if first.through else [],
                     }
@@ -524,7 +530,7 @@ def _adapter(decision: Decision) -> dict:
     """What the template needs for a `util.func` that takes the op's tensors (rank r), expands
     each with leading unit dims to the kernel's rank, calls the kernel's wrapper, collapses back."""
     rank = len(decision.op.result.shape)
-    pad = len(decision.kernel.buffers[0].type.shape) - rank
+    pad = decision.call.unit_dims
     dtype = decision.op.result.dtype
     return {
         "name": decision.function,
@@ -601,9 +607,7 @@ def _signatures(module) -> list[dict]:
 
 
 def _tensor_json(t) -> dict:
-    from kitdispatch.models.replace import _tensor
-
-    return _tensor(t).to_json()
+    return tensor_facts(t).to_json()
 
 
 def format_report(model: str, decisions: Sequence[Decision]) -> str:
@@ -623,7 +627,7 @@ def _no_match_fix(decisions: Sequence[Decision], kinds: Sequence[str], module) -
         return f"no kernel computes exactly what these ops compute:\n{listing}"
     census = _op_census(module)
     # Named kinds only: nearly every model has generics, which need a kernel with a pattern.
-    others = [k for k in REPLACEABLE_OPS if k not in kinds and k in census and k != "linalg.generic"]
+    others = [k for k, kind in OP_KINDS.items() if k not in kinds and k in census and kind.suggested]
     return (
         f"the model has no {' or '.join(kinds)} after IREE's {STAGE} "
         f"(its linalg ops: {', '.join(f'{n} x{c}' for n, c in sorted(census.items())) or 'none'})"
