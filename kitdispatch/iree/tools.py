@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import re
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,17 +141,37 @@ def check_codegen_target(target: Arch, release: IreeRelease | None = None) -> No
 
 
 @functools.cache
-def find_iree_compile() -> str:
-    found = shutil.which("iree-compile")
-    if found:
-        return found
-    try:
-        from iree.compiler.tools.binaries import find_tool
-    except ImportError:
+def find_tool(name: str) -> str:
+    """An IREE tool (iree-compile, iree-opt, iree-benchmark-module, iree-dump-module, ...): on
+    PATH, else inside the installed iree-base-compiler or iree-base-runtime package (the
+    binary itself, not the console script that starts Python to run it), else beside this
+    Python (a virtual environment's bin). A KitError names what to install."""
+    found = shutil.which(name) or _packaged_tool(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
         raise KitError(
-            "iree-compile is not installed",
-            fix=f"pip install '{SUPPORTED_PIN}' (kitdispatch's build extra); running needs only the runtime",
-        ) from None
+            f"{name} is not installed",
+            fix=f"pip install '{SUPPORTED_PIN}' (kitdispatch's build extra) and iree-base-runtime of the same release",
+        )
+    return found
+
+
+def _packaged_tool(name: str) -> str | None:
+    """Where IREE's Python packages keep their tools (neither need be installed)."""
+    try:
+        from iree.compiler.tools.binaries import find_tool as find_compiler_tool
+
+        return find_compiler_tool(name)
+    except (ImportError, ValueError):  # ValueError: not a compiler tool, or not installed
+        pass
+    try:
+        import iree._runtime_libs as runtime_libs
+    except ImportError:
+        return None
+    path = Path(runtime_libs.__file__).parent / name
+    return str(path) if path.is_file() else None
+
+
+def find_iree_compile() -> str:
     return find_tool("iree-compile")
 
 
@@ -175,21 +196,28 @@ def _version_from_tool() -> str:
     return m.group(1) if m else "unknown"
 
 
+def target_flags(codegen: Arch, extra: Sequence[str] = ()) -> list[str]:
+    """The device and target of every iree-compile run of the kit: a model's stages and its
+    baseline take only these (IREE's defaults otherwise: the baseline is IREE alone)."""
+    check_codegen_target(codegen)
+    return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={codegen.name}", *extra]
+
+
+# What a kit module's link adds to the target (part of every link's cache key, in this order).
+LINK_FLAGS = (
+    # Const-eval JIT-runs constant subgraphs on the host at compile time; a custom CUDA
+    # dispatch whose inputs are all constant (e.g. a kernel function with no tensor
+    # arguments) crashes iree-compile 3.13 in LinkExecutables when it tries.
+    "--iree-opt-const-eval=false",
+    # IREE demotes f64 to f32 by default; a hand-written kernel that takes double* must
+    # get the f64 buffers it was written for.
+    "--iree-input-demote-f64-to-f32=false",
+)
+
+
 def iree_flags(codegen: Arch, extra: Sequence[str] = ()) -> list[str]:
     """The flags every link uses, in process or as a subprocess."""
-    check_codegen_target(codegen)
-    return [
-        "--iree-hal-target-device=cuda",
-        f"--iree-cuda-target={codegen.name}",
-        # Const-eval JIT-runs constant subgraphs on the host at compile time; a custom CUDA
-        # dispatch whose inputs are all constant (e.g. a kernel function with no tensor
-        # arguments) crashes iree-compile 3.13 in LinkExecutables when it tries.
-        "--iree-opt-const-eval=false",
-        # IREE demotes f64 to f32 by default; a hand-written kernel that takes double* must
-        # get the f64 buffers it was written for.
-        "--iree-input-demote-f64-to-f32=false",
-        *extra,
-    ]
+    return target_flags(codegen, [*LINK_FLAGS, *extra])
 
 
 def compile_args(mlir: Path, vmfb: Path, codegen: Arch, object_dir: Path, extra: Sequence[str] = ()) -> list[str]:

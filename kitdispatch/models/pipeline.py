@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import json
 import os
 import re
@@ -35,23 +34,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kitdispatch import __version__
-from kitdispatch._files import is_plain_name, not_an_option, read_regular_file, write_atomic
-from kitdispatch.builder.publish import MODEL_RECORD_SUFFIX, OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
-from kitdispatch.describe.record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, DamagedRecord, RecordError, file_sha256, read_record, sha256
+from kitdispatch._files import not_an_option, write_atomic
+from kitdispatch.builder.publish import OutputFolder, disk_full, keep_for_rerun, keep_staged, os_error, prepare_output_dir, staging_dir
+from kitdispatch.describe.record import read_record, sha256
 from kitdispatch._proc import run_checked, run_tool
 from kitdispatch.builder.pipeline import BuildOptions, generate, project_files_in
 from kitdispatch.errors import IreeCompileError, KitError, ManifestError
-from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_iree_compile, iree_compiler_version
+from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_tool, iree_compiler_version, target_flags
 from kitdispatch.describe.manifest import load_manifest
 from kitdispatch.emit.mlir_text import mlir_comment, mlir_string
 from kitdispatch.emit.render import render_template
 from kitdispatch.models.ops import OP_KINDS
-from kitdispatch.models.ops.base import OpFacts, Preparation, tensor_facts
+from kitdispatch.models.ops.base import OpFacts, Preparation, TensorFacts, tensor_facts
+from kitdispatch.models.record import ModelFunction, ModelRecord, ReplacedOp, claimed_files, model_record_name, read_model_record
 from kitdispatch.models.replace import KIT_PREFIX, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, wrapper_name
 from kitdispatch.describe.kernel import Kernel
 from kitdispatch.describe.module import ModuleSpec, TestSpec
 
-MODEL_RECORD_SCHEMA = 1
 SPEC_PIPELINE = (
     "builtin.module(iree-preprocessing-transform-interpreter{{transform-spec-path={spec}}},"
     # Without `inline`, the wrappers' tensor.dim ops fail later in the pipeline (measured).
@@ -111,12 +110,12 @@ def build_model(
     name = name or _model_name(model)
     out_dir = not_an_option(Path(out_dir))
     codegen = choose_codegen_target(options.archs, options.codegen_target).target
-    flags = ["--iree-hal-target-device=cuda", f"--iree-cuda-target={codegen.name}", *options.iree_flags]
-    record_name = f"{name}{MODEL_RECORD_SUFFIX}"
+    flags = target_flags(codegen, options.iree_flags)  # IREE's defaults otherwise: the baseline is IREE alone
+    record_name = model_record_name(name)
     created = prepare_output_dir(out_dir)
     try:
         protected = project_files_in(spec, out_dir) | _model_in(model, out_dir)
-        folder = OutputFolder(out_dir, name, record=record_name, claims=_claimed_by_model_record, protected=protected)
+        folder = OutputFolder(out_dir, name, record=record_name, claims=claimed_files, protected=protected)
         return _build_model_in(spec, kernels, model, name, options, out_dir, folder, codegen, flags, with_baseline)
     except BaseException:
         if created:
@@ -135,23 +134,13 @@ def _model_in(model: Path, out_dir: Path) -> frozenset[str]:
         return frozenset()
 
 
-def _claimed_by_model_record(path: Path) -> dict[str, str]:
-    try:
-        data = json.loads(read_regular_file(path, limit=MAX_RECORD_BYTES))
-        if data.get("schema") != MODEL_RECORD_SCHEMA:
-            raise ValueError(f"schema {data.get('schema')!r}")
-        return {str(k): str(v) for k, v in data["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as exc:
-        raise RecordError(f"the model record is damaged ({type(exc).__name__}: {exc})", where=str(path), fix="build into another folder") from None
-
-
 def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codegen, flags, with_baseline) -> ModelBuild:
     record_name = folder.record
     with staging_dir(out_dir) as stage:
         timeout = options.link_timeout  # --timeout bounds every step of the model's build
         imported = import_model(model, stage / f"{name}.imported.mlir", timeout=timeout)
         staged = _run_iree(
-            [find_iree_compile(), str(imported), *flags, f"--compile-to={STAGE}", "--mlir-print-debuginfo",
+            [find_tool("iree-compile"), str(imported), *flags, f"--compile-to={STAGE}", "--mlir-print-debuginfo",
              "-o", str(stage / f"{name}.{STAGE}.mlir")],
             what=f"iree-compile could not bring {model} to {STAGE}",
             stage=stage,
@@ -161,7 +150,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
         prepared = _preparations(kinds)
         for step in prepared:  # passes a kind needs run first (IREE's elementwise fusion for generics)
             staged = _run_iree(
-                [_find_tool("iree-opt"), str(staged), f"--pass-pipeline={step.pipeline}", "--mlir-print-debuginfo",
+                [find_tool("iree-opt"), str(staged), f"--pass-pipeline={step.pipeline}", "--mlir-print-debuginfo",
                  "-o", str(stage / f"{name}.fused.mlir")],
                 what=f"iree-opt could not run {step.what} on the model",
                 stage=stage,
@@ -190,7 +179,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
         write_atomic(stage / spec_name, render_spec(spec.name, name, used, decisions, symbols))
         replaced = stage / f"{name}.replaced.mlir"
         _run_iree(
-            [_find_tool("iree-opt"), str(marked), f"--pass-pipeline={SPEC_PIPELINE.format(spec=stage / spec_name)}",
+            [find_tool("iree-opt"), str(marked), f"--pass-pipeline={SPEC_PIPELINE.format(spec=stage / spec_name)}",
              "--mlir-print-debuginfo", "-o", str(replaced)],
             what="iree-opt rejected the generated transform spec",
             stage=stage,
@@ -199,7 +188,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
         _check_all_replaced(replaced, decisions, symbols.executables, stage)
         vmfb_name = f"{name}.vmfb"
         _run_iree(
-            [find_iree_compile(), str(replaced), *flags, f"--compile-from={STAGE}",
+            [find_tool("iree-compile"), str(replaced), *flags, f"--compile-from={STAGE}",
              f"--iree-hal-executable-object-search-path={stage}", "-o", str(stage / vmfb_name)],
             what="iree-compile could not finish the model with its replacements",
             stage=stage,
@@ -210,7 +199,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
         if with_baseline:
             baseline_name = f"{name}.baseline.vmfb"
             _run_iree(
-                [find_iree_compile(), str(imported), *flags, "-o", str(stage / baseline_name)],
+                [find_tool("iree-compile"), str(imported), *flags, "-o", str(stage / baseline_name)],
                 what=f"iree-compile could not compile {model} (the baseline, IREE alone)",
                 stage=stage,
                 timeout=timeout,
@@ -218,30 +207,32 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
             outputs.append(baseline_name)
         if imported != model:
             outputs.append(imported.name)
-        report = {
-            "schema": MODEL_RECORD_SCHEMA,
-            "kitdispatch": __version__,
-            "model": str(model),
-            "project": spec.name,
-            "vmfb": vmfb_name,
-            "baseline_vmfb": baseline_name,
-            "spec": spec_name,
-            "archs": [a.name for a in options.archs],
-            "codegen_target": codegen.name,
-            "iree_compiler": iree_compiler_version(),
-            "iree_flags": flags,
-            "matched_after": [STAGE] + [step.pass_name for step in prepared],
-            "functions": _signatures(module),
-            "replaced": [d.to_json() for d in decisions if d.kernel is not None],
-            "not_replaced": [d.to_json() for d in decisions if d.kernel is None],
-            "kernel_executables": list(symbols.executables),
-        }
+        replaced_json = [d.to_json() for d in decisions if d.kernel is not None]
+        kept_json = [d.to_json() for d in decisions if d.kernel is None]
         report_name, text_name = f"{name}.replace.json", f"{name}.replace.txt"
         files = {n: (stage / n).read_bytes() for n in outputs}
-        files[report_name] = (json.dumps({k: report[k] for k in ("model", "replaced", "not_replaced")}, indent=2) + "\n").encode()
+        report = {"model": str(model), "replaced": replaced_json, "not_replaced": kept_json}
+        files[report_name] = (json.dumps(report, indent=2) + "\n").encode()
         files[text_name] = (format_report(str(model), decisions) + "\n").encode()
-        report["files"] = {n: sha256(data) for n, data in files.items()}
-        files[record_name] = (json.dumps(report, indent=2) + "\n").encode()  # last: it marks a complete build
+        record = ModelRecord(
+            kitdispatch=__version__,
+            model=str(model),
+            project=spec.name,
+            vmfb=vmfb_name,
+            baseline_vmfb=baseline_name,
+            spec=spec_name,
+            archs=tuple(a.name for a in options.archs),
+            codegen_target=codegen.name,
+            iree_compiler=iree_compiler_version(),
+            iree_flags=tuple(flags),
+            matched_after=(STAGE, *(step.pass_name for step in prepared)),
+            functions=_signatures(module),
+            replaced=tuple(ReplacedOp(r["op"], r["location"], r["kernel_entry"], r) for r in replaced_json),
+            not_replaced=tuple(kept_json),
+            kernel_executables=symbols.executables,
+            files={n: sha256(data) for n, data in files.items()},
+        )
+        files[record_name] = record.to_bytes()  # last: it marks a complete build
         folder.publish(stage, files)
 
     return ModelBuild(
@@ -327,42 +318,14 @@ def export_torch(module, example_args: Sequence, path: str | Path) -> Path:
 # ------------------------------------------------------------------------ IREE tools
 
 
-@functools.cache
-def _find_tool(name: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if found:
-        return found
-    try:
-        from iree.compiler.tools.binaries import find_tool
-    except ImportError:
-        raise KitError(f"{name} is not installed", fix="pip install iree-base-compiler (kitdispatch's build extra)") from None
-    return find_tool(name)
-
-
 def _run_iree(argv: list[str], *, what: str, stage: Path, timeout: float) -> Path:
     res = run_tool(argv, timeout=timeout)
     if res.returncode != 0 and disk_full(stage, res.stderr + res.stdout):
         raise os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(stage.parent)), what)
     if res.returncode != 0:
-        keep = _keep(stage)
-        log = (res.stderr + res.stdout).replace(str(stage), str(keep))
-        raise IreeCompileError(
-            what,
-            argv=[a.replace(str(stage), str(keep)) for a in argv],
-            returncode=res.returncode,
-            log=_trim(log),
-            fix=f"the inputs of the failing step (model stages, spec, objects) are kept in {keep}",
-        )
+        failed = IreeCompileError(what, argv=argv, returncode=res.returncode, log=_trim(res.stderr + res.stdout))
+        raise keep_for_rerun(failed, stage, kept="the inputs of the failing step (model stages, spec, objects)")
     return Path(argv[argv.index("-o") + 1])
-
-
-def _keep(stage: Path) -> Path:
-    """Copies what the failing step read out of the staging folder, which is removed."""
-    keep = Path(tempfile.mkdtemp(prefix="kitdispatch-failed-model-"))
-    for f in stage.iterdir():
-        if f.is_file():
-            shutil.copy2(f, keep / f.name)
-    return keep
 
 
 def _trim(log: str, limit: int = 80) -> str:
@@ -563,7 +526,7 @@ def _check_all_replaced(replaced: Path, decisions: Sequence[Decision], executabl
     module.operation.walk(visit)
     wanted = sum(d.kernel is not None for d in decisions)
     if marked or dispatches != wanted:
-        keep = _keep(stage)
+        keep = keep_staged(stage)
         raise KitError(
             f"the transform spec left {len(marked)} marked op(s) in place and made {dispatches} kernel "
             f"dispatch(es) for {wanted} op(s) to replace",
@@ -575,39 +538,32 @@ def _check_all_replaced(replaced: Path, decisions: Sequence[Decision], executabl
 # ------------------------------------------------------------------------ reporting
 
 
-def _signatures(module) -> list[dict]:
+def _signatures(module) -> tuple[ModelFunction, ...]:
     """Public functions with their tensor inputs and outputs, from IREE's ABI ops
     (hal.tensor.import/export), so `compare` can make inputs on a machine without a compiler.
     Importers' models have `f` call `f$async`, which holds the ABI ops: `f` takes its types."""
     from iree.compiler import ir
 
-    found: dict[str, dict] = {}
+    found: dict[str, ModelFunction] = {}
     for op in _top_ops(module):
         if op.name != "util.func" or "iree.abi.stub" not in op.attributes:
             continue
-        inputs: dict[int, dict] = {}
-        outputs: list[dict] = []
+        inputs: dict[int, TensorFacts] = {}
+        outputs: list[TensorFacts] = []
 
         def visit(inner):
             if inner.name == "hal.tensor.import" and isinstance(inner.operands[0], ir.BlockArgument):
-                inputs[ir.BlockArgument(inner.operands[0]).arg_number] = _tensor_json(inner.results[0].type)
+                inputs[ir.BlockArgument(inner.operands[0]).arg_number] = tensor_facts(inner.results[0].type)
             elif inner.name == "hal.tensor.export":
-                outputs.append(_tensor_json(inner.operands[0].type))
+                outputs.append(tensor_facts(inner.operands[0].type))
             return ir.WalkResult.ADVANCE
 
         op.walk(visit)
         name = ir.StringAttr(op.attributes["sym_name"]).value
         if inputs or outputs or name.removesuffix("$async") not in found:
-            found[name.removesuffix("$async")] = {
-                "name": name.removesuffix("$async"),
-                "inputs": [inputs[i] for i in sorted(inputs)],
-                "outputs": outputs,
-            }
-    return list(found.values())
-
-
-def _tensor_json(t) -> dict:
-    return tensor_facts(t).to_json()
+            public = name.removesuffix("$async")
+            found[public] = ModelFunction(public, tuple(inputs[i] for i in sorted(inputs)), tuple(outputs))
+    return tuple(found.values())
 
 
 def format_report(model: str, decisions: Sequence[Decision]) -> str:
@@ -647,90 +603,6 @@ def _op_census(module) -> dict[str, int]:
 
     module.operation.walk(visit)
     return counts
-
-
-def read_model_record(path: str | Path) -> tuple[Path, dict]:
-    """A folder written by `build_model` (or its record file): (folder, record)."""
-    path = Path(path)
-    records = [path] if path.is_file() else sorted(p for p in path.glob(f"*{MODEL_RECORD_SUFFIX}") if p.is_file())
-    if len(records) != 1:
-        raise KitError(
-            f"{path} holds {len(records)} model builds" if records else f"no model build in {path}",
-            fix="pass the folder written by `kitdispatch build PROJECT --model MODEL -o DIR` (one model per folder)",
-        )
-    folder, record = records[0].parent, _read_json_record(records[0])
-    if os.path.lexists(folder / f".{records[0].name}{JOURNAL_SUFFIX}"):
-        raise RecordError(f"the last model build in {folder} was interrupted", where=str(folder), fix="build it again")
-    for key in ("vmfb", "baseline_vmfb"):
-        name = record.get(key)
-        if name is None:
-            continue
-        if not isinstance(name, str) or name not in record["files"]:
-            raise RecordError(f"the model record's {key} {name!r} is not a file it lists", where=str(records[0]), fix="build it again")
-        try:
-            digest = file_sha256(folder / name)
-        except OSError as exc:  # missing, a folder, a FIFO: not the file recorded either
-            raise RecordError(
-                f"{name} cannot be read ({exc.strerror}), so it is not the file its model record describes",
-                where=str(folder / name), fix="build it again",
-            ) from None
-        if digest != record["files"][name]:
-            raise RecordError(f"{name} is not the file its model record describes", where=str(folder / name), fix="build it again")
-    return folder, record
-
-
-def _read_json_record(path: Path) -> dict:
-    """The model record: a regular file of a bounded size, every field of the JSON type
-    compare and profile read, every file it lists a plain name of its folder."""
-    try:
-        raw = read_regular_file(path, limit=MAX_RECORD_BYTES)
-    except OSError as exc:
-        raise RecordError(f"cannot read the model record: {exc.strerror or exc}", where=str(path), fix="build it again") from None
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise DamagedRecord(f"cannot read the model record: {type(exc).__name__}: {exc}", where=str(path), fix="build it again") from None
-    # Names first: a planted record that reaches outside its folder is refused as such.
-    files = data.get("files") if isinstance(data, dict) else None
-    bad = [n for n in files if not is_plain_name(n)] if isinstance(files, dict) else []
-    if bad:
-        raise RecordError(f"the model record lists {bad[0]!r}, which is not a file name of its folder", where=str(path), fix="build it again")
-    _check_model_record_types(data, str(path))
-    return data
-
-
-def _check_model_record_types(data: object, where: str) -> None:
-    """Every field `compare` and `profile` read, of the JSON type they read it as: a damaged
-    record is one clear error here, not a TypeError deep inside compare."""
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise DamagedRecord(f"the model record is damaged: {what}", where=where, fix="build it again")
-
-    need(isinstance(data, dict), "it is not a JSON object")
-    need(data.get("schema") == MODEL_RECORD_SCHEMA, f"schema {data.get('schema')!r}, not {MODEL_RECORD_SCHEMA}")
-    need(isinstance(data.get("vmfb"), str), "'vmfb' is not a file name")
-    need(data.get("baseline_vmfb") is None or isinstance(data["baseline_vmfb"], str), "'baseline_vmfb' is not a file name")
-    files = data.get("files")
-    need(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()), "'files' is not a table of SHA-256s")
-    functions = data.get("functions")
-    need(isinstance(functions, list) and all(_is_function_json(f) for f in functions), "'functions' is not a list of signatures")
-    replaced = data.get("replaced", [])
-    need(
-        isinstance(replaced, list) and all(isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("op", "location", "kernel_entry")) for r in replaced),
-        "'replaced' is not a list of replaced ops",
-    )
-
-
-def _is_function_json(f: object) -> bool:
-    """{name, inputs, outputs} as `_signatures` writes it, each tensor {dtype, shape}."""
-    def tensor(t: object) -> bool:
-        return isinstance(t, dict) and isinstance(t.get("dtype"), str) and isinstance(t.get("shape"), list) and all(
-            d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in t["shape"]
-        )
-
-    return isinstance(f, dict) and isinstance(f.get("name"), str) and all(
-        isinstance(f.get(k), list) and all(tensor(t) for t in f[k]) for k in ("inputs", "outputs")
-    )
 
 
 __all__ = ["ModelBuild", "OpFacts", "build_model", "export_torch", "format_report", "import_model", "read_model_record"]
