@@ -6,7 +6,9 @@ from_bytes`, through `read_model_record` for compare and profile and `claimed_fi
 next build of the folder). Like the build record it proves ownership: it lists every file the
 build published with its SHA-256. The reader refuses what a build does not write: a file that
 is not regular or is too big, a field of another JSON type (DamagedRecord, exit 2), a file name
-that is not a plain name of its folder, a listed module that is not the file recorded.
+that is not a plain name of its folder, a listed module that is not the file recorded. `schema`,
+`vmfb` and `files` must be there; the report's other fields, which a build always writes, read
+as empty where a hand-made record leaves them out.
 """
 
 from __future__ import annotations
@@ -94,14 +96,16 @@ class ModelRecord:
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes, where: str) -> "ModelRecord":
+    def from_bytes(cls, raw: bytes, where: str, *, check_names: bool = True) -> "ModelRecord":
+        """The record in `raw`. `check_names=False` leaves the file names to the caller: the
+        next build's OutputFolder, which refuses more names than plain ones (the kit's own)."""
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
             raise DamagedRecord(f"cannot read the model record: {type(exc).__name__}: {exc}", where=where, fix=_REBUILD) from None
         # Names first: a planted record that reaches outside its folder is refused as such.
         files = data.get("files") if isinstance(data, dict) else None
-        bad = [n for n in files if not is_plain_name(n)] if isinstance(files, dict) else []
+        bad = [n for n in files if not is_plain_name(n)] if check_names and isinstance(files, dict) else []
         if bad:
             raise RecordError(f"the model record lists {bad[0]!r}, which is not a file name of its folder", where=where, fix=_REBUILD)
         return _typed(data, where)
@@ -158,17 +162,17 @@ def read_model_record(path: str | Path) -> tuple[Path, ModelRecord]:
 def claimed_files(path: Path) -> dict[str, str]:
     """The files a previous model build of a folder lists ({name: sha256}), for its next build."""
     try:
-        return dict(_read(path).files)
+        return dict(_read(path, check_names=False).files)
     except RecordError as exc:
         raise RecordError(f"the model record is damaged ({exc.what})", where=str(path), fix="build into another folder") from None
 
 
-def _read(path: Path) -> ModelRecord:
+def _read(path: Path, *, check_names: bool = True) -> ModelRecord:
     try:
         raw = read_regular_file(path, limit=MAX_RECORD_BYTES)
     except OSError as exc:
         raise RecordError(f"cannot read the model record: {exc.strerror or exc}", where=str(path), fix=_REBUILD) from None
-    return ModelRecord.from_bytes(raw, str(path))
+    return ModelRecord.from_bytes(raw, str(path), check_names=check_names)
 
 
 # ------------------------------------------------------------------ the JSON types, checked
@@ -187,7 +191,7 @@ def _typed(data: object, where: str) -> ModelRecord:
     need(data.get("baseline_vmfb") is None or isinstance(data["baseline_vmfb"], str), "'baseline_vmfb' is not a file name")
     files = data.get("files")
     need(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()), "'files' is not a table of SHA-256s")
-    functions = data.get("functions")
+    functions = data.get("functions", [])
     need(isinstance(functions, list) and all(_is_function_json(f) for f in functions), "'functions' is not a list of signatures")
     replaced = data.get("replaced", [])
     need(
