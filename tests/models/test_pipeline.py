@@ -29,7 +29,8 @@ from kitdispatch.builder.publish import staging_dir
 from kitdispatch.cli import main
 from kitdispatch.compile.archs import Arch
 from kitdispatch.iree.tools import find_tool, target_flags
-from kitdispatch.models.pipeline import SPEC_PIPELINE, _run_iree, build_model
+from kitdispatch.models.pipeline import _run_iree, build_model
+from kitdispatch.models.spec import SPEC_PIPELINE
 from kitdispatch.models.record import read_model_record
 from kitdispatch.models.replace import read_ops
 
