@@ -197,3 +197,185 @@ def cpu_sized_module(tmp_path_factory):
     import kitdispatch as kd
 
     return kd.load_module(cpu_module_vmfb(DATA / "cpu_sized", "sized", tmp_path_factory.mktemp("cpu_sized")), device=CPU_DEVICE)
+
+
+# ============================================================ models: factories (tests/models)
+# Kernels, models and builds the tests of kitdispatch/models share. Below the rest: merges stay easy.
+
+import io  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from kitdispatch import Buffer, Kernel, Scalar, TensorType  # noqa: E402
+from kitdispatch.describe.index_expr import IndexExpr  # noqa: E402
+from kitdispatch.models.replace import read_ops  # noqa: E402
+
+
+SOFTMAX_CU = REPO / "kernels" / "softmax" / "softmax.cu"
+
+
+MATMUL_CU = REPO / "kernels" / "matmul" / "matmul.cu"
+
+
+ELEMENTWISE = REPO / "kernels" / "elementwise"
+
+
+ATTENTION = REPO / "kernels" / "attention"
+
+
+def softmax_kernel(dtype="f32", cols="cols", **replace_when) -> Kernel:
+    return Kernel.create(
+        "row_softmax", SOFTMAX_CU,
+        [Buffer("x", "in", TensorType(dtype, ("rows", cols))), Buffer("out", "out", TensorType(dtype, ("rows", cols))),
+         Scalar("rows", "i32"), Scalar("cols", "i32", None if cols == "cols" else IndexExpr.parse(cols, "cols"))],
+        workgroup_size=[256], workgroup_count=["ceildiv(rows, 32) + 1024"],
+        replaces=replaces_of("linalg.softmax", **replace_when),
+    )
+
+
+def matmul_kernel(a="f16[m,k]", b="f16[k,n]", c="f32[m,n]", access="out", kind="linalg.matmul", **replace_when) -> Kernel:
+    return Kernel.create(
+        "matmul_f16", MATMUL_CU,
+        [Buffer("a", "in", TensorType.parse(a, "a")), Buffer("b", "in", TensorType.parse(b, "b")),
+         Buffer("c", access, TensorType.parse(c, "c")), Scalar("m", "i32"), Scalar("n", "i32"), Scalar("k", "i32")],
+        workgroup_size=[128], workgroup_count=["ceildiv(n, 64)", "ceildiv(m, 64)"],
+        replaces=replaces_of(kind, **replace_when),
+    )
+
+
+def replaces_of(kind, **when):
+    from kitdispatch import Replaces
+
+    return Replaces.create([kind], **when)
+
+
+def ops_of(mlir: str, kinds=("linalg.softmax", "linalg.matmul", "linalg.batch_matmul")):
+    from iree.compiler import ir
+
+    module = ir.Module.parse(mlir, ir.Context())
+    return [facts for _, facts in read_ops(module, kinds)]
+
+
+def softmax_model(shape="512x1000", dtype="f32", dim=1) -> str:
+    t = f"tensor<{shape}x{dtype}>"
+    dynamic = [i for i, d in enumerate(shape.split("x")) if d == "?"]
+    dims = "".join(f"  %c{i} = arith.constant {i} : index\n  %d{i} = tensor.dim %x, %c{i} : {t}\n" for i in dynamic)
+    return f"""
+func.func @forward(%x: {t}) -> {t} {{
+{dims}  %e = tensor.empty({", ".join(f"%d{i}" for i in dynamic)}) : {t}
+  %s = linalg.softmax dimension({dim}) ins(%x : {t}) outs(%e : {t}) -> {t}
+  return %s : {t}
+}}"""
+
+
+def matmul_model(m=512, k=256, n=1000, init="0.0", dtype="f16", transpose_b=False) -> str:
+    a, c = f"tensor<{m}x{k}x{dtype}>", f"tensor<{m}x{n}xf32>"
+    b = f"tensor<{n}x{k}x{dtype}>" if transpose_b else f"tensor<{k}x{n}x{dtype}>"
+    maps = (
+        " indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, "
+        "affine_map<(d0, d1, d2) -> (d0, d1)>]"
+        if transpose_b else ""
+    )
+    acc = (
+        f"%e = tensor.empty() : {c}\n  %acc = linalg.fill ins(%cst : f32) outs(%e : {c}) -> {c}"
+        if init is not None else f"%acc = tensor.empty() : {c}"
+    )
+    return f"""
+func.func @forward(%a: {a}, %b: {b}) -> {c} {{
+  %cst = arith.constant {init or 0.0} : f32
+  {acc}
+  %r = linalg.matmul{maps} ins(%a, %b : {a}, {b}) outs(%acc : {c}) -> {c}
+  return %r : {c}
+}}"""
+
+
+def only(decisions):
+    assert len(decisions) == 1
+    return decisions[0]
+
+
+KERNEL_TOML = """
+[[kernels]]
+name = "row_softmax"
+source = "{src}"
+workgroup_size = [256]
+workgroup_count = ["ceildiv(rows, 32) + 1024"]
+params = [
+  {{ name = "x", in = "f32[rows,cols]" }},
+  {{ name = "out", out = "f32[rows,cols]" }},
+  {{ name = "rows", scalar = "i32" }},
+  {{ name = "cols", scalar = "i32" }},
+]
+"""
+
+
+def model_project(tmp_path, extra='replaces = ["linalg.softmax"]'):
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "kitdispatch.toml").write_text(KERNEL_TOML.format(src=SOFTMAX_CU) + extra + "\n")
+    return root
+
+
+LINALG_MODEL = """
+func.func @forward(%x: tensor<512x256xf32>, %w: tensor<256x1000xf32>) -> (tensor<512x1000xf32>, tensor<1000x512xf32>) {
+  %cst = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<512x1000xf32>
+  %f = linalg.fill ins(%cst : f32) outs(%e : tensor<512x1000xf32>) -> tensor<512x1000xf32>
+  %mm = linalg.matmul ins(%x, %w : tensor<512x256xf32>, tensor<256x1000xf32>) outs(%f : tensor<512x1000xf32>) -> tensor<512x1000xf32>
+  %e2 = tensor.empty() : tensor<512x1000xf32>
+  %sm = linalg.softmax dimension(1) ins(%mm : tensor<512x1000xf32>) outs(%e2 : tensor<512x1000xf32>) -> tensor<512x1000xf32>
+  %e3 = tensor.empty() : tensor<1000x512xf32>
+  %t = linalg.transpose ins(%sm : tensor<512x1000xf32>) outs(%e3 : tensor<1000x512xf32>) permutation = [1, 0]
+  %e4 = tensor.empty() : tensor<1000x512xf32>
+  %sm2 = linalg.softmax dimension(0) ins(%t : tensor<1000x512xf32>) outs(%e4 : tensor<1000x512xf32>) -> tensor<1000x512xf32>
+  return %sm, %sm2 : tensor<512x1000xf32>, tensor<1000x512xf32>
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def linalg_build(tmp_path_factory):
+    from kitdispatch import BuildOptions
+    from kitdispatch.models.pipeline import build_model
+
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    tmp = tmp_path_factory.mktemp("linalg")
+    model = tmp / "mm_softmax.mlir"
+    model.write_text(LINALG_MODEL)
+    out = tmp / "out"
+    result = build_model(model_project(tmp), model, BuildOptions.create("sm_90"), out, with_baseline=True)
+    return result, model, out
+
+
+def dump_module(vmfb) -> str:
+    from kitdispatch.iree.tools import find_tool
+
+    return subprocess.run([find_tool("iree-dump-module"), str(vmfb)], capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def make_sample_model(sample: str, path, *args) -> None:
+    pytest.importorskip("onnx")
+    subprocess.run([sys.executable, str(SAMPLES / sample / "make_model.py"), str(path), *map(str, args)], check=True, timeout=120)
+
+
+def cli_build(project, model, out, *extra) -> tuple[int, str, str]:
+    from kitdispatch.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    rc = main(["build", str(project), "--model", str(model), "--arch", "sm_90", "-o", str(out), "--json", *extra], stdout, stderr)
+    return rc, stdout.getvalue(), stderr.getvalue()
+
+
+def iree_dispatches(vmfb, kind: str) -> set[str]:
+    """IREE's own dispatches named after an op kind (`..._dispatch_0_matmul_1024x...`)."""
+    return set(re.findall(rf"dispatch_\d+_{kind}_\w+", vmfb.read_bytes().decode("latin-1")))
+
+
+LLAMA = REPO / "tests" / "data" / "llama_layer" / "make_model.py"
+
+
+def make_llama_layer(path, *args) -> None:
+    pytest.importorskip("onnx")
+    subprocess.run([sys.executable, str(LLAMA), str(path), *map(str, args)], check=True, timeout=120)

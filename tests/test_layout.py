@@ -142,12 +142,8 @@ def test_each_stage_is_a_package_with_a_docstring(stage):
 
 def test_every_parameter_is_annotated():
     """Every parameter of the kit's functions says its type (issue 22), `*args`/`**kwargs` too."""
-    # kitdispatch/models/ is annotated with its rewrite (another branch); drop this when it lands.
-    skipped = (PACKAGE / "models",)
     missing = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if any(path.is_relative_to(s) for s in skipped):
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue

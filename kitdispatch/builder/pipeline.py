@@ -7,8 +7,6 @@ import errno
 import os
 import re
 import shlex
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,10 +23,10 @@ from kitdispatch.compile.archs import Arch, ptx_fallback_archs
 from kitdispatch.compile.bridge import BridgingCompiler, entry_bridge
 from kitdispatch.compile.cache import Cache, CachedCompiler, CachedLinker, Linked, checks_key
 from kitdispatch.compile.compilers import ANY_SEVERITY, log_location, CompileOptions, Compiler, ObjectCode, get_compiler
-from kitdispatch.errors import BuildsFailed, IreeCompileError, KitError, ManifestError, ToolError
+from kitdispatch.errors import BuildsFailed, KitError, ManifestError, ToolError
 from kitdispatch.iree.tools import choose_codegen_target, target_release, compile_args, compile_vmfb, iree_compiler_version, iree_flags, link_in_worker
 from kitdispatch.describe.manifest import MANIFEST_NAME, load_manifest
-from kitdispatch.builder.publish import OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
+from kitdispatch.builder.publish import OutputFolder, disk_full, keep_for_rerun, os_error, prepare_output_dir, staging_dir
 from kitdispatch.compile.toolchain import nvrtc_for_driver
 from kitdispatch.run.driver_ptx import PreflightError, Version, check_ptx_loads, local_driver, ptx_isa
 from kitdispatch.check.ptx import check_kernel_against_ptx, param_accesses, parse_entries
@@ -615,34 +613,11 @@ def _run_link(link: _Link, options: BuildOptions, shared: _Shared) -> tuple[byte
         except ToolError as exc:
             if disk_full(stage, exc.log):  # IREE dies on a write error: say what really failed
                 raise os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(stage.parent)), f"cannot link {link.vmfb_name}") from None
-            raise _keep_for_rerun(exc, stage) from None
+            raise keep_for_rerun(exc, stage, kept="the generated MLIR and objects") from None
     try:
         return vmfb.read_bytes(), [log] if log.strip() else []
     except OSError as exc:
         raise os_error(exc, f"cannot read the linked module {vmfb}") from None
-
-
-def _keep_for_rerun(exc: ToolError, stage: Path) -> IreeCompileError:
-    """The output folder stays untouched; the failing inputs move to a temp folder so the
-    printed command can be re-run as it is."""
-    keep = Path(tempfile.mkdtemp(prefix="kitdispatch-failed-"))
-    for f in stage.iterdir():
-        if not f.name.startswith("."):
-            shutil.move(str(f), keep / f.name)
-
-    def moved(text: str) -> str:  # the worker names the stage by its absolute path
-        return text.replace(str(stage.absolute()), str(keep)).replace(str(stage), str(keep))
-
-    argv = [moved(a) for a in exc.argv or []]
-    log = moved(exc.log)
-    return IreeCompileError(
-        exc.what,
-        where=moved(exc.where or "") or None,
-        argv=argv,
-        returncode=exc.returncode,
-        log=log,
-        fix=f"{exc.fix}; the generated MLIR and objects are kept in {keep}",
-    )
 
 
 # ------------------------------------------------------------------ declared functions

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kitdispatch._files import fsync_dir, is_plain_name, is_temp_file, read_regular_file, write_atomic
-from kitdispatch.errors import KitError
+from kitdispatch.errors import IreeCompileError, KitError, ToolError
 from kitdispatch.describe.record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, RECORD_SUFFIX, BuildRecord, RecordError, file_sha256, journal_name, record_name, sha256
 
 STAGING_PREFIX = ".kitdispatch-staging-"
@@ -190,6 +190,35 @@ def _locked_staging(out_dir: Path) -> tuple[Path, int]:
                 continue  # a cleaner took it in the instant before the lock: make another
             raise os_error(exc, f"cannot write in the output folder {out_dir}") from None
     raise AssertionError("unreachable")
+
+
+def keep_staged(stage: Path) -> Path:
+    """Moves what a failing step read out of the staging folder (which is removed) into a
+    temp folder of its own, and returns it: the output folder stays untouched."""
+    keep = Path(tempfile.mkdtemp(prefix="kitdispatch-failed-"))
+    for f in stage.iterdir():
+        if not f.name.startswith("."):  # the staging folder's marker and lock stay
+            shutil.move(str(f), keep / f.name)
+    return keep
+
+
+def keep_for_rerun(exc: ToolError, stage: Path, *, kept: str) -> IreeCompileError:
+    """`exc` of a tool run in `stage`, with its inputs kept (`keep_staged`) and every path in
+    its command, log and location moved with them, so the printed command re-runs as it is.
+    `kept` says what was kept, for the fix."""
+    keep = keep_staged(stage)
+
+    def moved(text: str) -> str:  # a worker names the stage by its absolute path
+        return text.replace(str(stage.absolute()), str(keep)).replace(str(stage), str(keep))
+
+    return IreeCompileError(
+        exc.what,
+        where=moved(exc.where or "") or None,
+        argv=[moved(a) for a in exc.argv or []],
+        returncode=exc.returncode,
+        log=moved(exc.log),
+        fix=f"{exc.fix + '; ' if exc.fix else ''}{kept} are kept in {keep}",
+    )
 
 
 class OutputFolder:

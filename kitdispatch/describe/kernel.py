@@ -16,10 +16,7 @@ from kitdispatch.describe.limits import DEFAULT_DYNAMIC_SHARED_MEMORY_MAX, MAX_D
 from kitdispatch.describe.choices import ObjectFormat
 from kitdispatch.describe.names import WIDE_HALVES, _IDENT_RE, _shown, check_identifier, check_kernel_name, default_function_name
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
-
-
-# Ops of an imported model a kernel may stand in for (`replaces`; replace.py decides per op).
-REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic", "iree_linalg_ext.attention")
+from kitdispatch.describe.op_names import PATTERN_OPS, REPLACEABLE_OPS  # `replaces`; models/ops decides per op
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,7 @@ class Replaces:
                 )
         if dimension is not None and (isinstance(dimension, bool) or not isinstance(dimension, int)):
             raise ManifestError(f"dimension {dimension!r} is not an integer", where=where, fix="e.g. dimension = 1")
-        if (pattern is None) == ("linalg.generic" in ops):
+        if (pattern is None) == any(op in PATTERN_OPS for op in ops):
             raise ManifestError(
                 "a linalg.generic needs a pattern, and a pattern is for linalg.generic only",
                 where=where,

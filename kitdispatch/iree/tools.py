@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 import re
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kitdispatch._tools import find_iree_tool
 from kitdispatch._proc import run_tool
 from kitdispatch._resources import installed_version
 from kitdispatch._workers import POOL
@@ -84,18 +84,13 @@ def check_codegen_target(target: Arch, release: IreeRelease | None = None) -> No
         )
 
 
-@functools.cache
+def find_tool(name: str) -> str:
+    """An IREE tool (iree-compile, iree-opt, iree-benchmark-module, ...), from `_tools.find_tool`;
+    the error names the IREE releases kitdispatch supports."""
+    return find_iree_tool(name, install=f"pip install '{SUPPORTED_PIN}' (kitdispatch's build extra) and iree-base-runtime of the same release")
+
+
 def find_iree_compile() -> str:
-    found = shutil.which("iree-compile")
-    if found:
-        return found
-    try:
-        from iree.compiler.tools.binaries import find_tool
-    except ImportError:
-        raise KitError(
-            "iree-compile is not installed",
-            fix=f"pip install '{SUPPORTED_PIN}' (kitdispatch's build extra); running needs only the runtime",
-        ) from None
     return find_tool("iree-compile")
 
 
@@ -120,21 +115,28 @@ def _version_from_tool() -> str:
     return m.group(1) if m else "unknown"
 
 
+def target_flags(codegen: Arch, extra: Sequence[str] = ()) -> list[str]:
+    """The device and target of every iree-compile run of the kit: a model's stages and its
+    baseline take only these (IREE's defaults otherwise: the baseline is IREE alone)."""
+    check_codegen_target(codegen)
+    return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={codegen.name}", *extra]
+
+
+# What a kit module's link adds to the target (part of every link's cache key, in this order).
+LINK_FLAGS = (
+    # Const-eval JIT-runs constant subgraphs on the host at compile time; a custom CUDA
+    # dispatch whose inputs are all constant (e.g. a kernel function with no tensor
+    # arguments) crashes iree-compile 3.13 in LinkExecutables when it tries.
+    "--iree-opt-const-eval=false",
+    # IREE demotes f64 to f32 by default; a hand-written kernel that takes double* must
+    # get the f64 buffers it was written for.
+    "--iree-input-demote-f64-to-f32=false",
+)
+
+
 def iree_flags(codegen: Arch, extra: Sequence[str] = ()) -> list[str]:
     """The flags every link uses, in process or as a subprocess."""
-    check_codegen_target(codegen)
-    return [
-        "--iree-hal-target-device=cuda",
-        f"--iree-cuda-target={codegen.name}",
-        # Const-eval JIT-runs constant subgraphs on the host at compile time; a custom CUDA
-        # dispatch whose inputs are all constant (e.g. a kernel function with no tensor
-        # arguments) crashes iree-compile 3.13 in LinkExecutables when it tries.
-        "--iree-opt-const-eval=false",
-        # IREE demotes f64 to f32 by default; a hand-written kernel that takes double* must
-        # get the f64 buffers it was written for.
-        "--iree-input-demote-f64-to-f32=false",
-        *extra,
-    ]
+    return target_flags(codegen, [*LINK_FLAGS, *extra])
 
 
 def compile_args(mlir: Path, vmfb: Path, codegen: Arch, object_dir: Path, extra: Sequence[str] = ()) -> list[str]:

@@ -26,10 +26,10 @@ import numpy as np
 from kitdispatch._files import open_regular
 from kitdispatch._proc import run_tool
 from kitdispatch.errors import KitError, ToolError
-from kitdispatch.models.pipeline import read_model_record
-from kitdispatch.run.module import Module, require_cuda
-from kitdispatch.run.cli_calls import find_runtime_tool
+from kitdispatch.iree.tools import find_tool
+from kitdispatch.models.record import ModelFunction, read_model_record
 from kitdispatch.run.device import numpy_dtype
+from kitdispatch.run.module import Module, require_cuda
 from kitdispatch.describe import abi
 
 BENCH_TIMEOUT_S = 600.0
@@ -112,36 +112,36 @@ def compare_model(
     """Runs the replaced and the baseline module of a `build_model` folder (built with the
     baseline) on the same inputs, checks the outputs agree, and times both."""
     folder, record = read_model_record(built)
-    if not record.get("baseline_vmfb"):
+    if not record.baseline_vmfb:
         raise KitError(
             f"{folder} has no baseline module",
             fix="build it with the baseline: kitdispatch build PROJECT --model MODEL --with-baseline -o DIR",
         )
     require_cuda(device)
-    vmfbs = {"replaced": folder / record["vmfb"], "baseline": folder / record["baseline_vmfb"]}
-    sig = _function(record, function)
+    vmfbs = {"replaced": folder / record.vmfb, "baseline": folder / record.baseline_vmfb}
+    sig = record.function(function)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
-    outputs = {k: _call(v, sig["name"], args, device) for k, v in vmfbs.items()}
+    outputs = {k: _call(v, sig.name, args, device) for k, v in vmfbs.items()}
     agree, err, tol, worst = check_agreement(outputs["replaced"], outputs["baseline"], sig)
     with tempfile.TemporaryDirectory(prefix="kitdispatch-compare-") as tmp:
         flags = _input_flags(args, Path(tmp))
-        calls = {k: benchmark_call(v, sig["name"], flags, device=device, repetitions=repetitions) for k, v in vmfbs.items()}
+        calls = {k: benchmark_call(v, sig.name, flags, device=device, repetitions=repetitions) for k, v in vmfbs.items()}
         notes, dispatches = [], {}
         for k, v in vmfbs.items():
             try:
-                dispatches[k] = profile_dispatches(v, sig["name"], flags, Path(tmp), device=device)
+                dispatches[k] = profile_dispatches(v, sig.name, flags, Path(tmp), device=device)
             except ToolError as exc:
                 notes.append(f"no dispatch times for the {k} module: {exc.what}")
     return Comparison(
-        function=sig["name"],
+        function=sig.name,
         agree=agree,
         max_abs_error=err,
         tolerance=tol,
         worst=worst,
         call_us=calls,
         dispatches=dispatches,
-        kernel_names=tuple(dict.fromkeys(r["kernel_entry"] for r in record.get("replaced", []))),
-        replaced_ops=tuple(f"{r['op']} at {r['location']}" for r in record.get("replaced", [])),
+        kernel_names=tuple(dict.fromkeys(r.kernel_entry for r in record.replaced)),
+        replaced_ops=tuple(f"{r.op} at {r.location}" for r in record.replaced),
         notes=tuple(notes),
     )
 
@@ -150,34 +150,23 @@ def _unnumbered(dispatch: str) -> str:
     return re.sub(r"_dispatch_\d+_", "_dispatch_", dispatch)
 
 
-def _function(record: dict, name: str | None) -> dict:
-    functions = {f["name"]: f for f in record.get("functions", [])}
-    if name is None and functions:
-        return next(iter(functions.values()))
-    if name not in functions:
-        raise KitError(
-            f"the model has no function {name!r}", fix=f"pass --function with one of {', '.join(functions) or '(none)'}"
-        )
-    return functions[name]
-
-
 # --------------------------------------------------------------------------- inputs
 
 
-def random_inputs(sig: dict, seed: int = 0) -> list[np.ndarray]:
+def random_inputs(sig: ModelFunction, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = []
-    for i, t in enumerate(sig["inputs"]):
-        if any(d is None for d in t["shape"]):
+    for i, t in enumerate(sig.inputs):
+        if any(d is None for d in t.shape):
             raise KitError(
-                f"input {i} of {sig['name']} has dynamic sizes ({t['shape']})",
+                f"input {i} of {sig.name} has dynamic sizes ({list(t.shape)})",
                 fix="pass --inputs FILE.npz with arrays of the sizes to run",
             )
-        row = abi.BY_NAME.get(t["dtype"])
+        row = abi.BY_NAME.get(t.dtype)
         if row is None or not row.tensor:
-            raise KitError(f"input {i} has element type {t['dtype']}, which kitdispatch cannot make", fix="pass --inputs FILE.npz")
-        dtype = numpy_dtype(t["dtype"])
-        shape = tuple(t["shape"])
+            raise KitError(f"input {i} has element type {t.dtype}, which kitdispatch cannot make", fix="pass --inputs FILE.npz")
+        dtype = numpy_dtype(t.dtype)
+        shape = t.shape
         if row.kind == "float":
             out.append(rng.uniform(-2.0, 2.0, size=shape).astype(dtype))
         else:
@@ -185,23 +174,23 @@ def random_inputs(sig: dict, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def load_inputs(path: str | Path, sig: dict) -> list[np.ndarray]:
+def load_inputs(path: str | Path, sig: ModelFunction) -> list[np.ndarray]:
     """The arrays of an .npz in the function's argument order (the order they were saved)."""
     try:
         with open_regular(Path(path)) as f, np.load(f) as data:  # never a FIFO: it would block
             arrays = [data[k] for k in data.files]
     except (OSError, ValueError, TypeError) as exc:  # TypeError: a .npy, not an .npz
         raise KitError(f"cannot read inputs {path}: {exc}", fix="save them with numpy.savez(path, x0, x1, ...)") from None
-    if len(arrays) != len(sig["inputs"]):
+    if len(arrays) != len(sig.inputs):
         raise KitError(
-            f"{path} holds {len(arrays)} arrays; {sig['name']} takes {len(sig['inputs'])}",
+            f"{path} holds {len(arrays)} arrays; {sig.name} takes {len(sig.inputs)}",
             fix="save one array per input, in argument order",
         )
-    for i, (a, t) in enumerate(zip(arrays, sig["inputs"])):
-        shape_ok = a.ndim == len(t["shape"]) and all(d is None or d == s for d, s in zip(t["shape"], a.shape))
-        if a.dtype != numpy_dtype(t["dtype"]) or not shape_ok:
+    for i, (a, t) in enumerate(zip(arrays, sig.inputs)):
+        shape_ok = a.ndim == len(t.shape) and all(d is None or d == s for d, s in zip(t.shape, a.shape))
+        if a.dtype != numpy_dtype(t.dtype) or not shape_ok:
             raise KitError(
-                f"input {i} in {path} is {a.dtype}{list(a.shape)}; {sig['name']} takes {t['dtype']}{t['shape']}",
+                f"input {i} in {path} is {a.dtype}{list(a.shape)}; {sig.name} takes {t.dtype}{list(t.shape)}",
                 fix="save arrays of the model's input types and shapes",
             )
     return arrays
@@ -224,11 +213,11 @@ def _call(vmfb: Path, function: str, args: Sequence[np.ndarray], device: str) ->
     return list(result) if isinstance(result, tuple) else [result]
 
 
-def check_agreement(got: Sequence[np.ndarray], expected: Sequence[np.ndarray], sig: dict) -> tuple[bool, float, str, tuple[str, ...]]:
+def check_agreement(got: Sequence[np.ndarray], expected: Sequence[np.ndarray], sig: ModelFunction) -> tuple[bool, float, str, tuple[str, ...]]:
     """(agree, max abs error, the tolerance used, the worst elements where they disagree).
     Floats get their type's tolerance (abi.AbiType.tolerance), the least precise input's when
     inputs are less precise; integers must match exactly."""
-    tol_dtype = abi.tolerance_type([t["dtype"] for t in sig["inputs"] + sig["outputs"]])
+    tol_dtype = abi.tolerance_type([t.dtype for t in sig.inputs + sig.outputs])
     rtol, atol = abi.lookup(tol_dtype).tolerance if tol_dtype else (0.0, 0.0)
     agree, max_err, worst = True, 0.0, []
     for n, (g, e) in enumerate(zip(got, expected)):
@@ -251,7 +240,7 @@ def check_agreement(got: Sequence[np.ndarray], expected: Sequence[np.ndarray], s
 def benchmark_call(vmfb: Path, function: str, input_flags: Sequence[str], *, device: str = "cuda", repetitions: int = 50) -> float:
     """Median real time of a whole call (microseconds), by iree-benchmark-module."""
     argv = [
-        find_runtime_tool("iree-benchmark-module"), f"--device={device}", f"--module={vmfb}", f"--function={function}",
+        find_tool("iree-benchmark-module"), f"--device={device}", f"--module={vmfb}", f"--function={function}",
         *input_flags, f"--benchmark_min_time={repetitions}x", "--benchmark_repetitions=5", "--benchmark_format=json",
     ]
     report = json.loads(_run(argv, "iree-benchmark-module").stdout)
@@ -271,7 +260,7 @@ def profile_dispatches(
     _run(
         [
             ncu, "--csv", "--log-file", str(log), "--metrics", "gpu__time_duration.sum", "--clock-control", "none",
-            find_runtime_tool("iree-benchmark-module"), f"--device={device}", f"--module={vmfb}", f"--function={function}",
+            find_tool("iree-benchmark-module"), f"--device={device}", f"--module={vmfb}", f"--function={function}",
             *input_flags, f"--benchmark_min_time={calls}x", "--benchmark_repetitions=1",
         ],
         "ncu over iree-benchmark-module",
@@ -307,12 +296,12 @@ def profile_module(
     else its replaced module): which op is worth a kernel."""
     folder, record = read_model_record(target)
     require_cuda(device)
-    sig = _function(record, function)
-    vmfb = folder / (record.get("baseline_vmfb") or record["vmfb"])
+    sig = record.function(function)
+    vmfb = folder / (record.baseline_vmfb or record.vmfb)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
     with tempfile.TemporaryDirectory(prefix="kitdispatch-profile-") as tmp:
         flags = _input_flags(args, Path(tmp))
-        return str(vmfb), profile_dispatches(vmfb, sig["name"], flags, Path(tmp), device=device)
+        return str(vmfb), profile_dispatches(vmfb, sig.name, flags, Path(tmp), device=device)
 
 
 def _run(argv: list[str], what: str):

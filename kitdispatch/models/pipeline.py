@@ -8,26 +8,28 @@ The route (IREE 3.13), each step a tool run with its own command to re-run:
    in the form the kernels are matched against. Const-eval has run by then, so replaced
    models need no flag the baseline lacks (a custom dispatch with constant inputs crashes
    const-eval in 3.13: here none is there yet when it runs).
-   Where a kernel replaces `linalg.generic`, IREE's elementwise fusion runs first (iree-opt,
-   `iree-dispatch-creation-elementwise-op-fusion`, the pass IREE's dispatch creation runs next):
-   the generics are then the ones IREE would compile, a bias Add joined with its activation.
-3. replace.py decides per op; each op to replace gets the attribute `kitdispatch.replace`.
-4. `iree-opt` runs the generated transform spec (mlir_templates/replace_spec.mlir.j2), which
+   A kind may need passes run first (its `prepare`: for linalg.generic, IREE's elementwise
+   fusion, so that the generics are the ones IREE would compile).
+3. replace.py decides per op, asking the kind's module (models/ops); each op to replace gets
+   the attribute `kitdispatch.replace`.
+4. `iree-opt` runs the generated transform spec (spec.py, mlir_templates/replace_spec.mlir.j2), which
    imports the kernel's executable and a `util.func` wrapper that dispatches it, and
    cast_and_calls the wrapper in place of every marked op; `inline` folds the wrapper in.
 5. `iree-compile --compile-from=global-optimization` finishes the .vmfb.
 The baseline is the model compiled by one plain `iree-compile` with IREE's default flags.
+Tools, flags, staging, publishing and a failed step's kept inputs are the module build's own
+(iree/tools.py, builder/publish.py); the record is record.py's ModelRecord.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dataclasses
 import errno
-import functools
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -35,29 +37,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kitdispatch._version import __version__
-from kitdispatch._files import is_plain_name, not_an_option, read_regular_file, write_atomic
-from kitdispatch.builder.publish import MODEL_RECORD_SUFFIX, OutputFolder, disk_full, os_error, prepare_output_dir, staging_dir
-from kitdispatch.describe.record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, DamagedRecord, RecordError, file_sha256, read_record, sha256
+from kitdispatch._files import not_an_option, write_atomic
+from kitdispatch.builder.publish import OutputFolder, disk_full, keep_for_rerun, os_error, prepare_output_dir, staging_dir
+from kitdispatch.describe.record import sha256
 from kitdispatch._proc import run_checked, run_tool
-from kitdispatch.builder.pipeline import BuildOptions, generate, project_files_in
-from kitdispatch.errors import IreeCompileError, KitError, ManifestError
-from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_iree_compile, iree_compiler_version
+from kitdispatch.builder.pipeline import BuildOptions, project_files_in
+from kitdispatch.errors import IreeCompileError, KitError
+from kitdispatch.compile.archs import Arch
+from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_tool, iree_compiler_version, target_flags
 from kitdispatch.describe.manifest import load_manifest
-from kitdispatch.emit.mlir_text import mlir_comment, mlir_string
-from kitdispatch.emit.render import render_template
-from kitdispatch.models.replace import MARK_ATTRIBUTE, Decision, OpFacts, decide, read_ops, replacing_kernels, wrapper_name
-from kitdispatch.describe.kernel import REPLACEABLE_OPS, Kernel
-from kitdispatch.describe.module import ModuleSpec, TestSpec
+from kitdispatch.models.ops import OP_KINDS
+from kitdispatch.models.ops.base import OpFacts, Preparation, TensorFacts, tensor_facts
+from kitdispatch.models.record import ModelFunction, ModelRecord, ReplacedOp, claimed_files, model_record_name, read_model_record
+from kitdispatch.models.replace import MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels
+from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec, top_ops
+from kitdispatch.describe.kernel import Kernel
+from kitdispatch.describe.module import ModuleSpec
 
-MODEL_RECORD_SCHEMA = 1
-SPEC_PIPELINE = (
-    "builtin.module(iree-preprocessing-transform-interpreter{{transform-spec-path={spec}}},"
-    # Without `inline`, the wrappers' tensor.dim ops fail later in the pipeline (measured).
-    "inline,util.func(canonicalize))"
-)
+if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
+    from iree.compiler import ir  # annotations
+
 STAGE = "global-optimization"
-# IREE's own elementwise fusion, run on the stage before generics are matched (see above).
-FUSION_PIPELINE = "builtin.module(util.func(iree-dispatch-creation-elementwise-op-fusion))"
 
 
 @dataclass(frozen=True)
@@ -111,12 +111,12 @@ def build_model(
     name = name or _model_name(model)
     out_dir = not_an_option(Path(out_dir))
     codegen = choose_codegen_target(options.archs, options.codegen_target).target
-    flags = ["--iree-hal-target-device=cuda", f"--iree-cuda-target={codegen.name}", *options.iree_flags]
-    record_name = f"{name}{MODEL_RECORD_SUFFIX}"
+    flags = target_flags(codegen, options.iree_flags)  # IREE's defaults otherwise: the baseline is IREE alone
+    record_name = model_record_name(name)
     created = prepare_output_dir(out_dir)
     try:
         protected = project_files_in(spec, out_dir) | _model_in(model, out_dir)
-        folder = OutputFolder(out_dir, name, record=record_name, claims=_claimed_by_model_record, protected=protected)
+        folder = OutputFolder(out_dir, name, record=record_name, claims=claimed_files, protected=protected)
         return _build_model_in(spec, kernels, model, name, options, out_dir, folder, codegen, flags, with_baseline)
     except BaseException:
         if created:
@@ -135,38 +135,29 @@ def _model_in(model: Path, out_dir: Path) -> frozenset[str]:
         return frozenset()
 
 
-def _claimed_by_model_record(path: Path) -> dict[str, str]:
-    try:
-        data = json.loads(read_regular_file(path, limit=MAX_RECORD_BYTES))
-        if data.get("schema") != MODEL_RECORD_SCHEMA:
-            raise ValueError(f"schema {data.get('schema')!r}")
-        return {str(k): str(v) for k, v in data["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as exc:
-        raise RecordError(f"the model record is damaged ({type(exc).__name__}: {exc})", where=str(path), fix="build into another folder") from None
-
-
-def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codegen, flags, with_baseline) -> ModelBuild:
+def _build_model_in(spec: ModuleSpec, kernels: tuple[Kernel, ...], model: Path, name: str, options: BuildOptions, out_dir: Path, folder: OutputFolder, codegen: Arch, flags: list[str], with_baseline: bool) -> ModelBuild:
     record_name = folder.record
     with staging_dir(out_dir) as stage:
         timeout = options.link_timeout  # --timeout bounds every step of the model's build
         imported = import_model(model, stage / f"{name}.imported.mlir", timeout=timeout)
         staged = _run_iree(
-            [find_iree_compile(), str(imported), *flags, f"--compile-to={STAGE}", "--mlir-print-debuginfo",
+            [find_tool("iree-compile"), str(imported), *flags, f"--compile-to={STAGE}", "--mlir-print-debuginfo",
              "-o", str(stage / f"{name}.{STAGE}.mlir")],
             what=f"iree-compile could not bring {model} to {STAGE}",
             stage=stage,
             timeout=timeout,
         )
         kinds = sorted({kind for k in kernels for kind in k.replaces.ops})
-        if "linalg.generic" in kinds:
+        prepared = _preparations(kinds)
+        for step in prepared:  # passes a kind needs run first (IREE's elementwise fusion for generics)
             staged = _run_iree(
-                [_find_tool("iree-opt"), str(staged), f"--pass-pipeline={FUSION_PIPELINE}", "--mlir-print-debuginfo",
+                [find_tool("iree-opt"), str(staged), f"--pass-pipeline={step.pipeline}", "--mlir-print-debuginfo",
                  "-o", str(stage / f"{name}.fused.mlir")],
-                what="iree-opt could not run IREE's elementwise fusion on the model",
+                what=f"iree-opt could not run {step.what} on the model",
                 stage=stage,
                 timeout=timeout,
             )
-        context, module = _parse(staged)
+        context, module = parse_mlir(staged)
         found = read_ops(module, kinds)
         # Imported models are published beside the vmfb: their locations name that copy.
         found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(out_dir)))) for op, f in found]
@@ -178,8 +169,8 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
                 where=str(model),
                 fix=_no_match_fix(decisions, kinds, module),
             )
-        objects, symbols = _kernel_symbols(spec, used, options, stage)
-        _check_symbols_free(module, symbols, model)
+        objects, symbols = kernel_symbols(spec, used, options, stage)
+        check_symbols_free(module, symbols, model)
         for (op, _), decision in zip(found, decisions):
             if decision.kernel is not None:
                 op.attributes[MARK_ATTRIBUTE] = _string_attr(context, decision.mark)
@@ -189,16 +180,16 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
         write_atomic(stage / spec_name, render_spec(spec.name, name, used, decisions, symbols))
         replaced = stage / f"{name}.replaced.mlir"
         _run_iree(
-            [_find_tool("iree-opt"), str(marked), f"--pass-pipeline={SPEC_PIPELINE.format(spec=stage / spec_name)}",
+            [find_tool("iree-opt"), str(marked), f"--pass-pipeline={SPEC_PIPELINE.format(spec=stage / spec_name)}",
              "--mlir-print-debuginfo", "-o", str(replaced)],
             what="iree-opt rejected the generated transform spec",
             stage=stage,
             timeout=timeout,
         )
-        _check_all_replaced(replaced, decisions, symbols.executables, stage)
+        check_all_replaced(replaced, decisions, symbols.executables, stage)
         vmfb_name = f"{name}.vmfb"
         _run_iree(
-            [find_iree_compile(), str(replaced), *flags, f"--compile-from={STAGE}",
+            [find_tool("iree-compile"), str(replaced), *flags, f"--compile-from={STAGE}",
              f"--iree-hal-executable-object-search-path={stage}", "-o", str(stage / vmfb_name)],
             what="iree-compile could not finish the model with its replacements",
             stage=stage,
@@ -209,7 +200,7 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
         if with_baseline:
             baseline_name = f"{name}.baseline.vmfb"
             _run_iree(
-                [find_iree_compile(), str(imported), *flags, "-o", str(stage / baseline_name)],
+                [find_tool("iree-compile"), str(imported), *flags, "-o", str(stage / baseline_name)],
                 what=f"iree-compile could not compile {model} (the baseline, IREE alone)",
                 stage=stage,
                 timeout=timeout,
@@ -217,30 +208,32 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
             outputs.append(baseline_name)
         if imported != model:
             outputs.append(imported.name)
-        report = {
-            "schema": MODEL_RECORD_SCHEMA,
-            "kitdispatch": __version__,
-            "model": str(model),
-            "project": spec.name,
-            "vmfb": vmfb_name,
-            "baseline_vmfb": baseline_name,
-            "spec": spec_name,
-            "archs": [a.name for a in options.archs],
-            "codegen_target": codegen.name,
-            "iree_compiler": iree_compiler_version(),
-            "iree_flags": flags,
-            "matched_after": [STAGE] + (["iree-dispatch-creation-elementwise-op-fusion"] if "linalg.generic" in kinds else []),
-            "functions": _signatures(module),
-            "replaced": [d.to_json() for d in decisions if d.kernel is not None],
-            "not_replaced": [d.to_json() for d in decisions if d.kernel is None],
-            "kernel_executables": list(symbols.executables),
-        }
+        replaced_json = [d.to_json() for d in decisions if d.kernel is not None]
+        kept_json = [d.to_json() for d in decisions if d.kernel is None]
         report_name, text_name = f"{name}.replace.json", f"{name}.replace.txt"
         files = {n: (stage / n).read_bytes() for n in outputs}
-        files[report_name] = (json.dumps({k: report[k] for k in ("model", "replaced", "not_replaced")}, indent=2) + "\n").encode()
+        report = {"model": str(model), "replaced": replaced_json, "not_replaced": kept_json}
+        files[report_name] = (json.dumps(report, indent=2) + "\n").encode()
         files[text_name] = (format_report(str(model), decisions) + "\n").encode()
-        report["files"] = {n: sha256(data) for n, data in files.items()}
-        files[record_name] = (json.dumps(report, indent=2) + "\n").encode()  # last: it marks a complete build
+        record = ModelRecord(
+            kitdispatch=__version__,
+            model=str(model),
+            project=spec.name,
+            vmfb=vmfb_name,
+            baseline_vmfb=baseline_name,
+            spec=spec_name,
+            archs=tuple(a.name for a in options.archs),
+            codegen_target=codegen.name,
+            iree_compiler=iree_compiler_version(),
+            iree_flags=tuple(flags),
+            matched_after=(STAGE, *(step.pass_name for step in prepared)),
+            functions=_signatures(module),
+            replaced=tuple(ReplacedOp(r["op"], r["location"], r["kernel_entry"], r) for r in replaced_json),
+            not_replaced=tuple(kept_json),
+            kernel_executables=symbols.executables,
+            files={n: sha256(data) for n, data in files.items()},
+        )
+        files[record_name] = record.to_bytes()  # last: it marks a complete build
         folder.publish(stage, files)
 
     return ModelBuild(
@@ -254,6 +247,11 @@ def _build_model_in(spec, kernels, model, name, options, out_dir, folder, codege
         decisions=tuple(decisions),
         codegen_target=codegen.name,
     )
+
+
+def _preparations(kinds: Sequence[str]) -> list[Preparation]:
+    """What the kinds need run on the model before their ops are read, each once."""
+    return list(dict.fromkeys(OP_KINDS[k].prepare for k in kinds if OP_KINDS[k].prepare))
 
 
 def _model_name(model: Path) -> str:
@@ -292,7 +290,7 @@ def import_model(model: Path, dest: Path, *, timeout: float = IREE_COMPILE_TIMEO
     )
 
 
-def export_torch(module, example_args: Sequence, path: str | Path) -> Path:
+def export_torch(module: ir.Module, example_args: Sequence, path: str | Path) -> Path:
     """Exports a PyTorch module through iree-turbine (`iree.turbine.aot.export`) to an MLIR
     file (torch dialect) that `build_model` takes. Needs kitdispatch's torch extra (torch and iree-turbine)."""
     try:
@@ -321,42 +319,14 @@ def export_torch(module, example_args: Sequence, path: str | Path) -> Path:
 # ------------------------------------------------------------------------ IREE tools
 
 
-@functools.cache
-def _find_tool(name: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if found:
-        return found
-    try:
-        from iree.compiler.tools.binaries import find_tool
-    except ImportError:
-        raise KitError(f"{name} is not installed", fix="pip install iree-base-compiler (kitdispatch's build extra)") from None
-    return find_tool(name)
-
-
 def _run_iree(argv: list[str], *, what: str, stage: Path, timeout: float) -> Path:
     res = run_tool(argv, timeout=timeout)
     if res.returncode != 0 and disk_full(stage, res.stderr + res.stdout):
         raise os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(stage.parent)), what)
     if res.returncode != 0:
-        keep = _keep(stage)
-        log = (res.stderr + res.stdout).replace(str(stage), str(keep))
-        raise IreeCompileError(
-            what,
-            argv=[a.replace(str(stage), str(keep)) for a in argv],
-            returncode=res.returncode,
-            log=_trim(log),
-            fix=f"the inputs of the failing step (model stages, spec, objects) are kept in {keep}",
-        )
+        failed = IreeCompileError(what, argv=argv, returncode=res.returncode, log=_trim(res.stderr + res.stdout))
+        raise keep_for_rerun(failed, stage, kept="the inputs of the failing step (model stages, spec, objects)")
     return Path(argv[argv.index("-o") + 1])
-
-
-def _keep(stage: Path) -> Path:
-    """Copies what the failing step read out of the staging folder, which is removed."""
-    keep = Path(tempfile.mkdtemp(prefix="kitdispatch-failed-model-"))
-    for f in stage.iterdir():
-        if f.is_file():
-            shutil.copy2(f, keep / f.name)
-    return keep
 
 
 def _trim(log: str, limit: int = 80) -> str:
@@ -364,246 +334,41 @@ def _trim(log: str, limit: int = 80) -> str:
     return log if len(lines) <= limit else "\n".join(lines[:limit] + [f"... ({len(lines) - limit} more lines)"])
 
 
-def _parse(path: Path):
-    from iree.compiler import ir
-
-    context = ir.Context()
-    try:
-        return context, ir.Module.parse(path.read_text(), context)
-    except Exception as exc:  # MLIRError: the bindings cannot read what iree-compile wrote
-        raise KitError(f"cannot parse {path}: {exc}", fix="report it as a kitdispatch bug with the model") from None
-
-
-def _string_attr(context, text: str):
+def _string_attr(context: ir.Context, text: str):
     from iree.compiler import ir
 
     return ir.StringAttr.get(text, context)
 
 
-# ------------------------------------------------------------------- kernel symbols
-
-
-@dataclass(frozen=True)
-class _Symbols:
-    text: str  # the executables and wrappers, ready for the spec module
-    executables: tuple[str, ...]
-    wrappers: tuple[str, ...]
-
-
-def _kernel_symbols(spec: ModuleSpec, kernels: list[Kernel], options: BuildOptions, stage: Path) -> tuple[list[str], _Symbols]:
-    """Compiles the kernels (build.generate: the cache, the ABI and PTX checks) and turns the
-    generated module into what a spec imports: its executables, and each kernel function as
-    a private `util.func` (in the model, functions are util.funcs by this stage)."""
-    sub = dataclasses.replace(spec, kernels=tuple(kernels), programs=(), test=TestSpec())
-    # Inside the staging folder: a killed build leaves nothing the next one does not remove.
-    result = generate(sub, options, stage / "kernels" / sub.name)
-    _check_settled_functions(kernels, read_record(result.record).functions)
-    for obj in result.objects:
-        shutil.copy2(obj, stage / obj.name)
-    text = result.mlir.read_text()
-    return [o.name for o in result.objects], _as_spec_symbols(text, kernels)
-
-
-def _check_settled_functions(kernels: list[Kernel], functions) -> None:
-    """The ops were matched against the kernels as described; the build settles pointers the
-    manifest leaves to the compiled code (roles.py), and a function that came out otherwise
-    would not fit the ops it replaces."""
-    built = {f.name: f for f in functions}
-    for kernel in kernels:
-        settled = built.get(kernel.function)
-        if settled is not None and settled != kernel.signature():
-            raise ManifestError(
-                f"kernel {kernel.name!r}: its compiled code gives its non-const pointers other roles than "
-                f"the manifest implies (function {_shown_signature(settled)}, not {_shown_signature(kernel.signature())})",
-                where=f"kernel {kernel.name}: replaces",
-                fix="name every non-const pointer's role in the manifest (in = [...], out = [...], inout = [...]), "
-                "or make input pointers const",
-            )
-
-
-def _shown_signature(sig) -> str:
-    return f"({', '.join(map(str, sig.args))}) -> ({', '.join(map(str, sig.results))})"
-
-
-def _as_spec_symbols(text: str, kernels: list[Kernel]) -> _Symbols:
-    from iree.compiler import ir
-    from iree.compiler.dialects import util  # noqa: F401 (registers util.func for parsing)
-
-    context = ir.Context()
-    module = ir.Module.parse(text, context)
-    executables, wrappers = [], []
-    with context, ir.Location.unknown():
-        for op in _top_ops(module):
-            name = ir.StringAttr(op.attributes["sym_name"]).value
-            if op.name.startswith("hal.executable"):
-                new = f"kitdispatch_{name}"
-                ir.SymbolTable.replace_all_symbol_uses(name, new, module.operation)
-                ir.SymbolTable.set_symbol_name(op, new)
-                executables.append(new)
-        for op in _top_ops(module):
-            if op.name == "func.func":
-                kernel = next(k for k in kernels if k.function == ir.StringAttr(op.attributes["sym_name"]).value)
-                wrappers.append(_to_util_func(op, wrapper_name(kernel)))
-        symbols = "\n".join(op.get_asm(use_local_scope=True) for op in _top_ops(module))
-    return _Symbols(symbols, tuple(executables), tuple(wrappers))
-
-
-def _top_ops(module) -> list:
-    """The module's top-level ops as Operations (an OpView's `.name` may be its symbol)."""
-    return [op.operation for op in module.body.operations]
-
-
-def _to_util_func(op, name: str) -> str:
-    """Re-homes a generated `func.func` as `util.func private` (same body, util.return)."""
-    from iree.compiler import ir
-    from iree.compiler.dialects import util
-
-    wrapper = util.FuncOp(name, op.attributes["function_type"], sym_visibility="private", ip=ir.InsertionPoint(op))
-    old = op.regions[0].blocks[0]
-    block = wrapper.operation.regions[0].blocks.append(*[a.type for a in old.arguments])
-    for before, after in zip(old.arguments, block.arguments):
-        before.replace_all_uses_with(after)
-    for inner in list(old.operations):
-        if inner.name == "func.return":
-            util.ReturnOp(list(inner.operands), ip=ir.InsertionPoint(block))
-        else:
-            inner.detach_from_parent()
-            block.append(inner)
-    op.erase()
-    return name
-
-
-def _check_symbols_free(module, symbols: _Symbols, model: Path) -> None:
-    from iree.compiler import ir
-
-    taken = {ir.StringAttr(op.attributes["sym_name"]).value for op in _top_ops(module) if "sym_name" in op.attributes}
-    clash = sorted(taken & set(symbols.executables + symbols.wrappers))
-    if clash:
-        raise KitError(
-            f"the model already defines {', '.join(clash)}, which kitdispatch adds",
-            where=str(model),
-            fix="rename the kernel's function (`function = ...`) or the model's symbol",
-        )
-
-
-# ------------------------------------------------------------------------- the spec
-
-
-def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequence[Decision], symbols: _Symbols) -> str:
-    """One match-and-call block per way of calling a kernel (its mark); the ops themselves were
-    chosen in Python and carry MARK_ATTRIBUTE naming it. Attention ops with fewer batch dims
-    than the kernel call an adapter that reshapes to the kernel's [b, h, s, d] (b = 1)."""
-    blocks, adapters = [], {}
-    for kernel in kernels:
-        for kind in kernel.replaces.ops:
-            mine = [d for d in decisions if d.kernel is kernel and d.op.kind == kind]
-            for mark in dict.fromkeys(d.mark for d in mine):
-                ops = [d for d in mine if d.mark == mark]
-                first = ops[0]
-                if first.batch_dims is not None:
-                    adapters[first.function] = _adapter(first)
-                blocks.append(
-                    {
-                        "doc": mlir_comment(f"{kind} -> {kernel.name} ({len(ops)} op{'s' if len(ops) > 1 else ''})"),
-                        "op": kind,
-                        "mark": mlir_string(mark),
-                        "function": first.function,
-                        "imports": list(symbols.executables) + ([wrapper_name(kernel)] if first.batch_dims is not None else []),
-                        "operands": ", ".join(str(i) for i in first.operands),
-                        "through": [{"index": i, "through": i in first.through} for i in first.operands] if first.through else [],
-                    }
-                )
-    return render_template(
-        "replace_spec.mlir.j2",
-        version=__version__, project=mlir_comment(project), model=mlir_comment(model), mark=MARK_ATTRIBUTE, symbols=symbols.text, blocks=blocks,
-        adapters=list(adapters.values()),
-    )
-
-
-def _adapter(decision: Decision) -> dict:
-    """What the template needs for a `util.func` that takes the op's tensors (rank r), expands
-    each with leading unit dims to the kernel's rank, calls the kernel's wrapper, collapses back."""
-    rank = len(decision.op.result.shape)
-    pad = len(decision.kernel.buffers[0].type.shape) - rank
-    dtype = decision.op.result.dtype
-    return {
-        "name": decision.function,
-        "wrapper": wrapper_name(decision.kernel),
-        "inputs": [f"x{i}" for i in decision.operands],
-        "type": f"tensor<{'?x' * rank}{dtype}>",
-        "expanded": f"tensor<{'1x' * pad}{'?x' * rank}{dtype}>",
-        "kernel_type": f"tensor<{'?x' * (rank + pad)}{dtype}>",
-        "dims": list(range(rank)),
-        "ones": ", ".join(["1"] * pad),
-        "reassociation": "[" + ", ".join([f"[{', '.join(str(i) for i in range(pad + 1))}]"] + [f"[{i + pad}]" for i in range(1, rank)]) + "]",
-    }
-
-
-def _check_all_replaced(replaced: Path, decisions: Sequence[Decision], executables: Sequence[str], stage: Path) -> None:
-    """Every marked op must be gone and a dispatch of a kit executable in its place."""
-    _, module = _parse(replaced)
-    from iree.compiler import ir
-
-    marked, dispatches = [], 0
-
-    def visit(op):
-        nonlocal dispatches
-        if MARK_ATTRIBUTE in op.attributes:
-            marked.append(op.name)
-        if op.name == "flow.dispatch" and any(f"@{e}::" in str(op.attributes["entry_points"]) for e in executables):
-            dispatches += 1
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    wanted = sum(d.kernel is not None for d in decisions)
-    if marked or dispatches != wanted:
-        keep = _keep(stage)
-        raise KitError(
-            f"the transform spec left {len(marked)} marked op(s) in place and made {dispatches} kernel "
-            f"dispatch(es) for {wanted} op(s) to replace",
-            where=str(keep / replaced.name),
-            fix=f"report it as a kitdispatch bug; the spec and the model stages are kept in {keep}",
-        )
-
-
 # ------------------------------------------------------------------------ reporting
 
 
-def _signatures(module) -> list[dict]:
+def _signatures(module: ir.Module) -> tuple[ModelFunction, ...]:
     """Public functions with their tensor inputs and outputs, from IREE's ABI ops
     (hal.tensor.import/export), so `compare` can make inputs on a machine without a compiler.
     Importers' models have `f` call `f$async`, which holds the ABI ops: `f` takes its types."""
     from iree.compiler import ir
 
-    found: dict[str, dict] = {}
-    for op in _top_ops(module):
+    found: dict[str, ModelFunction] = {}
+    for op in top_ops(module):
         if op.name != "util.func" or "iree.abi.stub" not in op.attributes:
             continue
-        inputs: dict[int, dict] = {}
-        outputs: list[dict] = []
+        inputs: dict[int, TensorFacts] = {}
+        outputs: list[TensorFacts] = []
 
-        def visit(inner):
+        def visit(inner: ir.Operation):
             if inner.name == "hal.tensor.import" and isinstance(inner.operands[0], ir.BlockArgument):
-                inputs[ir.BlockArgument(inner.operands[0]).arg_number] = _tensor_json(inner.results[0].type)
+                inputs[ir.BlockArgument(inner.operands[0]).arg_number] = tensor_facts(inner.results[0].type)
             elif inner.name == "hal.tensor.export":
-                outputs.append(_tensor_json(inner.operands[0].type))
+                outputs.append(tensor_facts(inner.operands[0].type))
             return ir.WalkResult.ADVANCE
 
         op.walk(visit)
         name = ir.StringAttr(op.attributes["sym_name"]).value
         if inputs or outputs or name.removesuffix("$async") not in found:
-            found[name.removesuffix("$async")] = {
-                "name": name.removesuffix("$async"),
-                "inputs": [inputs[i] for i in sorted(inputs)],
-                "outputs": outputs,
-            }
-    return list(found.values())
-
-
-def _tensor_json(t) -> dict:
-    from kitdispatch.models.replace import _tensor
-
-    return _tensor(t).to_json()
+            public = name.removesuffix("$async")
+            found[public] = ModelFunction(public, tuple(inputs[i] for i in sorted(inputs)), tuple(outputs))
+    return tuple(found.values())
 
 
 def format_report(model: str, decisions: Sequence[Decision]) -> str:
@@ -617,13 +382,13 @@ def format_report(model: str, decisions: Sequence[Decision]) -> str:
     return "\n".join(lines)
 
 
-def _no_match_fix(decisions: Sequence[Decision], kinds: Sequence[str], module) -> str:
+def _no_match_fix(decisions: Sequence[Decision], kinds: Sequence[str], module: ir.Module) -> str:
     if decisions:
         listing = "\n".join(format_report("candidates", decisions).splitlines()[1:])
         return f"no kernel computes exactly what these ops compute:\n{listing}"
     census = _op_census(module)
     # Named kinds only: nearly every model has generics, which need a kernel with a pattern.
-    others = [k for k in REPLACEABLE_OPS if k not in kinds and k in census and k != "linalg.generic"]
+    others = [k for k, kind in OP_KINDS.items() if k not in kinds and k in census and kind.suggested]
     return (
         f"the model has no {' or '.join(kinds)} after IREE's {STAGE} "
         f"(its linalg ops: {', '.join(f'{n} x{c}' for n, c in sorted(census.items())) or 'none'})"
@@ -631,102 +396,18 @@ def _no_match_fix(decisions: Sequence[Decision], kinds: Sequence[str], module) -
     )
 
 
-def _op_census(module) -> dict[str, int]:
+def _op_census(module: ir.Module) -> dict[str, int]:
     from iree.compiler import ir
 
     counts: dict[str, int] = {}
 
-    def visit(op):
+    def visit(op: ir.Operation):
         if op.name.startswith(("linalg.", "iree_linalg_ext.")) and op.name != "linalg.yield":
             counts[op.name] = counts.get(op.name, 0) + 1
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
     return counts
-
-
-def read_model_record(path: str | Path) -> tuple[Path, dict]:
-    """A folder written by `build_model` (or its record file): (folder, record)."""
-    path = Path(path)
-    records = [path] if path.is_file() else sorted(p for p in path.glob(f"*{MODEL_RECORD_SUFFIX}") if p.is_file())
-    if len(records) != 1:
-        raise KitError(
-            f"{path} holds {len(records)} model builds" if records else f"no model build in {path}",
-            fix="pass the folder written by `kitdispatch build PROJECT --model MODEL -o DIR` (one model per folder)",
-        )
-    folder, record = records[0].parent, _read_json_record(records[0])
-    if os.path.lexists(folder / f".{records[0].name}{JOURNAL_SUFFIX}"):
-        raise RecordError(f"the last model build in {folder} was interrupted", where=str(folder), fix="build it again")
-    for key in ("vmfb", "baseline_vmfb"):
-        name = record.get(key)
-        if name is None:
-            continue
-        if not isinstance(name, str) or name not in record["files"]:
-            raise RecordError(f"the model record's {key} {name!r} is not a file it lists", where=str(records[0]), fix="build it again")
-        try:
-            digest = file_sha256(folder / name)
-        except OSError as exc:  # missing, a folder, a FIFO: not the file recorded either
-            raise RecordError(
-                f"{name} cannot be read ({exc.strerror}), so it is not the file its model record describes",
-                where=str(folder / name), fix="build it again",
-            ) from None
-        if digest != record["files"][name]:
-            raise RecordError(f"{name} is not the file its model record describes", where=str(folder / name), fix="build it again")
-    return folder, record
-
-
-def _read_json_record(path: Path) -> dict:
-    """The model record: a regular file of a bounded size, every field of the JSON type
-    compare and profile read, every file it lists a plain name of its folder."""
-    try:
-        raw = read_regular_file(path, limit=MAX_RECORD_BYTES)
-    except OSError as exc:
-        raise RecordError(f"cannot read the model record: {exc.strerror or exc}", where=str(path), fix="build it again") from None
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise DamagedRecord(f"cannot read the model record: {type(exc).__name__}: {exc}", where=str(path), fix="build it again") from None
-    # Names first: a planted record that reaches outside its folder is refused as such.
-    files = data.get("files") if isinstance(data, dict) else None
-    bad = [n for n in files if not is_plain_name(n)] if isinstance(files, dict) else []
-    if bad:
-        raise RecordError(f"the model record lists {bad[0]!r}, which is not a file name of its folder", where=str(path), fix="build it again")
-    _check_model_record_types(data, str(path))
-    return data
-
-
-def _check_model_record_types(data: object, where: str) -> None:
-    """Every field `compare` and `profile` read, of the JSON type they read it as: a damaged
-    record is one clear error here, not a TypeError deep inside compare."""
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise DamagedRecord(f"the model record is damaged: {what}", where=where, fix="build it again")
-
-    need(isinstance(data, dict), "it is not a JSON object")
-    need(data.get("schema") == MODEL_RECORD_SCHEMA, f"schema {data.get('schema')!r}, not {MODEL_RECORD_SCHEMA}")
-    need(isinstance(data.get("vmfb"), str), "'vmfb' is not a file name")
-    need(data.get("baseline_vmfb") is None or isinstance(data["baseline_vmfb"], str), "'baseline_vmfb' is not a file name")
-    files = data.get("files")
-    need(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()), "'files' is not a table of SHA-256s")
-    functions = data.get("functions")
-    need(isinstance(functions, list) and all(_is_function_json(f) for f in functions), "'functions' is not a list of signatures")
-    replaced = data.get("replaced", [])
-    need(
-        isinstance(replaced, list) and all(isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("op", "location", "kernel_entry")) for r in replaced),
-        "'replaced' is not a list of replaced ops",
-    )
-
-
-def _is_function_json(f: object) -> bool:
-    """{name, inputs, outputs} as `_signatures` writes it, each tensor {dtype, shape}."""
-    def tensor(t: object) -> bool:
-        return isinstance(t, dict) and isinstance(t.get("dtype"), str) and isinstance(t.get("shape"), list) and all(
-            d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in t["shape"]
-        )
-
-    return isinstance(f, dict) and isinstance(f.get("name"), str) and all(
-        isinstance(f.get(k), list) and all(tensor(t) for t in f[k]) for k in ("inputs", "outputs")
-    )
 
 
 __all__ = ["ModelBuild", "OpFacts", "build_model", "export_torch", "format_report", "import_model", "read_model_record"]

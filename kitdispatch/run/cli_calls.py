@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
+from kitdispatch._tools import find_iree_tool
 from kitdispatch._proc import ToolResult, run_checked
 from kitdispatch.errors import KitError
 from kitdispatch.run.arguments import check_count
@@ -45,19 +44,9 @@ def run_function(vmfb: str | Path, function: str, inputs: Sequence[str], *, devi
     return RunResult(function, tuple(format_result(i, r) for i, r in enumerate(results)), times)
 
 
-@functools.cache
 def find_runtime_tool(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return found
-    try:
-        import iree._runtime_libs as libs
-    except ImportError:
-        raise KitError(f"{name} is not installed", fix="pip install iree-base-runtime") from None
-    path = Path(libs.__file__).parent / name
-    if not path.is_file():
-        raise KitError(f"{name} is missing from iree-base-runtime", fix="reinstall iree-base-runtime")
-    return str(path)
+    """iree-run-module or iree-benchmark-module, which iree-base-runtime ships."""
+    return find_iree_tool(name, install="pip install iree-base-runtime")
 
 
 def run_module(

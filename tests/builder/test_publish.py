@@ -130,29 +130,6 @@ def test_a_journal_or_record_the_kit_cannot_show_it_wrote_is_never_acted_on(buil
     assert (out / "notes.txt").read_text() == "the user's notes\n"
 
 
-@needs_iree_compile
-def test_a_model_record_naming_a_file_outside_is_refused_by_build_and_compare(tmp_path):
-    from test_models import LINALG_MODEL, _project
-
-    model = tmp_path / "mm.mlir"
-    model.write_text(LINALG_MODEL)
-    out = tmp_path / "out"
-    out.mkdir()
-    victim = tmp_path / "victim.txt"
-    victim.write_text("outside the folder\n")
-    (out / "mm.model.json").write_text(json.dumps({"schema": 1, "vmfb": "../victim.txt", "files": {"../victim.txt": sha(victim.read_bytes())}}))
-    (tmp_path / "p").mkdir()
-    proj = _project(tmp_path / "p")
-    before = tree(tmp_path)
-    code, _, err = run("compare", out)
-    assert code == 1
-    one_line_error(err, "mm.model.json", "'../victim.txt'", "not a file name of its folder")
-    code, _, err = run("build", proj, "--model", model, "--arch", "sm_80", "-o", out)
-    assert code == 2
-    one_line_error(err, "mm.model.json", "'../victim.txt'", "not a plain file name")
-    assert tree(tmp_path) == before
-
-
 # ------------------------------------------------------- the project's own folder as -o
 
 

@@ -1,0 +1,13 @@
+"""The ops of an imported model a kernel may declare it `replaces`: the manifest's vocabulary.
+
+The kinds themselves (facts, contract, match, call) live in kitdispatch/models/ops/, one module
+each, registered in `OP_KINDS`; describe sits below models and does not import them, so the
+names are listed here, and tests/models/test_registry.py checks this list against the registry.
+"""
+
+from __future__ import annotations
+
+# In the registry's order.
+REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic", "iree_linalg_ext.attention")
+# The ops a kernel matches through a pattern file (replace_when's `pattern`), and only they.
+PATTERN_OPS = ("linalg.generic",)

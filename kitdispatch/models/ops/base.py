@@ -1,0 +1,302 @@
+"""What every replaceable op kind provides, and the helpers the kinds share.
+
+An op kind (one module of this package, registered in `__init__.py`) knows four things of
+its IREE op: the facts read from IREE's IR (`facts`), what params a kernel must have to stand
+in for it (`contract`), whether a kernel computes exactly what one op computes (`mismatch`,
+with the reason when it does not) and how the transform spec calls the kernel in the op's
+place (`replacement`, `adapter`). replace.py and pipeline.py ask the registry and name no kind.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, TYPE_CHECKING
+
+from kitdispatch.describe.kernel import Buffer, Kernel, value_out_of_range
+from kitdispatch.errors import ManifestError
+
+if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
+    from iree.compiler import ir  # annotations
+
+
+@dataclass(frozen=True)
+class TensorFacts:
+    """A ranked tensor type: MLIR's element type name and sizes (None: dynamic)."""
+
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    @property
+    def text(self) -> str:
+        return "x".join(["?" if d is None else str(d) for d in self.shape] + [self.dtype])
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype, "shape": list(self.shape)}
+
+
+class KindFacts(Protocol):
+    """What one op computes beyond its tensors' types, as its kind reads it."""
+
+    @property
+    def summary(self) -> str | None:  # shown in braces after the op's name in reports; None: nothing
+        ...
+
+    def to_json(self) -> dict:  # merged into the op's entry of the report
+        ...
+
+
+@dataclass(frozen=True)
+class OpFacts:
+    """One op of a replaceable kind, as IREE parsed it."""
+
+    kind: str
+    function: str  # the model function that holds it
+    location: str
+    inputs: tuple[TensorFacts, ...]  # the op's `ins` (as the kernel reads them)
+    init: TensorFacts  # its `outs`
+    result: TensorFacts
+    detail: KindFacts  # the kind's own facts (a softmax's dimension, a generic's body, ...)
+
+    def describe(self) -> str:
+        types = ", ".join(t.text for t in self.inputs)
+        body = f" {{{self.detail.summary}}}" if self.detail.summary is not None else ""
+        return f"{self.kind}{body} ({types}) -> {self.result.text} in @{self.function} at {self.location}"
+
+    def to_json(self) -> dict:
+        return {
+            "op": self.kind,
+            "function": self.function,
+            "location": self.location,
+            "inputs": [t.to_json() for t in self.inputs],
+            "result": self.result.to_json(),
+            **self.detail.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A kernel's buffers in the op's roles: inputs in op operand order, then the result."""
+
+    inputs: tuple[Buffer, ...]
+    result: Buffer
+    accumulates: bool  # the result is an inout buffer that starts as the op's `outs`
+    pattern: object | None = None  # the kind's own part of the contract (a generic's pattern)
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """An iree-opt pass pipeline a kind needs run on the model before its ops are read."""
+
+    pipeline: str
+    pass_name: str  # for the model record's `matched_after`
+    what: str  # in words, for the error when it fails
+
+
+@dataclass(frozen=True)
+class Call:
+    """How the spec calls the kernel in one op's place: the op operands passed (those in
+    `through` read through their producer, a plain transpose), and where the op has fewer dims
+    than the kernel, the leading unit dims an adapter adds (`unit_dims`), named by `variant`."""
+
+    operands: tuple[int, ...]
+    through: tuple[int, ...] = ()
+    unit_dims: int = 0
+    variant: str = ""  # suffix of the adapter's name ("_batch1")
+
+
+class OpKind(ABC):
+    """One replaceable op kind. Subclasses set `name` (IREE's op name) and implement the
+    abstract methods; the defaults serve kinds whose ops take and give plain tensors."""
+
+    name: str  # IREE's op name, the key of the registry
+    # What runs on the model before its ops are read (IREE's elementwise fusion for generics).
+    prepare: ClassVar[Preparation | None] = None
+    # Named in the hint of a build that found no candidate (a kind most models hold, such as
+    # linalg.generic, would be noise there).
+    suggested: ClassVar[bool] = True
+    # Whether its kernels name a pattern file (replace_when's `pattern`): describe/op_names.py's PATTERN_OPS.
+    takes_pattern: ClassVar[bool] = False
+
+    def candidate(self, op: ir.Operation) -> bool:
+        """Whether an op of this kind is one a kernel could replace at all."""
+        return takes_tensors(op)
+
+    @abstractmethod
+    def facts(self, op: ir.Operation) -> OpFacts:
+        """The op's facts, read from IREE's IR."""
+
+    @abstractmethod
+    def contract(self, kernel: Kernel, where: str) -> Layout:
+        """The kernel's params in the op's roles; a ManifestError where they cannot compute
+        this kind at all (a description problem, not a property of one op)."""
+
+    @abstractmethod
+    def semantic_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout) -> str | None:
+        """Why the kernel computes something else than the op, beyond types and sizes."""
+
+    def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
+        """Types and sizes of the op's tensors against the kernel's buffers, then the limits
+        of `replace_when`; fills `sizes` with the kernel's dimensions."""
+        pairs = [(f"input {i}", t, b) for i, (t, b) in enumerate(zip(op.inputs, layout.inputs))]
+        if layout.accumulates:
+            pairs.append(("accumulator", op.init, layout.result))
+        pairs.append(("result", op.result, layout.result))
+        for role, tensor, buffer in pairs:
+            why = type_mismatch(role, tensor, buffer, sizes)
+            if why:
+                return why
+        return limit_mismatch(kernel, sizes)
+
+    def mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout) -> str | None:
+        """Why `kernel` does not compute exactly what `op` computes, or None when it does."""
+        semantic = self.semantic_mismatch(op, kernel, layout)
+        if semantic:
+            return semantic
+        sizes: dict[str, int | None] = {}
+        return self.sizes_mismatch(op, kernel, layout, sizes) or value_out_of_range(kernel, sizes)
+
+    def call(self, op: OpFacts, layout: Layout) -> Call:
+        """How the spec calls the kernel in the op's place: its inputs, then the accumulator."""
+        return Call(tuple(range(len(op.inputs) + layout.accumulates)))
+
+
+# ------------------------------------------------------------------- shared contract checks
+
+
+def kernel_buffers(kernel: Kernel, kind: str, where: str) -> tuple[list[Buffer], Buffer]:
+    """The kernel's argument buffers and its one result; every scalar must have a value."""
+    scalar_args = [p.name for p in kernel.function_arguments if not isinstance(p, Buffer)]
+    if scalar_args:
+        raise ManifestError(
+            f"its function needs scalar argument(s) {', '.join(scalar_args)}, which {kind} does not give",
+            where=where,
+            fix="give each such scalar a value (value = ...) or name it after a dimension",
+        )
+    results = [b for b in kernel.buffers if b.is_result]
+    if len(results) != 1:
+        raise ManifestError(
+            f"it writes {len(results)} buffers; {kind} has one result", where=where, fix="replace ops with one kernel result"
+        )
+    return [b for b in kernel.buffers if b.is_argument], results[0]
+
+
+def expect(ok: bool, what: str, where: str) -> None:
+    if not ok:
+        raise ManifestError(what, where=where, fix="fix the kernel's params, or remove this op from its replaces")
+
+
+# ------------------------------------------------------------------- shared match checks
+
+
+def type_mismatch(role: str, tensor: TensorFacts, buffer: Buffer, sizes: dict[str, int | None]) -> str | None:
+    want = buffer.type
+    if tensor.dtype != want.dtype:
+        return f"element type: the op's {role} is {tensor.text}, the kernel's {buffer.name} is {want}"
+    if len(tensor.shape) != len(want.shape):
+        return f"rank: the op's {role} is {tensor.text} ({len(tensor.shape)}-D), the kernel's {buffer.name} is {want} ({len(want.shape)}-D)"
+    for axis, (size, dim) in enumerate(zip(tensor.shape, want.shape)):
+        if isinstance(dim, int):
+            if size != dim:
+                given = "dynamic" if size is None else str(size)
+                return f"shape: dimension {axis} of the op's {role} ({tensor.text}) is {given}, the kernel's {buffer.name} needs {dim}"
+        elif dim in sizes and None not in (sizes[dim], size) and sizes[dim] != size:
+            return f"shape: {dim} is {sizes[dim]} elsewhere but {size} in the op's {role} ({tensor.text})"
+        elif sizes.get(dim) is None:
+            sizes[dim] = size
+    return None
+
+
+def limit_mismatch(kernel: Kernel, sizes: dict[str, int | None]) -> str | None:
+    for symbol, divisor in kernel.replaces.multiple_of:
+        size = sizes.get(symbol)
+        if size is None:
+            return f"limit: {symbol} is dynamic in the model, and must be a multiple of {divisor}, which cannot be checked"
+        if size % divisor:
+            return f"limit: {symbol} = {size} is not a multiple of {divisor}"
+    for symbol, largest in kernel.replaces.max_size:
+        size = sizes.get(symbol)
+        if size is None:
+            return f"limit: {symbol} is dynamic in the model, and must be at most {largest}, which cannot be checked"
+        if size > largest:
+            return f"limit: {symbol} = {size} is over the kernel's maximum {largest}"
+    return None
+
+
+# ------------------------------------------------------------------- reading IREE's IR
+
+
+def takes_tensors(op: ir.Operation) -> bool:
+    """Whether the op has the form every kernel function has: ranked tensors in, at least one
+    ranked tensor out. Others compute nothing a kernel could return: IREE lowers an ONNX
+    Reciprocal with a `linalg.generic` of no `outs` and no result around a `cf.assert`, and a
+    generic may take a scalar `ins` operand."""
+    from iree.compiler import ir
+
+    def ranked(t: ir.Type) -> bool:
+        try:
+            ir.RankedTensorType(t)
+        except ValueError:  # the cast refuses anything else
+            return False
+        return True
+
+    values = [v.type for v in op.operands] + [r.type for r in op.results]
+    return bool(op.results) and all(ranked(t) for t in values)
+
+
+def tensor_facts(t: ir.Type) -> TensorFacts:
+    from iree.compiler import ir
+
+    ranked = ir.RankedTensorType(t)
+    shape = tuple(None if ranked.is_dynamic_dim(i) else ranked.get_dim_size(i) for i in range(ranked.rank))
+    return TensorFacts(str(ranked.element_type), shape)
+
+
+def split_operands(op: ir.Operation) -> tuple[tuple[TensorFacts, ...], TensorFacts, TensorFacts]:
+    """(ins, the first outs, the first result) of a destination-style op: `ins`, then one `outs` per result."""
+    operands = [tensor_facts(v.type) for v in op.operands]
+    split = len(operands) - max(1, len(op.results))
+    return tuple(operands[:split]), operands[split], tensor_facts(op.results[0].type)
+
+
+def init_operand(op: ir.Operation):
+    """The op's first `outs` operand (a value)."""
+    return op.operands[len(op.operands) - max(1, len(op.results))]
+
+
+def op_name(owner: ir.Operation) -> str:
+    """The name of the op that defines a value; a block's argument has none."""
+    operation = getattr(owner, "operation", None)
+    return operation.name if operation is not None else "a function argument"
+
+
+def function_of(op: ir.Operation) -> str:
+    parent = op.parent
+    while parent is not None and "sym_name" not in parent.attributes:
+        parent = parent.parent
+    if parent is None:
+        return "?"
+    from iree.compiler import ir
+
+    return ir.StringAttr(parent.attributes["sym_name"]).value
+
+
+def location(op: ir.Operation) -> str:
+    text = str(op.location)
+    return text[4:-1] if text.startswith("loc(") and text.endswith(")") else text
+
+
+def map_dims(attr: ir.Attribute) -> tuple[int, ...] | None:
+    """An affine map's results as loop dims; None where one is not a plain dim."""
+    from iree.compiler import ir
+
+    results = ir.AffineMapAttr(attr).value.results
+    if not all(isinstance(e, ir.AffineDimExpr) for e in results):  # results come downcast
+        return None
+    return tuple(e.position for e in results)
+
+
+def destination_facts(op: ir.Operation, detail: KindFacts) -> OpFacts:
+    """The facts of a destination-style op (`ins`, then one `outs` per result) with its kind's own."""
+    inputs, init, result = split_operands(op)
+    return OpFacts(op.name, function_of(op), location(op), inputs, init, result, detail)

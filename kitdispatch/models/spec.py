@@ -1,0 +1,236 @@
+"""The transform spec that puts kit kernels in place of a model's marked ops.
+
+The kernels are built by the build pipeline (builder.pipeline.generate: the cache, the ABI and
+PTX checks); their generated module becomes what a spec imports (the executables, renamed with
+the kit's prefix, and each kernel function as a private `util.func` wrapper). The spec holds one
+match-and-call block per way of calling a kernel (the kinds' `call`: operands, operands read
+through a transpose, an adapter adding unit dims), rendered from mlir_templates/replace_spec.mlir.j2.
+After iree-opt ran it, every marked op must be gone and a kit dispatch in its place.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import dataclasses
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kitdispatch._version import __version__
+from kitdispatch.builder.pipeline import BuildOptions, generate
+from kitdispatch.builder.publish import keep_staged
+from kitdispatch.describe.kernel import Kernel
+from kitdispatch.describe.module import ModuleSpec, TestSpec
+from kitdispatch.describe.record import read_record
+from kitdispatch.emit.mlir_text import mlir_comment, mlir_string
+from kitdispatch.emit.render import render_template
+from kitdispatch.describe.types import FunctionSignature
+from kitdispatch.errors import KitError, ManifestError
+from kitdispatch.models.replace import KIT_PREFIX, MARK_ATTRIBUTE, Decision, wrapper_name
+
+if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
+    from iree.compiler import ir  # annotations
+
+SPEC_PIPELINE = (
+    "builtin.module(iree-preprocessing-transform-interpreter{{transform-spec-path={spec}}},"
+    # Without `inline`, the wrappers' tensor.dim ops fail later in the pipeline (measured).
+    "inline,util.func(canonicalize))"
+)
+
+
+def parse_mlir(path: Path):
+    from iree.compiler import ir
+
+    context = ir.Context()
+    try:
+        return context, ir.Module.parse(path.read_text(), context)
+    except Exception as exc:  # MLIRError: the bindings cannot read what iree-compile wrote
+        raise KitError(f"cannot parse {path}: {exc}", fix="report it as a kitdispatch bug with the model") from None
+
+
+# ------------------------------------------------------------------- kernel symbols
+
+
+@dataclass(frozen=True)
+class SpecSymbols:
+    text: str  # the executables and wrappers, ready for the spec module
+    executables: tuple[str, ...]
+    wrappers: tuple[str, ...]
+
+
+def kernel_symbols(spec: ModuleSpec, kernels: list[Kernel], options: BuildOptions, stage: Path) -> tuple[list[str], SpecSymbols]:
+    """Compiles the kernels (build.generate: the cache, the ABI and PTX checks) and turns the
+    generated module into what a spec imports: its executables, and each kernel function as
+    a private `util.func` (in the model, functions are util.funcs by this stage)."""
+    sub = dataclasses.replace(spec, kernels=tuple(kernels), programs=(), test=TestSpec())
+    # Inside the staging folder: a killed build leaves nothing the next one does not remove.
+    result = generate(sub, options, stage / "kernels" / sub.name)
+    _check_settled_functions(kernels, read_record(result.record).functions)
+    for obj in result.objects:
+        shutil.copy2(obj, stage / obj.name)
+    text = result.mlir.read_text()
+    return [o.name for o in result.objects], _as_spec_symbols(text, kernels)
+
+
+def _check_settled_functions(kernels: list[Kernel], functions: Sequence[FunctionSignature]) -> None:
+    """The ops were matched against the kernels as described; the build settles pointers the
+    manifest leaves to the compiled code (roles.py), and a function that came out otherwise
+    would not fit the ops it replaces."""
+    built = {f.name: f for f in functions}
+    for kernel in kernels:
+        settled = built.get(kernel.function)
+        if settled is not None and settled != kernel.signature():
+            raise ManifestError(
+                f"kernel {kernel.name!r}: its compiled code gives its non-const pointers other roles than "
+                f"the manifest implies (function {_shown_signature(settled)}, not {_shown_signature(kernel.signature())})",
+                where=f"kernel {kernel.name}: replaces",
+                fix="name every non-const pointer's role in the manifest (in = [...], out = [...], inout = [...]), "
+                "or make input pointers const",
+            )
+
+
+def _shown_signature(sig: FunctionSignature) -> str:
+    return f"({', '.join(map(str, sig.args))}) -> ({', '.join(map(str, sig.results))})"
+
+
+def _as_spec_symbols(text: str, kernels: list[Kernel]) -> SpecSymbols:
+    from iree.compiler import ir
+    from iree.compiler.dialects import util  # noqa: F401 (registers util.func for parsing)
+
+    context = ir.Context()
+    module = ir.Module.parse(text, context)
+    executables, wrappers = [], []
+    with context, ir.Location.unknown():
+        for op in top_ops(module):
+            name = ir.StringAttr(op.attributes["sym_name"]).value
+            if op.name.startswith("hal.executable"):
+                new = f"{KIT_PREFIX}{name}"
+                ir.SymbolTable.replace_all_symbol_uses(name, new, module.operation)
+                ir.SymbolTable.set_symbol_name(op, new)
+                executables.append(new)
+        for op in top_ops(module):
+            if op.name == "func.func":
+                kernel = next(k for k in kernels if k.function == ir.StringAttr(op.attributes["sym_name"]).value)
+                wrappers.append(_to_util_func(op, wrapper_name(kernel)))
+        symbols = "\n".join(op.get_asm(use_local_scope=True) for op in top_ops(module))
+    return SpecSymbols(symbols, tuple(executables), tuple(wrappers))
+
+
+def top_ops(module: ir.Module) -> list:
+    """The module's top-level ops as Operations (an OpView's `.name` may be its symbol)."""
+    return [op.operation for op in module.body.operations]
+
+
+def _to_util_func(op: ir.Operation, name: str) -> str:
+    """Re-homes a generated `func.func` as `util.func private` (same body, util.return)."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import util
+
+    wrapper = util.FuncOp(name, op.attributes["function_type"], sym_visibility="private", ip=ir.InsertionPoint(op))
+    old = op.regions[0].blocks[0]
+    block = wrapper.operation.regions[0].blocks.append(*[a.type for a in old.arguments])
+    for before, after in zip(old.arguments, block.arguments):
+        before.replace_all_uses_with(after)
+    for inner in list(old.operations):
+        if inner.name == "func.return":
+            util.ReturnOp(list(inner.operands), ip=ir.InsertionPoint(block))
+        else:
+            inner.detach_from_parent()
+            block.append(inner)
+    op.erase()
+    return name
+
+
+def check_symbols_free(module: ir.Module, symbols: SpecSymbols, model: Path) -> None:
+    from iree.compiler import ir
+
+    taken = {ir.StringAttr(op.attributes["sym_name"]).value for op in top_ops(module) if "sym_name" in op.attributes}
+    clash = sorted(taken & set(symbols.executables + symbols.wrappers))
+    if clash:
+        raise KitError(
+            f"the model already defines {', '.join(clash)}, which kitdispatch adds",
+            where=str(model),
+            fix="rename the kernel's function (`function = ...`) or the model's symbol",
+        )
+
+
+# ------------------------------------------------------------------------- the spec
+
+
+def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequence[Decision], symbols: SpecSymbols) -> str:
+    """One match-and-call block per way of calling a kernel (its mark); the ops themselves were
+    chosen in Python and carry MARK_ATTRIBUTE naming it. Ops with fewer dims than the kernel
+    (their kind's `call` says how many) call an adapter that adds leading unit dims."""
+    blocks, adapters = [], {}
+    for kernel in kernels:
+        for kind in kernel.replaces.ops:
+            mine = [d for d in decisions if d.kernel is kernel and d.op.kind == kind]
+            for mark in dict.fromkeys(d.mark for d in mine):
+                ops = [d for d in mine if d.mark == mark]
+                first = ops[0]
+                if first.call.unit_dims:
+                    adapters[first.function] = _adapter(first)
+                blocks.append(
+                    {
+                        "doc": mlir_comment(f"{kind} -> {kernel.name} ({len(ops)} op{'s' if len(ops) > 1 else ''})"),
+                        "op": kind,
+                        "mark": mlir_string(mark),
+                        "function": first.function,
+                        "imports": list(symbols.executables) + ([wrapper_name(kernel)] if first.call.unit_dims else []),
+                        "operands": ", ".join(str(i) for i in first.operands),
+                        "through": [{"index": i, "through": i in first.through} for i in first.operands] if first.through else [],
+                    }
+                )
+    return render_template(
+        "replace_spec.mlir.j2",
+        version=__version__, project=mlir_comment(project), model=mlir_comment(model), mark=MARK_ATTRIBUTE, symbols=symbols.text, blocks=blocks,
+        adapters=list(adapters.values()),
+    )
+
+
+def _adapter(decision: Decision) -> dict:
+    """What the template needs for a `util.func` that takes the op's tensors (rank r), expands
+    each with leading unit dims to the kernel's rank, calls the kernel's wrapper, collapses back."""
+    rank = len(decision.op.result.shape)
+    pad = decision.call.unit_dims
+    dtype = decision.op.result.dtype
+    return {
+        "name": decision.function,
+        "wrapper": wrapper_name(decision.kernel),
+        "inputs": [f"x{i}" for i in decision.operands],
+        "type": f"tensor<{'?x' * rank}{dtype}>",
+        "expanded": f"tensor<{'1x' * pad}{'?x' * rank}{dtype}>",
+        "kernel_type": f"tensor<{'?x' * (rank + pad)}{dtype}>",
+        "dims": list(range(rank)),
+        "ones": ", ".join(["1"] * pad),
+        "reassociation": "[" + ", ".join([f"[{', '.join(str(i) for i in range(pad + 1))}]"] + [f"[{i + pad}]" for i in range(1, rank)]) + "]",
+    }
+
+
+def check_all_replaced(replaced: Path, decisions: Sequence[Decision], executables: Sequence[str], stage: Path) -> None:
+    """Every marked op must be gone and a dispatch of a kit executable in its place."""
+    _, module = parse_mlir(replaced)
+    from iree.compiler import ir
+
+    marked, dispatches = [], 0
+
+    def visit(op: ir.Operation):
+        nonlocal dispatches
+        if MARK_ATTRIBUTE in op.attributes:
+            marked.append(op.name)
+        if op.name == "flow.dispatch" and any(f"@{e}::" in str(op.attributes["entry_points"]) for e in executables):
+            dispatches += 1
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    wanted = sum(d.kernel is not None for d in decisions)
+    if marked or dispatches != wanted:
+        keep = keep_staged(stage)
+        raise KitError(
+            f"the transform spec left {len(marked)} marked op(s) in place and made {dispatches} kernel "
+            f"dispatch(es) for {wanted} op(s) to replace",
+            where=str(keep / replaced.name),
+            fix=f"report it as a kitdispatch bug; the spec and the model stages are kept in {keep}",
+        )

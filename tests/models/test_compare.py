@@ -1,0 +1,86 @@
+"""compare.py: the replaced module against IREE's own build, and profiles. GPU tests are marked
+and skip without a GPU."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+from conftest import (
+    ELEMENTWISE,
+    HAVE_IREE_COMPILE,
+    MATMUL_CU,
+    SAMPLES,
+    make_llama_layer,
+    make_sample_model,
+    needs_iree_compile,
+)
+
+from kitdispatch import BuildOptions
+from kitdispatch.cli import main
+from kitdispatch.models.compare import compare_model
+from kitdispatch.models.pipeline import build_model
+
+
+@pytest.mark.gpu
+def test_compare_onnx_sample_on_gpu(tmp_path, prebuilt_dir):
+    """The ONNX sample's softmax replaced by the library kernel agrees with IREE's own build."""
+    built = prebuilt_dir / "onnx_softmax_model" if prebuilt_dir else None
+    if built is None:
+        pytest.importorskip("onnx")
+
+        model = tmp_path / "model.onnx"
+        subprocess.run([sys.executable, str(SAMPLES / "onnx_softmax" / "make_model.py"), str(model)], check=True, timeout=120)
+        built = build_model(SAMPLES / "onnx_softmax", model, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    result = compare_model(built)
+    assert result.agree, result.worst
+    assert result.call_us["replaced"] > 0 and result.call_us["baseline"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sample, project", [("onnx_matmul", MATMUL_CU.parent), ("onnx_bias_gelu", ELEMENTWISE)])
+def test_compare_library_kernel_samples_on_gpu(tmp_path, prebuilt_dir, sample, project):
+    """The library's matmul and bias_gelu in place of IREE's codegen agree with IREE's own build
+    (f16 outputs within f16's tolerance, f32 within f32's)."""
+    built = prebuilt_dir / f"{sample}_model" if prebuilt_dir else None
+    if built is None:
+
+        model = tmp_path / "model.onnx"
+        make_sample_model(sample, model)
+        built = build_model(project, model, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    result = compare_model(built)
+    assert result.agree, result.worst
+    kit, _ = result.replaced_dispatches()
+    assert any(t.name in result.kernel_names for t in kit) or result.notes
+
+
+@pytest.mark.gpu
+def test_llama_layer_with_the_library_matmul_agrees_on_gpu(tmp_path, prebuilt_dir):
+    """The f16 Llama-style layer with its three projections replaced agrees with IREE alone
+    (prebuilt as `llama_layer_model` where the GPU machine has no iree-compile)."""
+    built = prebuilt_dir / "llama_layer_model" if prebuilt_dir else None
+    if built is None:
+
+        if not HAVE_IREE_COMPILE:
+            pytest.skip("iree-compile is not installed")
+        model = tmp_path / "layer.onnx"
+        make_llama_layer(model, "--f16")
+        built = build_model(MATMUL_CU.parent, model, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    elif not built.is_dir():
+        pytest.skip(f"{built} was not prebuilt")
+    result = compare_model(built)
+    assert result.agree, result.worst
+    assert result.kernel_names == ("matmul_f16",)
+
+
+@needs_iree_compile
+@pytest.mark.parametrize("device, message", [("local-task", "was compiled for IREE's cuda device and cannot run on 'local-task'"),
+                                             ("bogus", "IREE's runtime has no device 'bogus'")])
+def test_compare_on_a_device_that_cannot_run_the_model(linalg_build, device, message):
+    """Without a GPU, `local-task` still opens: the module's load is what refuses, with exit 2."""
+    _, _, out = linalg_build
+    err = io.StringIO()
+    assert main(["compare", str(out), "--device", device], io.StringIO(), err) == 2, err.getvalue()
+    assert message in err.getvalue() and "internal error" not in err.getvalue()

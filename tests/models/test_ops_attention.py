@@ -1,0 +1,174 @@
+"""iree_linalg_ext.attention (models/ops/attention.py): maps, scale, mask, scores, and builds
+through the adapter and the V transpose."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import pytest
+from conftest import (
+    ATTENTION,
+    SAMPLES,
+    dump_module,
+    iree_dispatches,
+    needs_iree_compile,
+    only,
+    ops_of,
+)
+
+from kitdispatch import BuildOptions, Kernel, KitError
+from kitdispatch.describe.manifest import load_manifest
+from kitdispatch.models.pipeline import build_model
+from kitdispatch.models.replace import decide, replacing_kernels
+
+_D = "affine_map<(d0, d1, d2, d3, d4) -> "
+
+
+# Q (batch, m, k1), K (batch, k2, k1), V (batch, k2, n), scale (), O (batch, m, n): the layout
+# of torch's SDPA as imported; IREE's global optimization reads V through a transpose instead.
+PLAIN_V = "(d0, d4, d2)"
+
+
+@functools.cache
+def attention_kernels() -> tuple[Kernel, ...]:
+    return replacing_kernels(load_manifest(ATTENTION))
+
+
+def attention_model(
+    batch=8, seq=256, seq_k=None, head=64, dtype="f16", scale="1.250000e-01 : f32", v_map=PLAIN_V, k_map="(d0, d4, d3)",
+    v_transposed=False, mask=False, scale_argument=False, scores="%s",
+) -> str:
+    """One attention op in the form IREE's global optimization gives it, one thing changed at a
+    time for the near misses. With `v_transposed`, V goes through IREE's plain transpose first."""
+    seq_k = seq_k or seq
+    q, kv, o = (f"tensor<{batch}x{s}x{head}x{dtype}>" for s in (seq, seq_k, seq))
+    vt = f"tensor<{batch}x{head}x{seq_k}x{dtype}>"
+    maskt = f"tensor<{batch}x{seq}x{seq_k}x{dtype}>"
+    scale_type = scale.split(": ")[-1]
+    args = f"%q: {q}, %k: {kv}, %v: {kv}" + (f", %mask: {maskt}" if mask else "") + (f", %scale: {scale_type}" if scale_argument else "")
+    transpose = (
+        f"""%vte = tensor.empty() : {vt}
+  %vt = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1, d2)>],
+      iterator_types = ["parallel", "parallel", "parallel"]}} ins(%v : {kv}) outs(%vte : {vt}) {{
+  ^bb0(%in: {dtype}, %out: {dtype}):
+    linalg.yield %in : {dtype}
+  }} -> {vt}"""
+        if v_transposed else ""
+    )
+    v, v_type = ("%vt", vt) if v_transposed else ("%v", kv)
+    maps = [f"{_D}(d0, d1, d3)>", f"{_D}{k_map}>", f"{_D}{v_map}>", f"{_D}()>"] + ([f"{_D}(d0, d1, d4)>"] if mask else []) + [
+        f"{_D}(d0, d1, d2)>"
+    ]
+    ins = f"%q, %k, {v}, %scale" + (", %mask" if mask else "")
+    types = f"{q}, {kv}, {v_type}, {scale_type}" + (f", {maskt}" if mask else "")
+    return f"""
+func.func @forward({args}) -> {o} {{
+  {"" if scale_argument else f"%scale = arith.constant {scale}"}
+  {transpose}
+  %e = tensor.empty() : {o}
+  %r = iree_linalg_ext.attention <indexing_maps = [{", ".join(maps)}]> ins({ins} : {types}) outs(%e : {o}) {{
+  ^bb0(%s: f32):
+    iree_linalg_ext.yield {scores} : f32
+  }} -> {o}
+  return %r : {o}
+}}"""
+
+
+def attention_ops(mlir: str):
+    return ops_of(mlir, ("iree_linalg_ext.attention",))
+
+
+@pytest.mark.parametrize("v_transposed, v_map", [(True, "(d0, d2, d4)"), (False, PLAIN_V)], ids=["v-through-transpose", "plain-v"])
+def test_attention_hit(v_transposed, v_map):
+    d = decide(attention_ops(attention_model(v_transposed=v_transposed, v_map=v_map)), attention_kernels())[0]
+    assert d.kernel is not None and d.kernel.name == "attention_f16" and d.operands == (0, 1, 2)
+    assert d.through == ((2,) if v_transposed else ())  # the transpose's input is passed as V
+    assert d.call.unit_dims == 1 and d.function == "kitdispatch_attention_f16_batch1"  # [8, s, d] runs as [1, 8, s, d]
+    assert d.to_json()["attention"] == {"scale": "1.250000e-01 : f32", "mask": None, "v_through_transpose": v_transposed}
+
+
+def test_attention_hits_bf16_head_dim_128_and_four_dims():
+    d = decide(attention_ops(attention_model(head=128, dtype="bf16", scale="0.0883883461 : f32")), attention_kernels())[0]
+    assert d.kernel.name == "attention_bf16"
+    four = attention_model().replace("tensor<8x", "tensor<2x4x").replace("(d0, d1, d2, d3, d4) -> (d0,", "(d5, d0, d1, d2, d3, d4) -> (d5, d0,")
+    four = four.replace("(d0, d1, d2, d3, d4) -> ()", "(d5, d0, d1, d2, d3, d4) -> ()")
+    d = decide(attention_ops(four), attention_kernels())[0]
+    assert d.kernel.name == "attention_f16" and d.call.unit_dims == 0 and d.function == "kitdispatch_attention_f16"  # [b, h, s, d] as the kernel: no adapter
+
+
+@pytest.mark.parametrize(
+    "model, reason",
+    [
+        (attention_model(dtype="f32"), "element type: the op's Q is 8x256x64xf32, the kernel's q is f16[b,h,s,d]"),
+        (attention_model(head=96, scale="0.102062076 : f32"), "head dim 96: the kernel has code for 64 and 128 only"),
+        (attention_model(seq=64, v_map="(d0, d2, d4)"),  # V stored transposed: square, so the types fit
+         "operand maps: Q (d0, d1, d3) of 5 loops, K (d0, d4, d3) of 5 loops, V (d0, d2, d4) of 5 loops"),
+        (attention_model(seq=64, k_map="(d0, d3, d4)"), "K (d0, d3, d4) of 5 loops"),
+        (attention_model(scale="5.000000e-01 : f32"), "the op's scale is 5.000000e-01 : f32, the kernel's 1/sqrt(64) = 0.125 (f32)"),
+        (attention_model(head=128, scale="8.837890e-02 : f16"), "the op's scale is 8.837890e-02 : f16, the kernel's 1/sqrt(128)"),
+        (attention_model(scale_argument=True), "the op's scale is computed by a function argument, not a constant"),
+        (attention_model(mask=True), "the op has a mask operand (made by a function argument), and the kernel takes no mask"),
+        (attention_model(seq_k=128), "shape: s is 256 elsewhere but 128 in the op's K"),
+        (attention_model(scores="%s2").replace("iree_linalg_ext.yield %s2", "%s2 = arith.mulf %s, %s : f32\n    iree_linalg_ext.yield %s2"),
+         "the op's score region changes the scores"),
+    ],
+    ids=["dtype", "head-dim", "v-map", "k-map", "scale", "f16-scale", "scale-not-constant", "mask", "cross-attention", "score-region"],
+)
+def test_attention_near_misses(model, reason):
+    d = only(decide(attention_ops(model), attention_kernels()))
+    assert d.kernel is None
+    assert reason in d.reasons[0], d.reasons
+    assert len(d.reasons) == 2  # both library kernels say why
+
+
+@needs_iree_compile
+def test_attention_build_dispatches_the_library_kernel(tmp_path):
+    """An imported attention (V plain, as torch's SDPA gives it): IREE's global optimization
+    puts V through a transpose, the kernel reads V through it, and the module dispatches the
+    library's attention in place of IREE's attention dispatch (and the transpose)."""
+    model = tmp_path / "attn.mlir"
+    model.write_text(attention_model(batch=6, seq=300))
+    result = build_model(ATTENTION, model, BuildOptions.create("sm_90a,sm_80"), tmp_path / "out", with_baseline=True)
+    [replaced] = result.replaced
+    assert replaced.kernel.name == "attention_f16" and replaced.through == (2,) and replaced.call.unit_dims == 1
+    spec = result.spec.read_text()
+    assert "transform.get_producer_of_operand %op[2]" in spec and "util.func private @kitdispatch_attention_f16_batch1" in spec
+    assert "attention_f16" in dump_module(result.vmfb) and "attention_f16" not in dump_module(result.baseline_vmfb)
+    assert iree_dispatches(result.baseline_vmfb, "attention") and not iree_dispatches(result.vmfb, "attention")
+    assert not iree_dispatches(result.vmfb, "transpose")
+    dispatch_calls = lambda v: dump_module(v).count("vm.call.variadic @hal.command_buffer.dispatch")  # noqa: E731
+    assert dispatch_calls(result.vmfb) == 1
+
+
+@needs_iree_compile
+def test_masked_attention_is_kept_with_its_reason(tmp_path):
+    model = tmp_path / "attn.mlir"
+    model.write_text(attention_model(mask=True))
+    with pytest.raises(KitError) as err:
+        build_model(ATTENTION, model, BuildOptions.create("sm_90a,sm_80"), tmp_path / "out")
+    assert "the op has a mask operand" in err.value.render()
+    assert not (tmp_path / "out").exists()
+
+
+@needs_iree_compile
+def test_torch_attention_sample_exports_and_builds(tmp_path):
+    """torch's SDPA through iree-turbine: the library attention replaces IREE's, V read through
+    the transpose IREE's global optimization puts before the op."""
+    pytest.importorskip("torch")
+    pytest.importorskip("iree.turbine")
+
+    sys.modules.pop("model", None)  # torch_mlp's sample module has the same name
+    sys.path.insert(0, str(SAMPLES / "torch_attention"))
+    try:
+        from model import export
+    finally:
+        sys.path.pop(0)
+        sys.modules.pop("model", None)
+    mlir = export(tmp_path / "attn.mlir", batch=2, heads=3, seq=300, head_dim=128)
+    assert "torch.aten.scaled_dot_product_attention" in mlir.read_text()
+    result = build_model(ATTENTION, mlir, BuildOptions.create("sm_90a,sm_80"), tmp_path / "out", with_baseline=True)
+    [replaced] = result.replaced
+    assert replaced.kernel.name == "attention_f16" and replaced.op.result.shape == (6, 300, 128)
+    assert replaced.op.detail.scale_text == "0.0883883461 : f32" and replaced.through == (2,)
+    assert iree_dispatches(result.baseline_vmfb, "attention") and not iree_dispatches(result.vmfb, "attention")

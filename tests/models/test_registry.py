@@ -1,0 +1,73 @@
+"""The registry of op kinds (models/ops/__init__.py) and the manifest's `replaces` vocabulary
+(describe/op_names.py) that it must equal."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+import tomllib
+from conftest import KERNEL_TOML, REPO, SOFTMAX_CU
+
+from kitdispatch import ManifestError
+from kitdispatch.describe.manifest import parse_manifest
+from kitdispatch.describe.op_names import PATTERN_OPS, REPLACEABLE_OPS
+from kitdispatch.models import ops
+from kitdispatch.models.ops import OP_KINDS
+
+
+def _manifest(extra: str):
+    data = tomllib.loads(KERNEL_TOML.format(src=SOFTMAX_CU) + extra)
+    return parse_manifest(data, root=REPO, where="kitdispatch.toml")
+
+
+def test_manifest_replaces_plain_and_with_limits():
+    plain = _manifest('replaces = ["linalg.softmax"]').kernels[0].replaces
+    assert plain.ops == ("linalg.softmax",) and plain.dimension is None
+    limited = _manifest('replaces = ["linalg.softmax"]\nreplace_when = { max = { cols = 8192 }, multiple_of = { rows = 4 }, dimension = -1 }')
+    r = limited.kernels[0].replaces
+    assert r.max_size == (("cols", 8192),) and r.multiple_of == (("rows", 4),) and r.dimension == -1
+    assert _manifest("").kernels[0].replaces is None
+    generic = _manifest('replaces = ["linalg.generic"]\nreplace_when = { pattern = "p.mlir" }').kernels[0].replaces
+    assert generic.pattern == REPO / "p.mlir"  # beside the manifest, as `source` is
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ('replaces = ["linalg.conv_2d"]', "kitdispatch cannot replace 'linalg.conv_2d'"),
+        ('replaces = "linalg.softmax"', "replaces must be a non-empty list of op names"),
+        ("replace_when = { max = { cols = 8 } }", "replace_when without replaces"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { max = { width = 8 } }', "replace_when uses 'width'"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { most = { cols = 8 } }', "unknown key 'most'"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { max = { cols = 0 } }', "max must map dimension names to positive integers"),
+        ('replaces = ["linalg.generic"]', "a linalg.generic needs a pattern"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { pattern = "p.mlir" }', "and a pattern is for linalg.generic only"),
+        ('replaces = ["linalg.generic"]\nreplace_when = { pattern = 3 }', "pattern 3 is not a file name"),
+    ],
+)
+def test_manifest_replace_errors(extra, message):
+    with pytest.raises(ManifestError) as err:
+        _manifest(extra)
+    assert message in err.value.render()
+
+
+# ------------------------------------------------------------------------- the registry
+
+
+def test_the_registry_holds_every_name_the_manifest_accepts_in_its_order():
+    """describe checks `replaces` against op_names.py without importing models: the two lists
+    must be one, or a kind would be accepted in a manifest and then missing at build time."""
+    assert tuple(OP_KINDS) == REPLACEABLE_OPS
+    assert tuple(name for name, kind in OP_KINDS.items() if kind.takes_pattern) == PATTERN_OPS
+    assert all(kind.name == name for name, kind in OP_KINDS.items())
+
+
+def test_every_kind_module_is_registered():
+    """Adding an op kind is adding a module of models/ops: one left out of OP_KINDS is an error here."""
+    modules = {m.name for m in pkgutil.iter_modules(ops.__path__)} - {"base"}
+    kinds = {m: importlib.import_module(f"kitdispatch.models.ops.{m}").KIND for m in modules}
+    assert sorted(kinds) == ["attention", "batch_matmul", "generic", "matmul", "softmax"]
+    assert sorted(k.name for k in kinds.values()) == sorted(OP_KINDS)
+    assert all(OP_KINDS[k.name] is k for k in kinds.values())
