@@ -52,6 +52,13 @@ def cpp_base_name(name: str) -> str:
     return name.split("<", 1)[0].rsplit("::", 1)[-1]
 
 
+def as_identifier(text: str, *, fallback: str, digit_prefix: str) -> str:
+    """`text` as an identifier (MLIR symbols, file stems): each character outside [A-Za-z0-9_]
+    as `_`, `fallback` for nothing, `digit_prefix` before a leading digit."""
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", text) or fallback
+    return ident if not ident[0].isdigit() else digit_prefix + ident
+
+
 def default_function_name(kernel: str) -> str:
     """`scale<float>` -> `scale_float`: an identifier for a C++ name expression."""
     text = re.sub(r"\W+", "_", kernel.replace("::", "_"), flags=re.ASCII).strip("_")

@@ -27,7 +27,7 @@ from kitdispatch.describe.kernel import Buffer, Kernel, Param, Scalar
 from kitdispatch.describe.index_expr import IndexExpr
 from kitdispatch.describe.module import ModuleSpec
 from kitdispatch.describe.types import ScalarType, TensorType
-from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX, distinct_names
+from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX, as_identifier, distinct_names
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,7 @@ class RenderedModule:
 
 def executable_name(stem: str, fmt: str | None = None) -> str:
     """An MLIR symbol for a source's executable, from its unique stem (ModuleSpec.source_stem)."""
-    stem = re.sub(r"[^A-Za-z0-9_]", "_", stem) or "kernels"
-    stem = stem if not stem[0].isdigit() else f"k{stem}"
+    stem = as_identifier(stem, fallback="kernels", digit_prefix="k")
     return f"{stem}_{fmt}_executable" if fmt else f"{stem}_executable"
 
 

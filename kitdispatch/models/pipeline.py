@@ -29,7 +29,6 @@ import dataclasses
 import errno
 import json
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -53,6 +52,7 @@ from kitdispatch.models.replace import MARK_ATTRIBUTE, Decision, decide, read_op
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec, top_ops
 from kitdispatch.describe.kernel import Kernel
 from kitdispatch.describe.module import ModuleSpec
+from kitdispatch.describe.names import as_identifier
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -255,8 +255,7 @@ def _preparations(kinds: Sequence[str]) -> list[Preparation]:
 
 
 def _model_name(model: Path) -> str:
-    stem = re.sub(r"[^A-Za-z0-9_]", "_", model.name.split(".")[0]) or "model"
-    return stem if not stem[0].isdigit() else f"m_{stem}"
+    return as_identifier(model.name.split(".")[0], fallback="model", digit_prefix="m_")
 
 
 # ------------------------------------------------------------------------ importing
