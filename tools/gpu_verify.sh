@@ -29,7 +29,7 @@ for n in ("iree-base-runtime", "torch", "numpy", "cuda-bindings"):
 EOF
 } 2>&1 | tee "$out/env.txt"
 
-# Module builds only: the model builds (NAME_model) are compared by tests/test_models.py.
+# Module builds only: the model builds (NAME_model) are compared by tests/models/test_compare.py.
 modules=$(for d in "$prebuilt"/*; do [ -e "$d"/*.model.json ] || echo "$d"; done)
 python3 -m kitdispatch test $modules 2>&1 | tee "$out/verify.txt" || status=1
 KITDISPATCH_PREBUILT="$prebuilt" timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu "$@" 2>&1 \

@@ -7,7 +7,7 @@ that has only IREE's runtime (README: "Running the GPU tests on a machine withou
 
 Each project goes to OUT/<its folder's name> (what tests/conftest.py's prebuilt_or_build looks
 for): the samples, the kernel library, the test modules under tests/data, and the model samples
-that tests/test_models.py compares (OUT/<sample>_model, with their baselines).
+that tests/models/test_compare.py compares (OUT/<sample>_model, with their baselines).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ HOPPER = {"matmul", "attention"}
 NOT_CUDA = {"cpu_calls", "cpu_sized"}
 # Projects the GPU tests also run as built by nvcc (OUT/NAME.nvcc), where nvcc is installed.
 NVCC_TOO = {"cxx_kernels"}
-# The models tests/test_models.py compares on the GPU: OUT/NAME -> (model maker and its
+# The models tests/models/test_compare.py compares on the GPU: OUT/NAME -> (model maker and its
 # arguments, project).
 MODELS = {
     "onnx_softmax_model": ((ROOT / "samples" / "onnx_softmax" / "make_model.py",), ROOT / "samples" / "onnx_softmax"),
