@@ -536,13 +536,15 @@ class _LegacyStream:
         # settle's calls, bound once with their argument types: it runs once a call, and
         # building its arguments cost as much as the calls (benchmarks/investigations/
         # torch_launch_profile.py). `lib` is this stream's own CDLL (libcuda makes one a call).
-        push, query, pop = lib.cuCtxPushCurrent_v2, lib.cuStreamQuery, lib.cuCtxPopCurrent_v2
-        push.argtypes = query.argtypes = pop.argtypes = [ctypes.c_void_p]
-        push.restype = query.restype = pop.restype = ctypes.c_int
-        self._push, self._query, self._pop = push, query, pop
+        push, query, pop, current = lib.cuCtxPushCurrent_v2, lib.cuStreamQuery, lib.cuCtxPopCurrent_v2, lib.cuCtxGetCurrent
+        push.argtypes = query.argtypes = pop.argtypes = current.argtypes = [ctypes.c_void_p]
+        push.restype = query.restype = pop.restype = current.restype = ctypes.c_int
+        self._push, self._query, self._pop, self._current = push, query, pop, current
         self._context_value = context.value
         self._popped_value = ctypes.c_void_p()
         self._pop_slot = ctypes.addressof(self._popped_value)
+        self._current_value = ctypes.c_void_p()
+        self._current_slot = ctypes.addressof(self._current_value)
 
     CUDA_ERROR_NOT_READY = 600
 
@@ -558,17 +560,25 @@ class _LegacyStream:
         """Until `stream` (a raw CUstream of this context; 0: the legacy default stream) has
         run what it holds; no wait when it holds nothing. Called once a call."""
         handle = stream or self.CU_STREAM_LEGACY
+        # torch's thread usually has the primary context current already: then the query needs
+        # no push and pop around it (two driver calls of the three, about 1 us).
+        if self._current(self._current_slot) == 0 and self._current_value.value == self._context_value:
+            self._wait_for(handle)
+            return
         code = self._push(self._context_value)
         if code:
             self._check(code, "cuCtxPushCurrent")
         try:
-            code = self._query(handle)
-            if code == self.CUDA_ERROR_NOT_READY:
-                code = self._lib.cuStreamSynchronize(ctypes.c_void_p(handle))
-            if code:
-                self._check(code, "cuStreamSynchronize")
+            self._wait_for(handle)
         finally:
             self._pop(self._pop_slot)
+
+    def _wait_for(self, handle: int) -> None:
+        code = self._query(handle)
+        if code == self.CUDA_ERROR_NOT_READY:
+            code = self._lib.cuStreamSynchronize(ctypes.c_void_p(handle))
+        if code:
+            self._check(code, "cuStreamSynchronize")
 
     @staticmethod
     def _check(code: int, call: str) -> None:
