@@ -1,0 +1,447 @@
+"""The library GEMM (kernels/matmul/gemm.cuh) against cuBLAS (torch.matmul), on the GPU machine.
+
+    python benchmarks/gemm.py OBJECT_DIR OUT.json [--quick] [--no-check] [--no-time]
+
+OBJECT_DIR holds the compiled kernels: the kit's fatbins (`kitdispatch build
+kernels/matmul/gemm.toml --arch sm_90a,sm_80 -o DIR`) or nvcc cubins of matmul_nn.cu, matmul_nt.cu, bmm.cu, matmul.cu.
+Loaded with CuPy; inputs and references are torch tensors.
+
+1. Check: every generated entry (kernels/matmul/gen_manifest.py) on odd shapes (m, n, k not
+   multiples of the tile; k % 8 != 0 for the mma.sync path; split-K shares with no k slice),
+   against a float64 reference of the same epilogue, output poisoned with NaN first. Relative L2
+   error limits: f16 2e-3, bf16 1.2e-2, f32 (from f16/bf16 inputs) 2e-5.
+2. Time: per model shape (BERT-base, GPT-2 small, ViT-base: hidden 768, qkv 2304, ffn 3072;
+   Llama-7B-style: 4096, ffn 11008) at M = 128 .. 8192 tokens, the attention batch matmuls, and
+   squares: every config of the kit kernel and torch.matmul on the same tensors, interleaved in
+   one process, device time per kernel from CUPTI (torch.profiler's kernel records). Ratio =
+   cuBLAS time / kit time (>= 1: kit as fast or faster).
+"""
+
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "kernels", "matmul"))
+import gen_manifest  # noqa: E402
+from configs import CONFIGS, choose_config  # noqa: E402
+
+SMEM = 100352
+TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.2e-2}
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def setup():
+    global torch, cp, np
+    import cupy as cp
+    import numpy as np
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+
+def dt(name):
+    return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[name]
+
+
+class Kernels:
+    def __init__(self, objdir):
+        self.mods = [cp.RawModule(path=p) for p in sorted(glob.glob(os.path.join(objdir, "*.cubin")) + glob.glob(os.path.join(objdir, "*.fatbin")))]
+        self.fns = {}
+
+    def get(self, name):
+        if name not in self.fns:
+            for m in self.mods:
+                try:
+                    f = m.get_function(name)
+                except Exception:  # noqa: BLE001
+                    continue
+                f.max_dynamic_shared_size_bytes = SMEM
+                self.fns[name] = f
+                break
+            else:
+                raise KeyError(name)
+        return self.fns[name]
+
+
+def parse(name):
+    """kernel name -> dict(kind, layout, ti, to, epi, cfg)."""
+    for e in gen_manifest.entries():
+        if e["name"] == name:
+            return e
+    raise KeyError(name)
+
+
+def launcher(K, e, a, b, c, bias=None, res=None, scalar=None, batch=1, m=0, n=0, k=0):
+    f = K.get(e["name"])
+    bn, s = e["bn"], e["s"]
+    grid = ((n + bn - 1) // bn, (m + 127) // 128, batch * s)
+    if e.get("persistent"):
+        grid = (132, 1, 1)
+    args = [cp.asarray(a), cp.asarray(b)]
+    if bias is not None:
+        args.append(cp.asarray(bias))
+    if res is not None:
+        args.append(cp.asarray(res))
+    args.append(cp.asarray(c))
+    if scalar is not None:
+        args.append(np.float32(scalar))
+    if e["kind"] == "bmm":
+        args.append(np.int32(batch))
+    args += [np.int32(m), np.int32(n), np.int32(k)]
+    args = tuple(args)
+
+    threads, smem = e.get("threads", 384), e.get("smem", SMEM)
+
+    def run():
+        f(grid, (threads, 1, 1), args, shared_mem=smem)
+
+    return run
+
+
+def tol_of(e):
+    if e.get("prec") == "3xtf32":
+        return 1e-5
+    if e.get("prec") == "tf32":
+        return 5e-3
+    return TOL[e["to"]]
+
+
+def reference(e, a, b, bias, res, scalar):
+    a64, b64 = a.double(), b.double()
+    if e["layout"] == "nt":
+        b64 = b64.transpose(-1, -2)
+    v = a64 @ b64
+    epi = e["epi"]
+    if epi == "scale":
+        return scalar * v
+    if epi.startswith("bias"):
+        v = v + bias.double()
+    if epi == "bias_gelu_erf":
+        v = 0.5 * v * (1 + torch.erf(v / math.sqrt(2.0)))
+    elif epi == "bias_gelu_tanh":
+        v = 0.5 * v * (1 + torch.tanh(scalar * (v + 0.044715 * v**3)))
+    elif epi == "bias_relu":
+        v = torch.relu(v)
+    elif epi == "bias_silu":
+        v = v * torch.sigmoid(v)
+    if epi.endswith("residual"):
+        v = v + res.double()
+    return v
+
+
+def rel_err(got, ref):
+    got = got.double()
+    if not torch.isfinite(got).all():
+        return float("nan")
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def make_case(e, batch, m, n, k, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    ti, to = dt(e["ti"]), dt(e["to"])
+    lead = (batch,) if e["kind"] == "bmm" else ()
+    a = torch.randn(*lead, m, k, device="cuda", generator=g).to(ti)
+    bshape = (n, k) if e["layout"] == "nt" else (k, n)
+    b = torch.randn(*lead, *bshape, device="cuda", generator=g).to(ti)
+    bias = (torch.randn(n, device="cuda", generator=g) * 4).to(to) if e["epi"].startswith("bias") else None
+    res = torch.randn(*lead, m, n, device="cuda", generator=g).to(to) if e["epi"].endswith("residual") else None
+    scalar = {"scale": 0.37, "bias_gelu_tanh": 0.7978846}.get(e["epi"])
+    c = torch.full((*lead, m, n), float("nan"), device="cuda", dtype=to)
+    return a, b, bias, res, scalar, c
+
+
+CHECK_SHAPES = [  # (batch, m, n, k)
+    (1, 257, 1000, 264),  # TMA path; partial tiles everywhere; k8 splits with no k slice
+    (1, 130, 67, 77),     # k % 8 != 0: mma.sync path (both layouts)
+    (1, 200, 333, 128),   # NT: TMA with odd n; NN: mma.sync (n % 8 != 0)
+]
+CHECK_SHAPES_BMM = [(3, 257, 200, 72), (2, 65, 33, 77), (1, 129, 136, 520)]
+
+
+def step_check(K, quick=False, only_f32=False):
+    bad, n_ok, rows = 0, 0, []
+    es = list(gen_manifest.entries())
+    if only_f32:
+        es = [e for e in es if e["ti"] == "f32"]
+    if quick:
+        es = [e for e in es if e["epi"] in ("none", "bias_gelu_tanh", "bias_residual", "scale")]
+    for i, e in enumerate(es):
+        shapes = CHECK_SHAPES_BMM if e["kind"] == "bmm" else CHECK_SHAPES
+        for (batch, m, n, k) in shapes:
+            a, b, bias, res, scalar, c = make_case(e, batch, m, n, k, seed=i * 31 + m + n + k)
+            try:
+                launcher(K, e, a, b, c, bias, res, scalar, batch, m, n, k)()
+                torch.cuda.synchronize()
+                err = rel_err(c, reference(e, a, b, bias, res, scalar))
+            except Exception as exc:  # noqa: BLE001
+                err = float("nan")
+                log("ERROR", e["name"], repr(exc)[:200])
+                torch.cuda.synchronize()
+            ok = err <= tol_of(e)
+            bad += not ok
+            n_ok += ok
+            rows.append(dict(name=e["name"], batch=batch, m=m, n=n, k=k, rel_err=err, ok=ok))
+            if not ok:
+                log(f"BAD {e['name']:40s} b{batch} {m}x{n}x{k} rel err {err:.2e}")
+    worst = {}
+    for r in rows:
+        key = (r["name"].split("_")[0], r["name"].split("_")[2] if False else "")
+        t = [x for x in r["name"].split("_")]
+        to = ("tf32" if "_tf32_" in r["name"] else "f32_from_f32" if r["name"].startswith("matmul_n") and "_f32_" in r["name"] and "16_f32" not in r["name"]
+              else "f32" if "_f32_" in r["name"] else ("bf16" if "_bf16_" in r["name"] else "f16"))
+        worst[to] = max(worst.get(to, 0), r["rel_err"] if r["rel_err"] == r["rel_err"] else 1e9)
+    log(f"CHECK {n_ok} ok, {bad} bad of {len(rows)} (kernels {len(es)}); worst rel err by result type {worst}")
+    return rows
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def model_shapes():
+    """(label, m, n, k): every linear of the models, M = tokens."""
+    lin = [
+        ("bert/vit/gpt2 qkv-or-proj 768->768", 768, 768),
+        ("gpt2 qkv 768->2304", 2304, 768),
+        ("bert/vit/gpt2 ffn1 768->3072", 3072, 768),
+        ("bert/vit/gpt2 ffn2 3072->768", 768, 3072),
+        ("llama attn 4096->4096", 4096, 4096),
+        ("llama mlp gate/up 4096->11008", 11008, 4096),
+        ("llama mlp down 11008->4096", 4096, 11008),
+    ]
+    out = []
+    for m in (128, 512, 2048, 8192):
+        for label, n, k in lin:
+            out.append((label, m, n, k))
+    return out
+
+
+def kernel_times(calls, reps):
+    """calls: list of (key, fn, kernel-name-or-None). Interleaved reps; CUPTI device time of each
+    call (None: every kernel that is not a named kit kernel counts toward that call). -> {key: us}"""
+    for _, fn, _ in calls:
+        fn()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for _, fn, _ in calls:
+                fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    prof.export_chrome_trace(path)
+    trace = json.load(open(path))
+    os.unlink(path)
+    kev = [ev for ev in trace.get("traceEvents", []) if ev.get("cat") == "kernel" and ev.get("ph") == "X"]
+    named = {kn: key for key, _, kn in calls if kn}
+    per = {key: [] for key, _, _ in calls}
+    other_key = next((key for key, _, kn in calls if kn is None), None)
+    other_total = 0.0
+    for ev in kev:
+        nm = ev.get("name", "")
+        if nm in named:
+            per[named[nm]].append(float(ev["dur"]))
+        else:
+            other_total += float(ev["dur"])
+    res = {}
+    for key, _, kn in calls:
+        if kn:
+            res[key] = statistics.median(per[key]) if per[key] else None
+    if other_key is not None:
+        res[other_key] = other_total / reps if other_total else None
+    return res
+
+
+def event_time(fn, reps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        ts.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ts)
+
+
+def time_shape(K, label, kind, layout, ti, batch, m, n, k, epi="none", reps=20, configs=None):
+    to = ti
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    lead = (batch,) if kind == "bmm" else ()
+    a = torch.randn(*lead, m, k, device="cuda", generator=g).to(dt(ti))
+    b = torch.randn(*lead, *((n, k) if layout == "nt" else (k, n)), device="cuda", generator=g).to(dt(ti))
+    bt = b.transpose(-1, -2) if layout == "nt" else b
+    ref_c = torch.matmul(a, bt)
+    calls = []
+    cfgs = list(CONFIGS) if configs is None else configs
+    outs = {}
+    for cfg in cfgs:
+        bn, s, _ = CONFIGS[cfg]
+        if s > 1 and k < 128 * s:
+            continue
+        name = gen_manifest.kernel_name(kind, layout, ti, to, epi, cfg)
+        e = parse(name)
+        c = torch.empty(*lead, m, n, device="cuda", dtype=dt(to))
+        outs[cfg] = c
+        calls.append((cfg or "t128x256", launcher(K, e, a, b, c, None, None, None, batch, m, n, k), name))
+    calls.append(("cublas", lambda: torch.matmul(a, bt), None))
+    ts = kernel_times(calls, reps)
+    for key, fn, kn in calls:  # CUPTI saw nothing of this call: CUDA events instead
+        if not ts.get(key):
+            ts[key] = event_time(fn, reps)
+            log("  (events for", key, ")")
+    errs = {}
+    ref = torch.matmul(a.double(), bt.double())
+    for cfg, c in outs.items():
+        errs[cfg or "t128x256"] = rel_err(c, ref)
+    flop = 2.0 * batch * m * n * k
+    chosen = choose_config(m, n, k, ti, batch) or "t128x256"
+    kit = {key: v for key, v in ts.items() if key != "cublas" and v}
+    best = min(kit, key=kit.get) if kit else None
+    row = dict(label=label, kind=kind, layout=layout, dtype=ti, batch=batch, m=m, n=n, k=k, cublas_us=ts.get("cublas"),
+               kit_us=kit, rel_err=errs, best=best, chosen=chosen, flop=flop)
+    cb = ts.get("cublas")
+    if cb and kit:
+        row["ratio_best"] = cb / kit[best]
+        row["ratio_chosen"] = cb / kit[chosen] if chosen in kit else None
+        row["ratio_default"] = cb / kit["t128x256"] if "t128x256" in kit else None
+    cfgtxt = " ".join(f"{key}={v:.1f}" for key, v in kit.items())
+    bad = [key for key, v in errs.items() if not v <= TOL[to]]
+    log(f"{kind}_{layout} {ti} b{batch} {m:5d}x{n:5d}x{k:5d} cublas {cb and round(cb, 1)} us ({cb and flop / cb / 1e6:.0f} TF/s) | "
+        f"{cfgtxt} | best {best} {row.get('ratio_best', 0):.2f}x chosen {chosen} {row.get('ratio_chosen') or 0:.2f}x"
+        + (f" BADERR {bad}" if bad else ""))
+    return row
+
+
+def time_f32(K, label, layout, m, n, k, reps=10):
+    """3xTF32 and TF32 kit kernels against cuBLAS f32 (SGEMM, TF32 off) and cuBLAS TF32."""
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = torch.randn(m, k, device="cuda", generator=g)
+    b = torch.randn(*((n, k) if layout == "nt" else (k, n)), device="cuda", generator=g)
+    bt = b.t() if layout == "nt" else b
+    outs, calls = {}, []
+    for prec, name in (("3xtf32", f"matmul_{layout}_f32_none"), ("tf32", f"matmul_{layout}_f32_tf32_none")):
+        e = parse(name)
+        c = torch.empty(m, n, device="cuda")
+        outs[prec] = c
+        calls.append((prec, launcher(K, e, a, b, c, None, None, None, 1, m, n, k), name))
+
+    def cublas_f32():
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.matmul(a, bt)
+
+    def cublas_tf32():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.matmul(a, bt)
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    t = {}
+    t.update(kernel_times(calls + [("cublas_f32", cublas_f32, None)], reps))
+    t.update({k2: v for k2, v in kernel_times(calls[:0] + [("cublas_tf32", cublas_tf32, None)], reps).items()})
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = torch.matmul(a.double(), bt.double())
+    errs = {p: rel_err(c, ref) for p, c in outs.items()}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    errs["cublas_f32"] = rel_err(torch.matmul(a, bt), ref)
+    flop = 2.0 * m * n * k
+    row = dict(label=label, kind="matmul", layout=layout, dtype="f32", batch=1, m=m, n=n, k=k, kit_us={p: t[p] for p in outs},
+               cublas_us=t["cublas_f32"], cublas_tf32_us=t["cublas_tf32"], rel_err=errs, flop=flop,
+               ratio_3xtf32_vs_sgemm=t["cublas_f32"] / t["3xtf32"], ratio_tf32_vs_cublas_tf32=t["cublas_tf32"] / t["tf32"])
+    log(f"f32 {layout} {m:5d}x{n:5d}x{k:5d} | 3xTF32 {t['3xtf32']:.1f} us ({flop / t['3xtf32'] / 1e6:.0f} TF/s, err {errs['3xtf32']:.1e}) "
+        f"vs cuBLAS SGEMM {t['cublas_f32']:.1f} us (err {errs['cublas_f32']:.1e}): {row['ratio_3xtf32_vs_sgemm']:.2f}x | TF32 {t['tf32']:.1f} us (err {errs['tf32']:.1e}) "
+        f"vs cuBLAS TF32 {t['cublas_tf32']:.1f} us: {row['ratio_tf32_vs_cublas_tf32']:.2f}x")
+    return row
+
+
+def step_time(K, quick=False, f32_only=False):
+    rows = []
+    for (m, n, k) in ((4096, 4096, 4096), (2048, 3072, 768), (8192, 768, 3072), (512, 768, 768)):
+        for layout in ("nt", "nn"):
+            rows.append(time_f32(K, "f32", layout, m, n, k))
+    if f32_only:
+        return rows
+    shapes = model_shapes()
+    if quick:
+        shapes = shapes[::3]
+    for (label, m, n, k) in shapes:
+        rows.append(time_shape(K, label, "matmul", "nt", "f16", 1, m, n, k))
+    for ti in ("f16", "bf16"):
+        for s in (2048, 4096, 8192):
+            for layout in ("nn", "nt"):
+                rows.append(time_shape(K, f"square {s}", "matmul", layout, ti, 1, s, s, s, reps=10 if s == 8192 else 20,
+                                       configs=["", "t128x128", "t128x128_p"]))
+    # attention batch matmuls of BERT-base at batch 8, seq 512 (96 heads of d 64) and Llama at seq 2048
+    rows.append(time_shape(K, "bert attn QK^T", "bmm", "nt", "f16", 96, 512, 512, 64, configs=["", "t128x128", "t128x128_p"]))
+    rows.append(time_shape(K, "bert attn PV", "bmm", "nn", "f16", 96, 512, 64, 512, configs=["", "t128x128", "t128x128_p"]))
+    rows.append(time_shape(K, "llama attn QK^T", "bmm", "nt", "f16", 32, 2048, 2048, 128, configs=["", "t128x128", "t128x128_p"]))
+    rows.append(time_shape(K, "llama attn PV", "bmm", "nn", "f16", 32, 2048, 128, 2048, configs=["", "t128x128", "t128x128_p"]))
+    # epilogues: the chosen config with each epilogue against none (what fusing costs)
+    for (m, n, k) in ((2048, 3072, 768), (8192, 768, 3072), (512, 4096, 4096)):
+        rows.append(time_epilogues(K, m, n, k))
+    return rows
+
+
+def time_epilogues(K, m, n, k, reps=20):
+    cfg = choose_config(m, n, k, "f16")
+    calls, outs = [], {}
+    e0 = parse(gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg))
+    case = None
+    for epi in ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_silu", "bias_residual", "scale"):
+        e = parse(gen_manifest.kernel_name("matmul", "nt", "f16", "f16", epi, cfg))
+        a, b, bias, res, scalar, c = make_case(e, 1, m, n, k, seed=7)
+        if case is None:
+            case = (a, b)
+        a, b = case
+        calls.append((epi, launcher(K, e, a, b, c, bias, res, scalar, 1, m, n, k), e["name"]))
+    a, b = case
+    calls.append(("cublas", lambda: torch.matmul(a, b.t()), None))
+    ts = kernel_times(calls, reps)
+    log(f"epilogues {m}x{n}x{k} config {cfg or 't128x256'}: " + " ".join(f"{key}={v:.1f}" for key, v in ts.items()))
+    return dict(label="epilogues", m=m, n=n, k=k, config=cfg, us=ts)
+
+
+def main():
+    objdir, out = sys.argv[1], sys.argv[2]
+    flags = set(sys.argv[3:])
+    setup()
+    p = torch.cuda.get_device_properties(0)
+    env = dict(device=p.name, sms=p.multi_processor_count, torch=torch.__version__, cuda=torch.version.cuda,
+               driver=cp.cuda.runtime.driverGetVersion(), cupy=cp.__version__, date=time.strftime("%Y-%m-%d %H:%M"))
+    try:
+        import subprocess
+
+        env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit",
+                                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        pass
+    log("ENV", json.dumps(env))
+    K = Kernels(objdir)
+    result = dict(env=env)
+    t0 = time.time()
+    if "--no-check" not in flags:
+        result["check"] = step_check(K, quick="--quick" in flags, only_f32="--f32" in flags)
+        log(f"check took {time.time() - t0:.1f} s")
+        json.dump(result, open(out, "w"), indent=1)
+    if "--no-time" not in flags:
+        result["time"] = step_time(K, quick="--quick" in flags, f32_only="--f32" in flags)
+        json.dump(result, open(out, "w"), indent=1)
+    log(f"done in {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

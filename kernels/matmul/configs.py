@@ -1,0 +1,81 @@
+"""Tile configurations of the library GEMM (gemm.cuh) and the table that picks one from a static
+shape. Pure Python, no imports: the model-replacement code can copy or import it.
+
+A config is (BN, S): tiles of 128 x BN of C, K split S ways over a thread-block cluster of S CTAs
+(partials summed in distributed shared memory by the cluster, no workspace). Every config runs
+384 threads with 100352 bytes of dynamic shared memory; its grid is
+(ceildiv(n, BN), ceildiv(m, 128), batch * S). The kernel name carries the config as a suffix
+("" for the default 128 x 256): e.g. matmul_nt_f16_bias_t128x64_k4.
+"""
+
+# suffix -> (BN, split-K S, CTAs per SM R). gemm.cuh also has R = 2 (two CTAs of 288 threads per
+# SM, 128 x 128): measured no faster than R = 1 on the H100 (benchmarks/results/gemm-h100-run5.txt),
+# so no entries are generated for it.
+CONFIGS = {
+    "": (256, 1, 1),
+    "t128x128": (128, 1, 1),
+    "t128x128_k2": (128, 2, 1),
+    "t128x64_k4": (64, 4, 1),
+    "t128x128_p": (128, 1, 1),
+}
+# persistent configs: a fixed grid of SMS CTAs walking the tiles (gemm.cuh, hopper::persistent)
+PERSISTENT = {"t128x128_p"}
+
+EPILOGUES = ["none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bias_silu", "residual", "bias_residual",
+             "scale"]
+
+SMS = 132  # H100 SXM; an H200 has 132 as well
+
+
+def grid(cfg, m, n, batch=1):
+    if cfg in PERSISTENT:
+        return (SMS, 1, 1)
+    bn, s, _ = CONFIGS[cfg]
+    return (-(-n // bn), -(-m // 128), batch * s)
+
+
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def _score(m, n, bn, batch, slots=SMS):
+    """Share of the GPU's tile slots doing useful work: wave quantization x column padding."""
+    tiles = batch * _ceil(m, 128) * _ceil(n, bn)
+    waves = _ceil(tiles, slots)
+    return tiles / (waves * slots) * n / (_ceil(n, bn) * bn)
+
+
+def choose_config(m, n, k, dtype="f16", batch=1):
+    """The config suffix for C[m, n] = A[m, k] B[k, n] (either layout; `batch` matmuls of that
+    shape; dtype f16 or bf16: both measured alike). The f32 kernels have one config.
+
+    Rules (from the H100 measurements in README.md / benchmarks/results/gemm-h100-*.txt):
+      1. very few 128 x 128 tiles (<= 12) and k >= 768: 128 x 64 tiles, K split 4 ways
+         (small M, narrow N: the split fills the GPU);
+      2. few 128 x 128 tiles (<= 48) and k >= 2048: 128 x 128, K split 2 ways;
+      3. shallow K (<= 256) and many tiles (> 2 x 132): the persistent 128 x 128 kernel (the
+         next tile's loads overlap the epilogue; attention's Q K^T);
+      4. 128 x 128 tiles when they use the GPU's tile slots clearly better than 128 x 256 ones
+         (wave quantization x column padding, 15% margin); persistent when k <= 1024 and there
+         are more than 2 x 132 tiles;
+      5. otherwise the default 128 x 256.
+    At every shape of benchmarks/gemm.py this picks the fastest measured config or one within 2%.
+    """
+    t128 = batch * _ceil(m, 128) * _ceil(n, 128)
+    if t128 <= 12 and k >= 768:
+        return "t128x64_k4"
+    if t128 <= 48 and k >= 2048:
+        return "t128x128_k2"
+    many = t128 > 2 * SMS
+    if k <= 256 and many:
+        return "t128x128_p"
+    if _score(m, n, 128, batch) > 1.15 * _score(m, n, 256, batch):
+        return "t128x128_p" if k <= 1024 and many else "t128x128"
+    return ""
+
+
+if __name__ == "__main__":
+    for shape in [(128, 768, 768), (512, 512, 64, "f16", 96), (512, 64, 512, "f16", 96), (2048, 2048, 128, "f16", 32), (128, 3072, 768), (128, 768, 3072), (128, 4096, 4096), (128, 11008, 4096),
+                  (128, 4096, 11008), (512, 768, 768), (2048, 768, 3072), (2048, 3072, 768), (8192, 768, 768),
+                  (8192, 2304, 768), (4096, 4096, 4096), (8192, 8192, 8192)]:
+        print(shape, repr(choose_config(*shape)))

@@ -1,0 +1,817 @@
+// The library GEMM template behind matmul_nn_*, matmul_nt_*, bmm_nn_*, bmm_nt_* (generated entry
+// files matmul_nn.cu, matmul_nt.cu, bmm.cu; gen_manifest.py writes them and kitdispatch.toml).
+//
+//   C[b, m, n] = epilogue( sum_k A[b, m, k] * B'[b, k, n] )   f32 accumulation
+//   NN: B is [b, k, n] row-major (B' = B);  NT: B is [b, n, k] row-major (B' = B^T, nn.Linear's
+//   weight W[n, k]).  b = 0 .. batch-1 with contiguous (strided by m*k, k*n, m*n) batches;
+//   the plain matmuls are batch 1.
+//
+// Launch: 384 threads (288 for R = 2), grid (ceildiv(n, BN), ceildiv(m, 128), batch * S), the
+// manifest's 100352 bytes of dynamic shared memory. Template parameters:
+//   E     input element type (kit::F16 / kit::BF16)
+//   Out   result type (kit::F16 / kit::BF16 / kit::F32); bias and residual have this type too
+//   kNT   B layout
+//   BN    tile width: 256, 128 or 64 (the tile is 128 x BN)
+//   S     split-K factor: 1, 2 or 4. On sm_90a the S CTAs of a K split are one thread-block
+//         cluster (__cluster_dims__(1, 1, S)): each computes a contiguous share of the k slices
+//         into its own f32 staging tile in shared memory; after a cluster barrier CTA r sums
+//         rows [r * 128 / S, (r + 1) * 128 / S) of all S tiles through distributed shared memory,
+//         applies the epilogue and stores. No global workspace: concurrent launches cannot
+//         collide. On the mma.sync path split 0 computes the whole k, the others exit.
+//   kEpi  the epilogue (below), applied in f32 to the f32 accumulator, then one rounding
+//         (round-to-nearest-even) to Out.
+//   R     CTAs per SM: 1 (3 warpgroups, producer warpgroup 0 with setmaxnreg) or 2 (BN = 128:
+//         288 threads, consumers warpgroups 0-1, producer warp 8, all stages in dynamic memory,
+//         so one CTA's pipeline fill and epilogue overlap the other's main loop).
+// Persistent variant (gemm_persistent, config t128x128_p): 128 x 128 tiles, a fixed grid (132
+// CTAs) walking the tiles, the producer running ahead across tiles; see hopper::persistent.
+// The epilogue goes through an f32 tile in shared memory (the stages, free after the main loop):
+// each thread then owns 8 consecutive columns of a row, one 16-byte store (two for f32).
+//
+// Epilogues (v = the f32 sum over k, r = row, c = column, f32(x) = exact widening):
+//   kNone          v
+//   kBias          v + f32(bias[c])
+//   kBiasGeluErf   x = v + f32(bias[c]);  0.5f * x * (1 + erff(x * 0.70710678f))
+//   kBiasGeluTanh  x = v + f32(bias[c]);  0.5f * x * (1 + tanhf(C * (x + 0.044715f * x * x * x)))
+//                  with C = the kernel's float argument gelu_c (0.7978846 or 0.797724 ...)
+//   kBiasRelu      x = v + f32(bias[c]);  x < 0 ? 0 : x   (NaN stays NaN)
+//   kBiasSilu      x = v + f32(bias[c]);  x / (1 + expf(-x))
+//   kResidual      v + f32(res[b, r, c])
+//   kBiasResidual  (v + f32(bias[c])) + f32(res[b, r, c])
+//   kScale         alpha * v   (alpha: the kernel's float argument)
+// erff, tanhf and expf are CUDA's full-precision f32 functions (no fast-math).
+//
+// Two code paths in one kernel, like matmul.cu: wgmma + TMA (sm_90a, when k % 8 == 0, NN also
+// n % 8 == 0, and A, B 16-byte aligned) and mma.sync (sm_80.., and every other shape).
+#pragma once
+
+#include "../common/kit_mma.cuh"
+#include "../common/kit_sm90.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KIT_SPLIT_K(S) __cluster_dims__(1, 1, S)
+#else
+#define KIT_SPLIT_K(S)
+#endif
+
+namespace kitgemm {
+
+using kit::half_bits;
+
+constexpr int kThreads = 384;
+constexpr int BM = 128;
+constexpr int kDynamicSmem = 100352;  // kitdispatch.toml's dynamic_shared_memory
+
+enum Epi { kNone, kBias, kBiasGeluErf, kBiasGeluTanh, kBiasRelu, kBiasSilu, kResidual, kBiasResidual, kScale };
+
+template <int kEpi>
+struct EpiTraits {
+  static constexpr bool kHasBias = kEpi == kBias || kEpi == kBiasGeluErf || kEpi == kBiasGeluTanh ||
+                                   kEpi == kBiasRelu || kEpi == kBiasSilu || kEpi == kBiasResidual;
+  static constexpr bool kHasRes = kEpi == kResidual || kEpi == kBiasResidual;
+};
+
+template <class Out>
+struct EpiArgs {
+  const typename Out::T* bias;  // [n]
+  const typename Out::T* res;   // [m, n] of this batch
+  float scalar;                 // alpha (kScale) or C (kBiasGeluTanh)
+};
+
+template <class Out>
+__device__ __forceinline__ float load_out(const typename Out::T* p) {
+  if constexpr (sizeof(typename Out::T) == 4) {
+    return *p;
+  } else {
+    return kit::to_float<Out>(*p);
+  }
+}
+
+// The epilogue of one element from its bias and residual values (unused ones ignored).
+template <int kEpi>
+__device__ __forceinline__ float epilogue_of(float v, float bias, float res, float scalar) {
+  if constexpr (kEpi == kScale) {
+    return scalar * v;
+  } else {
+    if constexpr (EpiTraits<kEpi>::kHasBias) v = v + bias;
+    if constexpr (kEpi == kBiasGeluErf) v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    if constexpr (kEpi == kBiasGeluTanh) v = 0.5f * v * (1.0f + tanhf(scalar * (v + 0.044715f * v * v * v)));
+    if constexpr (kEpi == kBiasRelu) v = v < 0.0f ? 0.0f : v;
+    if constexpr (kEpi == kBiasSilu) v = v / (1.0f + expf(-v));
+    if constexpr (EpiTraits<kEpi>::kHasRes) v = v + res;
+    return v;
+  }
+}
+
+template <int kEpi, class Out>
+__device__ __forceinline__ float epilogue(float v, const EpiArgs<Out>& e, long long row_off, int c) {
+  float bias = 0.f, res = 0.f;
+  if constexpr (EpiTraits<kEpi>::kHasBias) bias = load_out<Out>(e.bias + c);
+  if constexpr (EpiTraits<kEpi>::kHasRes) res = load_out<Out>(e.res + row_off + c);
+  return epilogue_of<kEpi>(v, bias, res, e.scalar);
+}
+
+// 8 consecutive elements at p (16-byte aligned) as floats: one or two 16-byte loads.
+template <class Out>
+__device__ __forceinline__ void load8(const typename Out::T* p, float (&v)[8]) {
+  if constexpr (sizeof(typename Out::T) == 4) {
+    const float4 x = reinterpret_cast<const float4*>(p)[0], y = reinterpret_cast<const float4*>(p)[1];
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+  } else {
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = kit::to_float<Out>(half_bits(u[i] & 0xffff));
+      v[2 * i + 1] = kit::to_float<Out>(half_bits(u[i] >> 16));
+    }
+  }
+}
+
+template <class Out>
+__device__ __forceinline__ bool pairs_aligned(const typename Out::T* c, int n) {
+  return n % 2 == 0 && (reinterpret_cast<unsigned long long>(c) % (2 * sizeof(typename Out::T))) == 0;
+}
+
+// C[r, c] and C[r, c + 1] (when c + 1 < n) from the accumulators x, y.
+template <int kEpi, class Out>
+__device__ __forceinline__ void store2(typename Out::T* C, const EpiArgs<Out>& e, int m, int n, int r, int c, float x,
+                                       float y, bool paired) {
+  if (r >= m || c >= n) return;
+  const long long off = (long long)r * n;
+  const bool two = c + 1 < n;
+  x = epilogue<kEpi, Out>(x, e, off, c);
+  if (two) y = epilogue<kEpi, Out>(y, e, off, c + 1);
+  kit::store_pair<Out>(C + off + c, x, y, two, paired);
+}
+
+// C[r, c .. c + 7] (the columns < n) from the f32 sums v: epilogue, rounding, one 16-byte store
+// (two for f32) where `vec` (rows 16-byte aligned) and all 8 are in range.
+template <int kEpi, class Out>
+__device__ __forceinline__ void store8(typename Out::T* C, const EpiArgs<Out>& e, int m, int n, int r, int c,
+                                       float (&v)[8], bool vec) {
+  if (r >= m || c >= n) return;
+  const long long off = (long long)r * n;
+  typename Out::T* p = C + off + c;
+  if (vec && c + 8 <= n) {
+    // bias and residual as 16-byte loads too (c is a multiple of 8; `vec` makes rows aligned)
+    float bias[8] = {}, res[8] = {};
+    if constexpr (EpiTraits<kEpi>::kHasBias) {
+      if (kit::aligned16(e.bias)) {
+        load8<Out>(e.bias + c, bias);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) bias[i] = load_out<Out>(e.bias + c + i);
+      }
+    }
+    if constexpr (EpiTraits<kEpi>::kHasRes) {
+      if (kit::aligned16(e.res)) {
+        load8<Out>(e.res + off + c, res);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) res[i] = load_out<Out>(e.res + off + c + i);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = epilogue_of<kEpi>(v[i], bias[i], res[i], e.scalar);
+    if constexpr (sizeof(typename Out::T) == 4) {
+      reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+      uint4 w;
+      w.x = kit::pack2<Out>(v[0], v[1]), w.y = kit::pack2<Out>(v[2], v[3]);
+      w.z = kit::pack2<Out>(v[4], v[5]), w.w = kit::pack2<Out>(v[6], v[7]);
+      *reinterpret_cast<uint4*>(p) = w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (c + i < n) {
+        const float x = epilogue<kEpi, Out>(v[i], e, off, c + i);
+        if constexpr (sizeof(typename Out::T) == 4) {
+          p[i] = x;
+        } else {
+          p[i] = half_bits(kit::pack2<Out>(x, 0.f) & 0xffff);
+        }
+      }
+    }
+  }
+}
+
+// Block (x, y) -> tile (row, column) of C, in bands of kBand tile rows walked column by column,
+// so the blocks in flight share their A rows and B columns in L2.
+constexpr int kBand = 8;
+__device__ __forceinline__ void block_tile(int& tile_m, int& tile_n) {
+  const int tiles_n = gridDim.x, tiles_m = gridDim.y;
+  const int id = blockIdx.y * tiles_n + blockIdx.x;
+  const int band = id / (kBand * tiles_n), first = band * kBand;
+  const int rows = min(tiles_m - first, kBand);
+  const int in_band = id % (kBand * tiles_n);
+  tile_m = first + in_band % rows;
+  tile_n = in_band / rows;
+}
+
+// ============================================================ mma.sync path (sm_80 and up)
+
+namespace ampere {
+
+constexpr int SUB = 64, BK = 32, kStages = 3, kGroupThreads = 128;
+constexpr int kGroups = kThreads / kGroupThreads;
+constexpr int A_STRIDE = BK + 8, B_STRIDE = SUB + 8;
+constexpr int kStageHalves = SUB * A_STRIDE + SUB * A_STRIDE;  // room for B either way (NT: SUB x BK rows)
+constexpr int kGroupBytes = kStages * kStageHalves * 2;
+static_assert(kGroups * kGroupBytes <= kDynamicSmem, "the groups' stages fit the dynamic shared memory");
+static_assert(BK * B_STRIDE <= SUB * A_STRIDE, "NN's B stage fits");
+
+struct Sub {
+  const half_bits* A;
+  const half_bits* B;
+  int m, n, k;
+  bool vec;
+};
+
+// rows [r0, r0 + 64) x cols [c0, c0 + 32) of a row-major [rows, cols] matrix -> dst (A_STRIDE).
+__device__ __forceinline__ void load_rows(half_bits* dst0, const half_bits* src, int rows, int cols, int r0, int c0,
+                                          bool vec, int gtid) {
+  for (int i = gtid; i < SUB * BK / 8; i += kGroupThreads) {
+    const int r = i / (BK / 8), c = i % (BK / 8) * 8;
+    half_bits* dst = dst0 + r * A_STRIDE + c;
+    const int row = r0 + r, col = c0 + c;
+    if (vec) {
+      const bool ok = row < rows && col < cols;
+      kit::cp_async16(dst, ok ? src + (long long)row * cols + col : src, ok);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = row < rows && col + e < cols ? src[(long long)row * cols + col + e] : 0;
+    }
+  }
+}
+
+template <bool kNT>
+__device__ __forceinline__ void load_stage(const Sub& p, half_bits* As, half_bits* Bs, int sm, int sn, int k0, int gtid) {
+  load_rows(As, p.A, p.m, p.k, sm, k0, p.vec, gtid);
+  if constexpr (kNT) {
+    load_rows(Bs, p.B, p.n, p.k, sn, k0, p.vec, gtid);
+  } else {
+    for (int i = gtid; i < BK * SUB / 8; i += kGroupThreads) {
+      const int r = i / (SUB / 8), c = i % (SUB / 8) * 8;
+      half_bits* dst = Bs + r * B_STRIDE + c;
+      const int row = k0 + r, col = sn + c;
+      if (p.vec) {
+        const bool ok = row < p.k && col < p.n;
+        kit::cp_async16(dst, ok ? p.B + (long long)row * p.n + col : p.B, ok);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dst[e] = row < p.k && col + e < p.n ? p.B[(long long)row * p.n + col + e] : 0;
+      }
+    }
+  }
+}
+
+template <class E, bool kNT>
+__device__ __forceinline__ void mma_stage(float (&acc)[2][4][4], const half_bits* As, const half_bits* Bs, int wm,
+                                          int wn, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < BK; kk += 16) {
+    unsigned a[2][4], b[4][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) kit::ldmatrix_x4(a[i], As + (wm + i * 16 + lane % 16) * A_STRIDE + kk + lane / 16 * 8);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      unsigned r[4];
+      if constexpr (kNT) {  // B stage is [n][k]: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, ...)
+        const int mi = lane / 8;
+        kit::ldmatrix_x4(r, Bs + (wn + j * 16 + mi / 2 * 8 + lane % 8) * A_STRIDE + kk + mi % 2 * 8);
+      } else {
+        kit::ldmatrix_x4_trans(r, Bs + (kk + lane % 16) * B_STRIDE + wn + j * 16 + lane / 16 * 8);
+      }
+      b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) kit::mma_16x8x16<E>(acc[i][j], a[i], b[j][0], b[j][1]);
+  }
+}
+
+template <class E, class Out, bool kNT, int kEpi>
+__device__ void sub_tile(const Sub& p, typename Out::T* C, const EpiArgs<Out>& e, int sm, int sn, half_bits* smem,
+                         int bar) {
+  const int gtid = threadIdx.x % kGroupThreads, warp = gtid / 32, lane = gtid % 32;
+  const int wm = warp / 2 * 32, wn = warp % 2 * 32;
+  auto stage_a = [&](int s) { return smem + s * kStageHalves; };
+  auto stage_b = [&](int s) { return smem + s * kStageHalves + SUB * A_STRIDE; };
+  float acc[2][4][4] = {};
+  const int ktiles = (p.k + BK - 1) / BK;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ktiles) load_stage<kNT>(p, stage_a(s), stage_b(s), sm, sn, s * BK, gtid);
+    kit::cp_async_commit();
+  }
+  for (int t = 0; t < ktiles; ++t) {
+    kit::cp_async_wait<kStages - 2>();
+    kit::named_barrier(bar, kGroupThreads);
+    const int next = t + kStages - 1;
+    if (next < ktiles) load_stage<kNT>(p, stage_a(next % kStages), stage_b(next % kStages), sm, sn, next * BK, gtid);
+    kit::cp_async_commit();
+    mma_stage<E, kNT>(acc, stage_a(t % kStages), stage_b(t % kStages), wm, wn, lane);
+  }
+  kit::cp_async_wait<0>();
+  kit::named_barrier(bar, kGroupThreads);
+
+  const bool paired = pairs_aligned<Out>(C, p.n);
+  const int g = lane / 4, c2 = lane % 4 * 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = sm + wm + i * 16 + g, c = sn + wn + j * 8 + c2;
+      store2<kEpi, Out>(C, e, p.m, p.n, r, c, acc[i][j][0], acc[i][j][1], paired);
+      store2<kEpi, Out>(C, e, p.m, p.n, r + 8, c, acc[i][j][2], acc[i][j][3], paired);
+    }
+}
+
+template <class E, class Out, bool kNT, int BN, int kEpi, int NG = kGroups>
+__device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C, const EpiArgs<Out>& e, int m, int n,
+                      int k, int bm, int bn, char* smem) {
+  const int group = threadIdx.x / kGroupThreads;
+  if (group >= NG) return;
+  const bool vec = k % 8 == 0 && (kNT || n % 8 == 0) && kit::aligned16(A) && kit::aligned16(B);
+  const Sub p{A, B, m, n, k, vec};
+  half_bits* mine = reinterpret_cast<half_bits*>(smem + group * kGroupBytes);
+  for (int s = group; s < (BM / SUB) * (BN / SUB); s += NG) {
+    const int sm = bm + s / (BN / SUB) * SUB, sn = bn + s % (BN / SUB) * SUB;
+    if (sm < m && sn < n) sub_tile<E, Out, kNT, kEpi>(p, C, e, sm, sn, mine, 1 + group);
+  }
+}
+
+}  // namespace ampere
+
+// ============================================================ wgmma + TMA path (sm_90a)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace hopper {
+
+using namespace kit::sm90;
+
+// R: CTAs per SM. R = 1: stage 0 is a static array of kStageBytes, stages 1.. in the dynamic
+// memory (after up to 1 KB of alignment padding), then the barriers and the two maps; static +
+// dynamic memory exceed half an SM, so one CTA per SM and the SM's tensor-map slot is its own.
+// R = 2: every stage in the dynamic memory (no static stage), at most two CTAs per SM, each
+// takes one of the SM's two slots under a lock word (acquired before the maps are written,
+// released once every copy has landed).
+template <int BN, int R = 1>
+struct Cfg {
+  static constexpr int BK = 64;
+  static constexpr int kABytes = BM * BK * 2, kBBytes = BN * BK * 2, kStageBytes = kABytes + kBBytes;
+  static constexpr int kStatic = R == 1 ? 1 : 0;
+  static constexpr int kStages = kStatic + (kDynamicSmem - 1023 - 128 - 2 * kTensorMapBytes) / kStageBytes;
+  static constexpr int kBarrierOffset = (kStages - kStatic) * kStageBytes;
+  static constexpr int kMapOffset = kBarrierOffset + 128;
+  static constexpr int kStaticBytes = R == 1 ? kStageBytes : 16;
+  static_assert(kStages >= 3 && kStages <= 8, "pipeline depth");
+  static_assert(1023 + kMapOffset + 2 * kTensorMapBytes <= kDynamicSmem, "dynamic shared memory layout");
+  static_assert(R == 2 || kDynamicSmem + kStageBytes > 227 * 1024 / 2, "one block per SM (the tensor-map slots rely on it)");
+  static_assert(R == 1 || (R == 2 && kDynamicSmem > 228 * 1024 / 3), "at most two blocks per SM (two slots per SM)");
+};
+
+__device__ __align__(128) unsigned char tensor_map_slots[kTensorMapSlots][2][kTensorMapBytes];
+__device__ __align__(128) unsigned char tensor_map_slots2[kTensorMapSlots][2][2][kTensorMapBytes];
+__device__ unsigned tensor_map_locks[kTensorMapSlots][2];
+
+struct Smem {
+  unsigned stage0, dyn;
+  int stage_bytes, a_bytes, dyn_first;
+  unsigned long long* full;
+  unsigned long long* empty;
+  __device__ unsigned a(int s) const { return s < dyn_first ? stage0 : dyn + (s - dyn_first) * stage_bytes; }
+  __device__ unsigned b(int s) const { return a(s) + a_bytes; }
+};
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ float4 ld_cluster_v4(unsigned local_addr, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+
+// Warp 0 of the producer warpgroup: builds and publishes the maps, then lane 0 keeps the ring
+// full with k slices kt0 .. kt0 + nt - 1.
+template <class E, bool kNT, int BN, int R>
+__device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, int batch, int m, int n, int k, int bz,
+                        int bm, int bn, int kt0, int nt, unsigned maps, void* slot) {
+  using C = Cfg<BN, R>;
+  const int lane = threadIdx.x % 32;
+  void* map_a = slot;
+  void* map_b = static_cast<char*>(slot) + kTensorMapBytes;
+  if (lane == 0) {
+    tensor_map_3d<E>(maps, A, k, m, batch, C::BK, BM);
+    if constexpr (kNT) {
+      tensor_map_3d<E>(maps + kTensorMapBytes, B, k, n, batch, C::BK, BN);
+    } else {
+      tensor_map_3d<E>(maps + kTensorMapBytes, B, n, k, batch, 64, C::BK);
+    }
+  }
+  __syncwarp();
+  tensor_map_publish(map_a, maps);
+  tensor_map_publish(map_b, maps + kTensorMapBytes);
+  if (lane == 0) {
+    tensor_map_acquire(map_a);
+    tensor_map_acquire(map_b);
+    for (int t = 0; t < nt; ++t) {
+      const int s = t % C::kStages;
+      const int k0 = (kt0 + t) * C::BK;
+      mbar_wait(&sm.empty[s], ((t / C::kStages) & 1) ^ 1);
+      mbar_arrive_expect_tx(&sm.full[s], C::kStageBytes);
+      tma_load_3d(sm.a(s), map_a, k0, bm, bz, &sm.full[s]);
+      if constexpr (kNT) {
+        tma_load_3d(sm.b(s), map_b, k0, bn, bz, &sm.full[s]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) tma_load_3d(sm.b(s) + j * 64 * C::BK * 2, map_b, bn + j * 64, k0, bz, &sm.full[s]);
+      }
+    }
+  }
+  __syncwarp();
+}
+
+// Consumer warpgroup `wg` (0 or 1): rows 64 * wg .. + 64 of the tile, k slices 0 .. nt - 1 of
+// this CTA's share.
+template <class E, bool kNT, int BN, int R>
+__device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int nt, int wg) {
+  using C = Cfg<BN, R>;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+  const int t_in_wg = threadIdx.x % 128;
+  for (int t = 0; t < nt; ++t) {
+    const int s = t % C::kStages;
+    mbar_wait(&sm.full[s], (t / C::kStages) & 1);
+    const unsigned a = sm.a(s) + wg * 64 * C::BK * 2, b = sm.b(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::BK / 16; ++kk) {
+      if constexpr (kNT) {  // B: [BN rows of n][64 k], K-major like A
+        wgmma_ss<E, BN, 0>(d, smem_desc_sw128(a + kk * 32, 16, 1024), smem_desc_sw128(b + kk * 32, 16, 1024));
+      } else {  // B: BN / 64 boxes of [64 k rows][64 n], N-major
+        wgmma_ss<E, BN, 1>(d, smem_desc_sw128(a + kk * 32, 16, 1024),
+                           smem_desc_sw128(b + kk * 16 * 128, 64 * C::BK * 2, 1024));
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (t > 0 && t_in_wg == 0) mbar_arrive(&sm.empty[(t - 1) % C::kStages]);
+  }
+  wgmma_wait<0>();
+}
+
+// Accumulator columns [CH * CW, CH * CW + CW) of this thread -> the f32 staging tile.
+template <int CH, int CW, int LD, int N>
+__device__ __forceinline__ void stage_columns(float* tile, const float (&d)[N], int lr, int lane) {
+#pragma unroll
+  for (int j = CH * CW / 8; j < (CH + 1) * CW / 8; ++j) {
+    const int lc = j * 8 - CH * CW + 2 * (lane % 4);
+    *reinterpret_cast<float2*>(&tile[lr * LD + lc]) = make_float2(d[4 * j], d[4 * j + 1]);
+    *reinterpret_cast<float2*>(&tile[(lr + 8) * LD + lc]) = make_float2(d[4 * j + 2], d[4 * j + 3]);
+  }
+}
+
+template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R>
+__device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C, const EpiArgs<Out>& e, int batch,
+                      int m, int n, int k, int bz, int split, int bm, int bn, unsigned stage0, char* dyn_smem) {
+  using Cf = Cfg<BN, R>;
+  const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
+  char* dyn_aligned = dyn_smem + (dyn - kit::smem_addr(dyn_smem));
+  unsigned* slot_sel = reinterpret_cast<unsigned*>(dyn_aligned + Cf::kBarrierOffset + 120);
+  Smem sm{stage0, dyn, Cf::kStageBytes, Cf::kABytes, Cf::kStatic,
+          reinterpret_cast<unsigned long long*>(dyn_aligned + Cf::kBarrierOffset),
+          reinterpret_cast<unsigned long long*>(dyn_aligned + Cf::kBarrierOffset) + Cf::kStages};
+  const int ktiles = (k + Cf::BK - 1) / Cf::BK;
+  const int kt0 = ktiles * split / S, nt = ktiles * (split + 1) / S - kt0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cf::kStages; ++s) {
+      mbar_init(&sm.full[s], 1);
+      mbar_init(&sm.empty[s], 2);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  // R = 1: warpgroup 0 produces (setmaxnreg moves its registers to the consumers), warpgroups
+  // 1 and 2 consume. R = 2 (288 threads, 112 registers each, two CTAs per SM): warpgroups 0 and
+  // 1 consume, warp 8 produces.
+  const int cw = R == 1 ? int(threadIdx.x / 128) - 1 : int(threadIdx.x / 128);  // consumer warpgroup
+  if (cw < 0 || cw >= 2) {
+    if constexpr (R == 1) setmaxnreg_dec<40>();
+    if (R == 2 || threadIdx.x < 32) {
+      void* slot = tensor_map_slots[sm_id()];
+      if constexpr (R == 2) {
+        unsigned sel = 0;
+        if (threadIdx.x % 32 == 0) {
+          while (atomicCAS(&tensor_map_locks[sm_id()][sel], 0u, 1u) != 0u) sel ^= 1u;
+          *slot_sel = sel;
+        }
+        sel = __shfl_sync(0xffffffffu, sel, 0);
+        slot = tensor_map_slots2[sm_id()][sel];
+      }
+      produce<E, kNT, BN, R>(sm, A, B, batch, m, n, k, bz, bm, bn, kt0, nt, dyn + Cf::kMapOffset, slot);
+    }
+    if constexpr (S > 1) {
+#pragma unroll
+      for (int ch = 0; ch < (BN < 128 ? 1 : BN / 128); ++ch) {
+        cluster_sync();  // partials written
+        cluster_sync();  // partials read
+      }
+    }
+    return;
+  }
+  if constexpr (R == 1) setmaxnreg_inc<232>();
+  float d[BN / 2];
+  mainloop<E, kNT, BN, R>(d, sm, nt, cw);
+  const int ctid = threadIdx.x - (R == 1 ? 128 : 0);  // 0 .. 255 over the consumers
+  if constexpr (R == 2) {
+    if (ctid == 0) {  // every copy has landed: the slot is free again
+      __threadfence();
+      atomicExch(&tensor_map_locks[sm_id()][*slot_sel], 0u);
+    }
+  }
+  // Epilogue: the accumulators go through a row-major f32 tile in shared memory (the stages are
+  // free once both consumer warpgroups are done), in passes of CW columns; then each thread takes
+  // 8 consecutive columns of a row: epilogue in f32, one rounding, one 16-byte store. With a
+  // split (S > 1) CTA `rank` of the cluster sums rows [rank * 128 / S, ...) of all S partial
+  // tiles through distributed shared memory.
+  constexpr int CW = BN < 128 ? BN : 128, LD = CW + 8;
+  static_assert(BM * LD * 4 <= Cf::kBarrierOffset, "the staging tile fits the dynamic stages");
+  float* tile = reinterpret_cast<float*>(dyn_aligned);
+  const int t_in_wg = threadIdx.x % 128, warp = t_in_wg / 32, lane = t_in_wg % 32;
+  const int lr = cw * 64 + warp * 16 + lane / 4;
+  const bool vec = (n * (int)sizeof(typename Out::T)) % 16 == 0 && kit::aligned16(C);
+  constexpr int kRows = BM / S;
+  unsigned rank = 0;
+  if constexpr (S > 1) rank = cluster_rank();
+#pragma unroll
+  for (int ch = 0; ch < BN / CW; ++ch) {
+    kit::named_barrier(1, 256);  // the stages, or the previous pass's tile, are free
+    if (ch == 0) {
+      stage_columns<0, CW, LD>(tile, d, lr, lane);
+    } else if constexpr (BN / CW > 1) {
+      stage_columns<1, CW, LD>(tile, d, lr, lane);
+    }
+    if constexpr (S == 1) {
+      kit::named_barrier(1, 256);
+    } else {
+      cluster_sync();
+    }
+    for (int u = ctid; u < kRows * (CW / 8); u += 256) {
+      const int r = rank * kRows + u / (CW / 8), c = u % (CW / 8) * 8;
+      float v[8];
+      if constexpr (S == 1) {
+        const float4 x = *reinterpret_cast<const float4*>(&tile[r * LD + c]);
+        const float4 y = *reinterpret_cast<const float4*>(&tile[r * LD + c + 4]);
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+      } else {
+        const unsigned addr = kit::smem_addr(&tile[r * LD + c]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.f;
+#pragma unroll
+        for (int q = 0; q < S; ++q) {
+          const float4 x = ld_cluster_v4(addr, q), y = ld_cluster_v4(addr + 16, q);
+          v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w, v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
+        }
+      }
+      store8<kEpi, Out>(C, e, m, n, bm + r, bn + ch * CW + c, v, vec);
+    }
+    if constexpr (S > 1) cluster_sync();  // the partials are read: the CTAs may reuse or leave
+  }
+}
+
+// ------------------------------------------------------------ persistent (one CTA per SM)
+// Grid of a fixed number of CTAs (the manifest asks for 132, one per H100 SM; any grid is
+// correct): CTA i takes tiles i, i + grid, ... The maps are built once per CTA, the producer
+// runs ahead across tile boundaries (the ring's phase counts k slices over all tiles), so the
+// next tile's first stages load while the consumers run the previous tile's epilogue. The
+// epilogue goes through a per-warp f32 staging area (16 rows x 32 columns a pass, its own
+// shared memory: the stages stay in use), then 16-byte stores as in block().
+template <int BN>
+struct PCfg {
+  static constexpr int BK = 64;
+  static constexpr int kABytes = BM * BK * 2, kBBytes = BN * BK * 2, kStageBytes = kABytes + kBBytes;
+  static constexpr int kLD = 36;  // staging row pitch (floats)
+  static constexpr int kStagingBytes = 8 * 16 * kLD * 4;
+  static constexpr int kStages = 1 + (kDynamicSmem - 1023 - 128 - 2 * kTensorMapBytes - kStagingBytes) / kStageBytes;
+  static constexpr int kStagingOffset = (kStages - 1) * kStageBytes;
+  static constexpr int kBarrierOffset = kStagingOffset + kStagingBytes;
+  static constexpr int kMapOffset = kBarrierOffset + 128;
+  static_assert(kStages >= 3 && kStages <= 8, "pipeline depth");
+  static_assert(1023 + kMapOffset + 2 * kTensorMapBytes <= kDynamicSmem, "dynamic shared memory layout");
+  static_assert(kDynamicSmem + kStageBytes > 227 * 1024 / 2, "one block per SM (the tensor-map slots rely on it)");
+};
+
+__device__ __forceinline__ void tile_of(int id, int tiles_m, int tiles_n, int& bz, int& tm, int& tn) {
+  const int per = tiles_m * tiles_n;
+  bz = id / per;
+  id -= bz * per;
+  const int band = id / (kBand * tiles_n), first = band * kBand;
+  const int rows = min(tiles_m - first, kBand);
+  const int in_band = id % (kBand * tiles_n);
+  tm = first + in_band % rows;
+  tn = in_band / rows;
+}
+
+// Columns [32 P, 32 P + 32) of this warp's 16 rows: registers -> staging -> epilogue -> C.
+template <int P, int kEpi, class Out, int N>
+__device__ __forceinline__ void warp_epilogue_pass(float* stg, const float (&d)[N], int lane, typename Out::T* C,
+                                                   const EpiArgs<Out>& e, int m, int n, int row0, int col0, bool vec) {
+  constexpr int LD = PCfg<128>::kLD;
+  __syncwarp();
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) {
+    const int j = 4 * P + jj, c = jj * 8 + 2 * (lane % 4), r = lane / 4;
+    *reinterpret_cast<float2*>(&stg[r * LD + c]) = make_float2(d[4 * j], d[4 * j + 1]);
+    *reinterpret_cast<float2*>(&stg[(r + 8) * LD + c]) = make_float2(d[4 * j + 2], d[4 * j + 3]);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int u = lane; u < 64; u += 32) {
+    const int r = u / 4, c = u % 4 * 8;
+    const float4 x = *reinterpret_cast<const float4*>(&stg[r * LD + c]);
+    const float4 y = *reinterpret_cast<const float4*>(&stg[r * LD + c + 4]);
+    float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+    store8<kEpi, Out>(C, e, m, n, row0 + r, col0 + c, v, vec);
+  }
+}
+
+template <class E, class Out, bool kNT, int BN, int kEpi>
+__device__ void persistent(const half_bits* A, const half_bits* B, typename Out::T* C, EpiArgs<Out> e, int batch, int m,
+                           int n, int k, unsigned stage0, char* dyn_smem) {
+  static_assert(BN == 128, "the persistent epilogue passes are written for 128 columns");
+  using Cf = PCfg<BN>;
+  const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
+  char* dyn_aligned = dyn_smem + (dyn - kit::smem_addr(dyn_smem));
+  Smem sm{stage0, dyn, Cf::kStageBytes, Cf::kABytes, 1,
+          reinterpret_cast<unsigned long long*>(dyn_aligned + Cf::kBarrierOffset),
+          reinterpret_cast<unsigned long long*>(dyn_aligned + Cf::kBarrierOffset) + Cf::kStages};
+  const int tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN, total = batch * tiles_m * tiles_n;
+  const int ktiles = (k + Cf::BK - 1) / Cf::BK;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cf::kStages; ++s) {
+      mbar_init(&sm.full[s], 1);
+      mbar_init(&sm.empty[s], 2);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    setmaxnreg_dec<40>();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    void* map_a = tensor_map_slots[sm_id()];
+    void* map_b = static_cast<char*>(map_a) + kTensorMapBytes;
+    const unsigned maps = dyn + Cf::kMapOffset;
+    if (lane == 0) {
+      tensor_map_3d<E>(maps, A, k, m, batch, Cf::BK, BM);
+      if constexpr (kNT) {
+        tensor_map_3d<E>(maps + kTensorMapBytes, B, k, n, batch, Cf::BK, BN);
+      } else {
+        tensor_map_3d<E>(maps + kTensorMapBytes, B, n, k, batch, 64, Cf::BK);
+      }
+    }
+    __syncwarp();
+    tensor_map_publish(map_a, maps);
+    tensor_map_publish(map_b, maps + kTensorMapBytes);
+    if (lane != 0) return;
+    tensor_map_acquire(map_a);
+    tensor_map_acquire(map_b);
+    int g = 0;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+      int bz, tm, tn;
+      tile_of(tile, tiles_m, tiles_n, bz, tm, tn);
+      const int bm = tm * BM, bn = tn * BN;
+      for (int t = 0; t < ktiles; ++t, ++g) {
+        const int s = g % Cf::kStages;
+        const int k0 = t * Cf::BK;
+        mbar_wait(&sm.empty[s], ((g / Cf::kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(&sm.full[s], Cf::kStageBytes);
+        tma_load_3d(sm.a(s), map_a, k0, bm, bz, &sm.full[s]);
+        if constexpr (kNT) {
+          tma_load_3d(sm.b(s), map_b, k0, bn, bz, &sm.full[s]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j) tma_load_3d(sm.b(s) + j * 64 * Cf::BK * 2, map_b, bn + j * 64, k0, bz, &sm.full[s]);
+        }
+      }
+    }
+    return;
+  }
+  setmaxnreg_inc<232>();
+  const int cw = wg - 1, t_in_wg = threadIdx.x % 128, warp = t_in_wg / 32, lane = t_in_wg % 32;
+  float* stg = reinterpret_cast<float*>(dyn_aligned + Cf::kStagingOffset) + (cw * 4 + warp) * 16 * Cf::kLD;
+  const bool vec = (n * (int)sizeof(typename Out::T)) % 16 == 0 && kit::aligned16(C);
+  int g = 0;
+  float d[BN / 2];
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    int bz, tm, tn;
+    tile_of(tile, tiles_m, tiles_n, bz, tm, tn);
+    const int bm = tm * BM, bn = tn * BN;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+    for (int t = 0; t < ktiles; ++t, ++g) {
+      const int s = g % Cf::kStages;
+      mbar_wait(&sm.full[s], (g / Cf::kStages) & 1);
+      const unsigned a = sm.a(s) + cw * 64 * Cf::BK * 2, b = sm.b(s);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Cf::BK / 16; ++kk) {
+        if constexpr (kNT) {
+          wgmma_ss<E, BN, 0>(d, smem_desc_sw128(a + kk * 32, 16, 1024), smem_desc_sw128(b + kk * 32, 16, 1024));
+        } else {
+          wgmma_ss<E, BN, 1>(d, smem_desc_sw128(a + kk * 32, 16, 1024),
+                             smem_desc_sw128(b + kk * 16 * 128, 64 * Cf::BK * 2, 1024));
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (t > 0 && t_in_wg == 0) mbar_arrive(&sm.empty[(g - 1) % Cf::kStages]);
+    }
+    wgmma_wait<0>();
+    if (t_in_wg == 0) mbar_arrive(&sm.empty[(g - 1) % Cf::kStages]);
+    typename Out::T* Cb = C + (long long)bz * m * n;
+    EpiArgs<Out> eb = e;
+    if constexpr (EpiTraits<kEpi>::kHasRes) eb.res += (long long)bz * m * n;
+    const int row0 = bm + cw * 64 + warp * 16;
+    warp_epilogue_pass<0, kEpi, Out>(stg, d, lane, Cb, eb, m, n, row0, bn + 0, vec);
+    warp_epilogue_pass<1, kEpi, Out>(stg, d, lane, Cb, eb, m, n, row0, bn + 32, vec);
+    warp_epilogue_pass<2, kEpi, Out>(stg, d, lane, Cb, eb, m, n, row0, bn + 64, vec);
+    warp_epilogue_pass<3, kEpi, Out>(stg, d, lane, Cb, eb, m, n, row0, bn + 96, vec);
+  }
+}
+
+__device__ __forceinline__ bool takes_tma(const void* A, const void* B, bool nt, int n, int k, unsigned stage0) {
+  return k > 0 && k % 8 == 0 && (nt || n % 8 == 0) && kit::aligned16(A) && kit::aligned16(B) &&
+         sm_id() < kTensorMapSlots && (stage0 & 1023) == 0;
+}
+
+}  // namespace hopper
+#endif
+
+// The kernel body of every entry. A, B, C, e.res: the first batch's (base) pointers.
+template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R = 1>
+__device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typename Out::T* C, EpiArgs<Out> e,
+                                     int batch, int m, int n, int k) {
+  extern __shared__ __align__(1024) char dyn_smem[];
+  int tile_m, tile_n;
+  block_tile(tile_m, tile_n);
+  const int bm = tile_m * BM, bn = tile_n * BN;
+  const int bz = blockIdx.z / S, split = blockIdx.z % S;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ __align__(1024) char stage0[hopper::Cfg<BN, R>::kStaticBytes];
+  const unsigned s0 = kit::smem_addr(stage0);
+  if (hopper::takes_tma(A, B, kNT, n, k, s0)) {
+    if constexpr (EpiTraits<kEpi>::kHasRes) e.res += (long long)bz * m * n;
+    hopper::block<E, Out, kNT, BN, S, kEpi, R>(A, B, C + (long long)bz * m * n, e, batch, m, n, k, bz, split, bm, bn, s0,
+                                            dyn_smem);
+    return;
+  }
+#endif
+  if (split != 0) return;  // the mma.sync path does the whole k in split 0
+  if constexpr (EpiTraits<kEpi>::kHasRes) e.res += (long long)bz * m * n;
+  ampere::block<E, Out, kNT, BN, kEpi, R == 1 ? ampere::kGroups : 2>(A + (long long)bz * m * k, B + (long long)bz * k * n, C + (long long)bz * m * n,
+                                       e, m, n, k, bm, bn, dyn_smem);
+}
+
+// The persistent entries' body (config t128x128_p): BN = 128, no split, grid of any size.
+template <class E, class Out, bool kNT, int BN, int kEpi>
+__device__ __forceinline__ void gemm_persistent(const half_bits* A, const half_bits* B, typename Out::T* C,
+                                                EpiArgs<Out> e, int batch, int m, int n, int k) {
+  extern __shared__ __align__(1024) char dyn_smem[];
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ __align__(1024) char stage0[hopper::PCfg<BN>::kStageBytes];
+  const unsigned s0 = kit::smem_addr(stage0);
+  if (hopper::takes_tma(A, B, kNT, n, k, s0)) {
+    hopper::persistent<E, Out, kNT, BN, kEpi>(A, B, C, e, batch, m, n, k, s0, dyn_smem);
+    return;
+  }
+#endif
+  const int tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN, total = batch * tiles_m * tiles_n;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const int per = tiles_m * tiles_n, bz = tile / per, id = tile - bz * per;
+    const int tm = id / tiles_n, tn = id % tiles_n;
+    EpiArgs<Out> eb = e;
+    if constexpr (EpiTraits<kEpi>::kHasRes) eb.res += (long long)bz * m * n;
+    ampere::block<E, Out, kNT, BN, kEpi>(A + (long long)bz * m * k, B + (long long)bz * k * n, C + (long long)bz * m * n,
+                                         eb, m, n, k, tm * BM, tn * BN, dyn_smem);
+  }
+}
+
+}  // namespace kitgemm
