@@ -37,7 +37,7 @@ from pathlib import Path
 
 from kitdispatch._version import __version__
 from kitdispatch._files import not_an_option, write_atomic
-from kitdispatch.builder.publish import OutputFolder, disk_full, keep_for_rerun, os_error, prepare_output_dir, staging_dir
+from kitdispatch.builder.publish import OutputError, OutputFolder, disk_full, keep_for_rerun, os_error, prepare_output_dir, staging_dir
 from kitdispatch.describe.record import sha256
 from kitdispatch._proc import run_checked, run_tool
 from kitdispatch.builder.pipeline import BuildOptions, project_files_in
@@ -186,6 +186,8 @@ def _build_model_in(projects: ModelProjects, kernels: tuple[Kernel, ...], target
         matched = _match(kernels, target, options, stage)
         try:
             return _finish(projects, matched, target, options, folder, stage, with_baseline)
+        except OutputError:  # a file not the kit's in the way, a full disk: the folder stays as it was
+            raise
         except KitError as exc:
             failure = exc
     raise _failed(projects, matched.decisions, target, folder, failure) from None
