@@ -26,7 +26,7 @@ _PUBLIC = {
     **dict.fromkeys(("Module", "cuda_status", "load_module"), "kitdispatch.run.module"),
     "Function": "kitdispatch.run.function",
     **dict.fromkeys(("run_function", "run_module"), "kitdispatch.run.cli_calls"),
-    **dict.fromkeys(("ModelBuild", "build_model", "export_torch"), "kitdispatch.models.pipeline"),
+    **dict.fromkeys(("ModelBuild", "ModelBuildFailed", "build_model", "export_torch"), "kitdispatch.models.pipeline"),
     **dict.fromkeys(("Comparison", "compare_model", "profile_module"), "kitdispatch.models.compare"),
     **dict.fromkeys(("Buffer", "Kernel", "Replaces", "Scalar"), "kitdispatch.describe.kernel"),
     **dict.fromkeys(("FunctionSignature", "TensorType"), "kitdispatch.describe.types"),

@@ -102,14 +102,19 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gen", parents=[common, building], help="compile kernels and generate MLIR, no .vmfb")
     for cmd in (b, g):
         cmd.add_argument(
-            "manifests", nargs="+", metavar="manifest",
-            help="kitdispatch.toml, or the folder holding it; several build at once, sharing the cores",
+            "manifests", nargs="*", metavar="manifest",
+            help="kitdispatch.toml, or the folder holding it; several build at once, sharing the cores "
+            "(with --model: the projects whose kernels replace its ops, first ones first, before the library's)",
         )
         cmd.add_argument(
             "-o", "--output", required=True,
             help="output folder (with several manifests: one folder per module inside it, named after the module)",
         )
-    b.add_argument("--model", default=None, help="a model (.mlir, .onnx) whose ops the manifest's `replaces` kernels replace")
+    b.add_argument(
+        "--model", default=None,
+        help="a model (.mlir, .onnx) whose ops the kernels that declare `replaces` replace: the manifests' first, then the library's",
+    )
+    b.add_argument("--no-library", action="store_true", help="with --model: only the manifests' kernels, not the kit's library")
     b.add_argument("--with-baseline", action="store_true", help="with --model: also compile the model with IREE alone")
 
     cmp = sub.add_parser("compare", parents=[common], help="run a model with and without its replacements on the GPU")
@@ -189,6 +194,10 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     be the current folder)."""
     if getattr(args, "with_baseline", False) and not getattr(args, "model", None):
         parser.error("--with-baseline needs --model MODEL (it compiles that model with IREE alone)")
+    if getattr(args, "no_library", False) and not getattr(args, "model", None):
+        parser.error("--no-library needs --model MODEL (the library's kernels replace a model's ops)")
+    if getattr(args, "command", None) in ("build", "gen") and not args.manifests and not getattr(args, "model", None):
+        parser.error("give a manifest (kitdispatch.toml or its folder), or --model MODEL to build a model with the library")
     if getattr(args, "jobs", None) is not None and args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give at least 1, or leave it out for one per core")
     timeout = getattr(args, "timeout", None)
@@ -329,11 +338,17 @@ def _cmd_build(args: argparse.Namespace, out: _Out, *, make_vmfb: bool = True) -
 
 
 def _build_model(args: argparse.Namespace, options: BuildOptions, out: _Out) -> int:
-    from kitdispatch.models.pipeline import build_model, format_report
+    from kitdispatch.models.pipeline import ModelBuildFailed, build_model, format_report
 
-    if len(args.manifests) != 1:
-        raise KitError("--model takes one manifest", fix="pass the one project whose kernels replace the model's ops")
-    result = build_model(Path(args.manifests[0]), Path(args.model), options, Path(args.output), with_baseline=args.with_baseline)
+    try:
+        result = build_model(
+            [Path(m) for m in args.manifests] or None, Path(args.model), options, Path(args.output),
+            library=not args.no_library, with_baseline=args.with_baseline,
+        )
+    except ModelBuildFailed as exc:
+        if out.as_json:  # the decisions, as the report in the folder has them; the error on stderr
+            out.result(exc.report, "")
+        raise
     text = format_report(args.model, result.decisions) + f"\nbuilt {result.vmfb}"
     if result.baseline_vmfb:
         text += f" and {result.baseline_vmfb}"

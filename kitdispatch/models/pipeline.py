@@ -37,21 +37,20 @@ from pathlib import Path
 
 from kitdispatch._version import __version__
 from kitdispatch._files import not_an_option, write_atomic
-from kitdispatch.builder.publish import OutputFolder, disk_full, keep_for_rerun, os_error, prepare_output_dir, staging_dir
+from kitdispatch.builder.publish import OutputError, OutputFolder, disk_full, keep_for_rerun, os_error, prepare_output_dir, staging_dir
 from kitdispatch.describe.record import sha256
 from kitdispatch._proc import run_checked, run_tool
 from kitdispatch.builder.pipeline import BuildOptions, project_files_in
 from kitdispatch.errors import IreeCompileError, KitError
 from kitdispatch.compile.archs import Arch
 from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_tool, iree_compiler_version, target_flags
-from kitdispatch.describe.manifest import load_manifest
 from kitdispatch.models.ops import OP_KINDS
 from kitdispatch.models.ops.base import OpFacts, Preparation, TensorFacts, tensor_facts
-from kitdispatch.models.record import ModelFunction, ModelRecord, ReplacedOp, claimed_files, model_record_name, read_model_record
+from kitdispatch.models.projects import ModelProjects, Project, model_projects
+from kitdispatch.models.record import ModelFunction, ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
 from kitdispatch.models.replace import MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec, top_ops
 from kitdispatch.describe.kernel import Kernel
-from kitdispatch.describe.module import ModuleSpec
 from kitdispatch.describe.names import as_identifier
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
@@ -93,20 +92,25 @@ class ModelBuild:
 
 
 def build_model(
-    project: ModuleSpec | str | Path,
+    project: Project | Sequence[Project] | None,
     model: str | Path,
     options: BuildOptions,
     out_dir: str | Path,
     *,
+    library: bool = True,
     with_baseline: bool = False,
     name: str | None = None,
 ) -> ModelBuild:
     """Builds `model` (.mlir or .onnx) into `out_dir/<name>.vmfb` with every op that a kernel
-    of `project` computes exactly replaced by that kernel. Also writes the transform spec,
-    the kernels' objects, a report (`<name>.replace.json` and `.txt`) and a record for
-    `compare_model`; with `with_baseline`, `<name>.baseline.vmfb` compiled by IREE alone."""
-    spec = project if isinstance(project, ModuleSpec) else load_manifest(project)
-    kernels = replacing_kernels(spec)
+    computes exactly replaced by that kernel. The kernels are those of `project` (a path, a
+    ModuleSpec, a sequence of them, or None), then, unless `library` is False, the kit's
+    library (projects.py): for an op several kernels fit, the first project's wins. Also
+    writes the transform spec, the kernels' objects, a report (`<name>.replace.json` and
+    `.txt`) and a record for `compare_model`; with `with_baseline`, `<name>.baseline.vmfb`
+    compiled by IREE alone. A build that fails once its ops are matched (no op replaced, a
+    kernel or IREE failing) still writes its report, and raises ModelBuildFailed."""
+    projects = model_projects(project, library=library)
+    kernels = replacing_kernels(projects.module)
     model = not_an_option(Path(model))  # both reach IREE's tools as arguments
     name = name or _model_name(model)
     out_dir = not_an_option(Path(out_dir))
@@ -115,13 +119,14 @@ def build_model(
     record_name = model_record_name(name)
     created = prepare_output_dir(out_dir)
     try:
-        protected = project_files_in(spec, out_dir) | _model_in(model, out_dir)
+        protected = frozenset().union(*(project_files_in(p, out_dir) for p in projects.projects)) | _model_in(model, out_dir)
         folder = OutputFolder(out_dir, name, record=record_name, claims=claimed_files, protected=protected)
-        return _build_model_in(spec, kernels, model, name, options, out_dir, folder, codegen, flags, with_baseline)
+        target = _Target(model, name, out_dir, codegen, tuple(flags))
+        return _build_model_in(projects, kernels, target, options, folder, with_baseline)
     except BaseException:
         if created:
             try:
-                out_dir.rmdir()  # a failed build leaves no folder it made
+                out_dir.rmdir()  # a failed build leaves no folder it made (one with its report stays)
             except OSError:
                 pass
         raise
@@ -135,106 +140,161 @@ def _model_in(model: Path, out_dir: Path) -> frozenset[str]:
         return frozenset()
 
 
-def _build_model_in(spec: ModuleSpec, kernels: tuple[Kernel, ...], model: Path, name: str, options: BuildOptions, out_dir: Path, folder: OutputFolder, codegen: Arch, flags: list[str], with_baseline: bool) -> ModelBuild:
-    record_name = folder.record
-    with staging_dir(out_dir) as stage:
-        timeout = options.link_timeout  # --timeout bounds every step of the model's build
-        imported = import_model(model, stage / f"{name}.imported.mlir", timeout=timeout)
+@dataclass(frozen=True)
+class _Target:
+    """What one model build makes, and where."""
+
+    model: Path
+    name: str
+    out_dir: Path
+    codegen: Arch
+    flags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Matched:
+    """The model at the stage its ops are matched, and what was decided for each op."""
+
+    imported: Path
+    context: object  # the ir.Context that `module` lives in
+    module: object  # ir.Module
+    ops: tuple  # the ir.Operations, in the order of `decisions`
+    decisions: tuple[Decision, ...]
+    kinds: tuple[str, ...]
+    prepared: tuple[Preparation, ...]
+
+
+class ModelBuildFailed(KitError):
+    """A model build that failed after its ops were matched: its report (`report`, the JSON
+    written to `report_path`; None where even that could not be written) says what was
+    decided for each op. What failed, where and what to do are the cause's."""
+
+    def __init__(self, cause: KitError, report: dict, report_path: Path | None):
+        self.cause = cause
+        self.report = report
+        self.report_path = report_path
+        self.exit_code = cause.exit_code
+        super().__init__(cause.what, where=cause.where, fix=cause.fix)
+
+    def render(self) -> str:
+        text = self.cause.render()
+        return text + (f"\n  report: {self.report_path}" if self.report_path else "")
+
+
+def _build_model_in(projects: ModelProjects, kernels: tuple[Kernel, ...], target: _Target, options: BuildOptions, folder: OutputFolder, with_baseline: bool) -> ModelBuild:
+    with staging_dir(target.out_dir) as stage:
+        matched = _match(kernels, target, options, stage)
+        try:
+            return _finish(projects, matched, target, options, folder, stage, with_baseline)
+        except OutputError:  # a file not the kit's in the way, a full disk: the folder stays as it was
+            raise
+        except KitError as exc:
+            failure = exc
+    raise _failed(projects, matched.decisions, target, folder, failure) from None
+
+
+def _match(kernels: tuple[Kernel, ...], target: _Target, options: BuildOptions, stage: Path) -> _Matched:
+    """Imports the model, brings it to the stage where ops are matched, and decides per op."""
+    model, name, timeout = target.model, target.name, options.link_timeout  # --timeout bounds every step
+    imported = import_model(model, stage / f"{name}.imported.mlir", timeout=timeout)
+    staged = _run_iree(
+        [find_tool("iree-compile"), str(imported), *target.flags, f"--compile-to={STAGE}", "--mlir-print-debuginfo",
+         "-o", str(stage / f"{name}.{STAGE}.mlir")],
+        what=f"iree-compile could not bring {model} to {STAGE}",
+        stage=stage,
+        timeout=timeout,
+    )
+    kinds = tuple(sorted({kind for k in kernels for kind in k.replaces.ops}))
+    prepared = tuple(_preparations(kinds))
+    for step in prepared:  # passes a kind needs run first (IREE's elementwise fusion for generics)
         staged = _run_iree(
-            [find_tool("iree-compile"), str(imported), *flags, f"--compile-to={STAGE}", "--mlir-print-debuginfo",
-             "-o", str(stage / f"{name}.{STAGE}.mlir")],
-            what=f"iree-compile could not bring {model} to {STAGE}",
+            [find_tool("iree-opt"), str(staged), f"--pass-pipeline={step.pipeline}", "--mlir-print-debuginfo",
+             "-o", str(stage / f"{name}.fused.mlir")],
+            what=f"iree-opt could not run {step.what} on the model",
             stage=stage,
             timeout=timeout,
         )
-        kinds = sorted({kind for k in kernels for kind in k.replaces.ops})
-        prepared = _preparations(kinds)
-        for step in prepared:  # passes a kind needs run first (IREE's elementwise fusion for generics)
-            staged = _run_iree(
-                [find_tool("iree-opt"), str(staged), f"--pass-pipeline={step.pipeline}", "--mlir-print-debuginfo",
-                 "-o", str(stage / f"{name}.fused.mlir")],
-                what=f"iree-opt could not run {step.what} on the model",
-                stage=stage,
-                timeout=timeout,
-            )
-        context, module = parse_mlir(staged)
-        found = read_ops(module, kinds)
-        # Imported models are published beside the vmfb: their locations name that copy.
-        found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(out_dir)))) for op, f in found]
-        decisions = decide([facts for _, facts in found], kernels)
-        used = list(dict.fromkeys(d.kernel for d in decisions if d.kernel is not None))
-        if not used:
-            raise KitError(
-                f"no op of {model} can be replaced by a kernel of {spec.name}",
-                where=str(model),
-                fix=_no_match_fix(decisions, kinds, module),
-            )
-        objects, symbols = kernel_symbols(spec, used, options, stage)
-        check_symbols_free(module, symbols, model)
-        for (op, _), decision in zip(found, decisions):
-            if decision.kernel is not None:
-                op.attributes[MARK_ATTRIBUTE] = _string_attr(context, decision.mark)
-        marked = stage / f"{name}.marked.mlir"
-        write_atomic(marked, module.operation.get_asm(enable_debug_info=True))
-        spec_name = f"{name}.spec.mlir"
-        write_atomic(stage / spec_name, render_spec(spec.name, name, used, decisions, symbols))
-        replaced = stage / f"{name}.replaced.mlir"
+    context, module = parse_mlir(staged)
+    found = read_ops(module, kinds)
+    # Imported models are published beside the vmfb: their locations name that copy.
+    found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(target.out_dir)))) for op, f in found]
+    decisions = decide([facts for _, facts in found], kernels)
+    return _Matched(imported, context, module, tuple(op for op, _ in found), tuple(decisions), kinds, prepared)
+
+
+def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options: BuildOptions, folder: OutputFolder, stage: Path, with_baseline: bool) -> ModelBuild:
+    """Builds the kernels of the ops to replace into the model and publishes the build."""
+    model, name, out_dir, flags, timeout = target.model, target.name, target.out_dir, list(target.flags), options.link_timeout
+    spec, decisions, module = projects.module, matched.decisions, matched.module
+    used = list(dict.fromkeys(d.kernel for d in decisions if d.kernel is not None))
+    if not used:
+        raise KitError(
+            f"no op of {model} can be replaced by a kernel of {projects.names}",
+            where=str(model),
+            fix=_no_match_fix(decisions, matched.kinds, module),
+        )
+    objects, symbols = kernel_symbols(spec, used, options, stage)
+    check_symbols_free(module, symbols, model)
+    for op, decision in zip(matched.ops, decisions):
+        if decision.kernel is not None:
+            op.attributes[MARK_ATTRIBUTE] = _string_attr(matched.context, decision.mark)
+    marked = stage / f"{name}.marked.mlir"
+    write_atomic(marked, module.operation.get_asm(enable_debug_info=True))
+    spec_name = f"{name}.spec.mlir"
+    write_atomic(stage / spec_name, render_spec(projects.names, name, used, decisions, symbols))
+    replaced = stage / f"{name}.replaced.mlir"
+    _run_iree(
+        [find_tool("iree-opt"), str(marked), f"--pass-pipeline={SPEC_PIPELINE.format(spec=stage / spec_name)}",
+         "--mlir-print-debuginfo", "-o", str(replaced)],
+        what="iree-opt rejected the generated transform spec",
+        stage=stage,
+        timeout=timeout,
+    )
+    check_all_replaced(replaced, decisions, symbols.executables, stage)
+    vmfb_name = f"{name}.vmfb"
+    _run_iree(
+        [find_tool("iree-compile"), str(replaced), *flags, f"--compile-from={STAGE}",
+         f"--iree-hal-executable-object-search-path={stage}", "-o", str(stage / vmfb_name)],
+        what="iree-compile could not finish the model with its replacements",
+        stage=stage,
+        timeout=timeout,
+    )
+    outputs = [vmfb_name, spec_name, *objects]
+    baseline_name = None
+    if with_baseline:
+        baseline_name = f"{name}.baseline.vmfb"
         _run_iree(
-            [find_tool("iree-opt"), str(marked), f"--pass-pipeline={SPEC_PIPELINE.format(spec=stage / spec_name)}",
-             "--mlir-print-debuginfo", "-o", str(replaced)],
-            what="iree-opt rejected the generated transform spec",
+            [find_tool("iree-compile"), str(matched.imported), *flags, "-o", str(stage / baseline_name)],
+            what=f"iree-compile could not compile {model} (the baseline, IREE alone)",
             stage=stage,
             timeout=timeout,
         )
-        check_all_replaced(replaced, decisions, symbols.executables, stage)
-        vmfb_name = f"{name}.vmfb"
-        _run_iree(
-            [find_tool("iree-compile"), str(replaced), *flags, f"--compile-from={STAGE}",
-             f"--iree-hal-executable-object-search-path={stage}", "-o", str(stage / vmfb_name)],
-            what="iree-compile could not finish the model with its replacements",
-            stage=stage,
-            timeout=timeout,
-        )
-        outputs = [vmfb_name, spec_name, *objects]
-        baseline_name = None
-        if with_baseline:
-            baseline_name = f"{name}.baseline.vmfb"
-            _run_iree(
-                [find_tool("iree-compile"), str(imported), *flags, "-o", str(stage / baseline_name)],
-                what=f"iree-compile could not compile {model} (the baseline, IREE alone)",
-                stage=stage,
-                timeout=timeout,
-            )
-            outputs.append(baseline_name)
-        if imported != model:
-            outputs.append(imported.name)
-        replaced_json = [d.to_json() for d in decisions if d.kernel is not None]
-        kept_json = [d.to_json() for d in decisions if d.kernel is None]
-        report_name, text_name = f"{name}.replace.json", f"{name}.replace.txt"
-        files = {n: (stage / n).read_bytes() for n in outputs}
-        report = {"model": str(model), "replaced": replaced_json, "not_replaced": kept_json}
-        files[report_name] = (json.dumps(report, indent=2) + "\n").encode()
-        files[text_name] = (format_report(str(model), decisions) + "\n").encode()
-        record = ModelRecord(
-            kitdispatch=__version__,
-            model=str(model),
-            project=spec.name,
-            vmfb=vmfb_name,
-            baseline_vmfb=baseline_name,
-            spec=spec_name,
-            archs=tuple(a.name for a in options.archs),
-            codegen_target=codegen.name,
-            iree_compiler=iree_compiler_version(),
-            iree_flags=tuple(flags),
-            matched_after=(STAGE, *(step.pass_name for step in prepared)),
-            functions=_signatures(module),
-            replaced=tuple(ReplacedOp(r["op"], r["location"], r["kernel_entry"], r) for r in replaced_json),
-            not_replaced=tuple(kept_json),
-            kernel_executables=symbols.executables,
-            files={n: sha256(data) for n, data in files.items()},
-        )
-        files[record_name] = record.to_bytes()  # last: it marks a complete build
-        folder.publish(stage, files)
+        outputs.append(baseline_name)
+    if matched.imported != model:
+        outputs.append(matched.imported.name)
+    files = {n: (stage / n).read_bytes() for n in outputs}
+    report_name, report = _report_files(files, projects, model, name, decisions)
+    replaced_json, kept_json = report["replaced"], report["not_replaced"]
+    record = ModelRecord(
+        kitdispatch=__version__,
+        model=str(model),
+        project=projects.names,
+        vmfb=vmfb_name,
+        baseline_vmfb=baseline_name,
+        spec=spec_name,
+        archs=tuple(a.name for a in options.archs),
+        codegen_target=target.codegen.name,
+        iree_compiler=iree_compiler_version(),
+        iree_flags=tuple(flags),
+        matched_after=(STAGE, *(step.pass_name for step in matched.prepared)),
+        functions=_signatures(module),
+        replaced=tuple(ReplacedOp(r["op"], r["location"], r["kernel_entry"], r) for r in replaced_json),
+        not_replaced=tuple(kept_json),
+        kernel_executables=symbols.executables,
+        files={n: sha256(data) for n, data in files.items()},
+    )
+    files[folder.record] = record.to_bytes()  # last: it marks a complete build
+    folder.publish(stage, files)
 
     return ModelBuild(
         name=name,
@@ -243,10 +303,44 @@ def _build_model_in(spec: ModuleSpec, kernels: tuple[Kernel, ...], model: Path, 
         baseline_vmfb=out_dir / baseline_name if baseline_name else None,
         spec=out_dir / spec_name,
         report=out_dir / report_name,
-        record=out_dir / record_name,
+        record=out_dir / folder.record,
         decisions=tuple(decisions),
-        codegen_target=codegen.name,
+        codegen_target=target.codegen.name,
     )
+
+
+def _report_files(files: dict[str, bytes], projects: ModelProjects, model: Path, name: str, decisions: Sequence[Decision], error: KitError | None = None) -> tuple[str, dict]:
+    """Adds the report (`NAME.replace.json` and `.txt`) to `files`; returns its name and JSON."""
+    report = {
+        "model": str(model),
+        "projects": [p.name for p in projects.projects],
+        "library": projects.library,
+        "replaced": [d.to_json() for d in decisions if d.kernel is not None],
+        "not_replaced": [d.to_json() for d in decisions if d.kernel is None],
+    }
+    text = format_report(str(model), decisions)
+    if error is not None:
+        report["error"] = error.render()
+        text += "\nthe build failed; nothing was built:\n  " + error.render().replace("\n", "\n  ")
+    report_name = f"{name}.replace.json"
+    files[report_name] = (json.dumps(report, indent=2) + "\n").encode()
+    files[f"{name}.replace.txt"] = (text + "\n").encode()
+    return report_name, report
+
+
+def _failed(projects: ModelProjects, decisions: Sequence[Decision], target: _Target, folder: OutputFolder, failure: KitError) -> ModelBuildFailed:
+    """`failure`, with the report of what was decided published in the output folder (with a
+    record of the failed build that claims it, so the next build may replace it). The files
+    of the folder's previous build go: the folder holds what its last build made."""
+    files: dict[str, bytes] = {}
+    report_name, report = _report_files(files, projects, target.model, target.name, decisions, failure)
+    files[folder.record] = failed_record(str(target.model), projects.names, failure.what, {n: sha256(d) for n, d in files.items()})
+    try:
+        with staging_dir(target.out_dir) as stage:
+            folder.publish(stage, files)
+    except KitError:  # the report is in the way of a file not the kit's: the failure still says what failed
+        return ModelBuildFailed(failure, report, None)
+    return ModelBuildFailed(failure, report, target.out_dir / report_name)
 
 
 def _preparations(kinds: Sequence[str]) -> list[Preparation]:
@@ -409,4 +503,4 @@ def _op_census(module: ir.Module) -> dict[str, int]:
     return counts
 
 
-__all__ = ["ModelBuild", "OpFacts", "build_model", "export_torch", "format_report", "import_model", "read_model_record"]
+__all__ = ["ModelBuild", "ModelBuildFailed", "OpFacts", "build_model", "export_torch", "format_report", "import_model", "read_model_record"]

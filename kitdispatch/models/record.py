@@ -22,6 +22,7 @@ from pathlib import Path
 from kitdispatch._files import is_plain_name, read_regular_file
 from kitdispatch.builder.publish import MODEL_RECORD_SUFFIX
 from kitdispatch.describe.record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, DamagedRecord, RecordError, file_sha256
+from kitdispatch._version import __version__
 from kitdispatch.errors import KitError
 from kitdispatch.models.ops.base import TensorFacts
 
@@ -147,6 +148,13 @@ def read_model_record(path: str | Path) -> tuple[Path, ModelRecord]:
             f"{path} holds {len(records)} model builds" if records else f"no model build in {path}",
             fix="pass the folder written by `kitdispatch build PROJECT --model MODEL -o DIR` (one model per folder)",
         )
+    if _failed_files(records[0]) is not None:
+        report = records[0].name.removesuffix(MODEL_RECORD_SUFFIX) + ".replace.txt"
+        raise KitError(
+            f"the last model build in {records[0].parent} failed, so there is no module to run",
+            where=str(records[0]),
+            fix=f"see why in its report ({report}), then build it again",
+        )
     folder, record = records[0].parent, _read(records[0])
     if os.path.lexists(folder / f".{records[0].name}{JOURNAL_SUFFIX}"):
         raise RecordError(f"the last model build in {folder} was interrupted", where=str(folder), fix=_REBUILD)
@@ -159,12 +167,37 @@ def read_model_record(path: str | Path) -> tuple[Path, ModelRecord]:
     return folder, record
 
 
+def failed_record(model: str, project: str, error: str, files: Mapping[str, str]) -> bytes:
+    """The record of a build that failed once its ops were matched: it claims the report it
+    published (`files`), so that the next build may replace it, and says why there is no module."""
+    data = {"schema": MODEL_RECORD_SCHEMA, "kitdispatch": __version__, "model": model, "project": project, "failed": error, "files": dict(files)}
+    return (json.dumps(data, indent=2) + "\n").encode()
+
+
 def claimed_files(path: Path) -> dict[str, str]:
-    """The files a previous model build of a folder lists ({name: sha256}), for its next build."""
+    """The files a previous model build of a folder lists ({name: sha256}), for its next build
+    (a failed build's record too: it lists its report)."""
     try:
+        failed = _failed_files(path)
+        if failed is not None:
+            return failed
         return dict(_read(path, check_names=False).files)
     except RecordError as exc:
         raise RecordError(f"the model record is damaged ({exc.what})", where=str(path), fix="build into another folder") from None
+
+
+def _failed_files(path: Path) -> dict[str, str] | None:
+    """The files a failed build's record lists; None for a record of a complete build."""
+    try:
+        data = json.loads(read_regular_file(path, limit=MAX_RECORD_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return None  # _read says what is wrong with it
+    if not isinstance(data, dict) or "failed" not in data:
+        return None
+    files = data.get("files")
+    if data.get("schema") != MODEL_RECORD_SCHEMA or not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise DamagedRecord("the record of a failed model build is damaged", where=str(path), fix=_REBUILD)
+    return dict(files)
 
 
 def _read(path: Path, *, check_names: bool = True) -> ModelRecord:
@@ -246,4 +279,4 @@ def _function(f: dict) -> ModelFunction:
     return ModelFunction(f["name"], tensors(f["inputs"]), tensors(f["outputs"]))
 
 
-__all__ = ["MODEL_RECORD_SCHEMA", "ModelFunction", "ModelRecord", "ReplacedOp", "claimed_files", "model_record_name", "read_model_record"]
+__all__ = ["MODEL_RECORD_SCHEMA", "ModelFunction", "ModelRecord", "ReplacedOp", "claimed_files", "failed_record", "model_record_name", "read_model_record"]

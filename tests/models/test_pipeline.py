@@ -29,7 +29,7 @@ from kitdispatch.builder.publish import staging_dir
 from kitdispatch.cli import main
 from kitdispatch.compile.archs import Arch
 from kitdispatch.iree.tools import find_tool, target_flags
-from kitdispatch.models.pipeline import _run_iree, build_model
+from kitdispatch.models.pipeline import ModelBuildFailed, _run_iree, build_model
 from kitdispatch.models.spec import SPEC_PIPELINE
 from kitdispatch.models.record import read_model_record
 from kitdispatch.models.replace import read_ops
@@ -95,11 +95,15 @@ def test_no_match_is_an_error_listing_the_candidates(tmp_path):
     model = tmp_path / "m.mlir"
     model.write_text(softmax_model(dtype="f16"))
     out = tmp_path / "out"
-    with pytest.raises(KitError) as err:
-        build_model(model_project(tmp_path), model, BuildOptions.create("sm_90"), out)
+    with pytest.raises(ModelBuildFailed) as err:
+        build_model(model_project(tmp_path), model, BuildOptions.create("sm_90"), out, library=False)
     text = err.value.render()
     assert "no op of" in text and "linalg.softmax (512x1000xf16)" in text and "element type" in text
-    assert not out.exists()  # nothing half-written
+    # Nothing half-written: the report of what was decided, and the record that claims it.
+    assert sorted(p.name for p in out.iterdir()) == ["m.model.json", "m.replace.json", "m.replace.txt"]
+    assert json.loads((out / "m.replace.json").read_text()) == err.value.report
+    assert err.value.report["replaced"] == [] and "element type" in err.value.report["not_replaced"][0]["reasons"][0]
+    assert "no op of" in err.value.report["error"] and f"report: {out / 'm.replace.json'}" in text
 
 
 @needs_iree_compile
@@ -107,7 +111,7 @@ def test_model_without_candidates_lists_its_ops(tmp_path):
     model = tmp_path / "m.mlir"
     model.write_text(matmul_model(dtype="f32"))
     with pytest.raises(KitError) as err:
-        build_model(model_project(tmp_path), model, BuildOptions.create("sm_90"), tmp_path / "out")
+        build_model(model_project(tmp_path), model, BuildOptions.create("sm_90"), tmp_path / "out", library=False)
     assert "has no linalg.softmax" in err.value.render() and "linalg.matmul x1" in err.value.render()
 
 
