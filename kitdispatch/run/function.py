@@ -47,15 +47,14 @@ class Function:
         self._vm_record = vm_record if self._vm_async is not None else None
         self._recorded = RecordedCalls(self.record_call)
         self._torch_calls = TorchCalls(self)
-        self.device = self._device = module.device
+        self.device = module.device
         self._invoke = module._context.vm_context.invoke
         if signature is not None:
             self._args = [a.dtype if isinstance(a, ScalarType) else TensorCheck(a) for a in signature.args]
             self._results = [TensorCheck(r) for r in signature.results]
             storage = stored_results(self._vm_async) if self._vm_async is not None else ()
             self.outputs = GivenOutputs(name, signature.results, tuple(self._results[k] for k in storage), storage)
-            self._storage = storage
-            self._all_stored = self.outputs.all_stored
+            self._all_stored = self.outputs.all_stored  # read on every launch: kept as a plain attribute
             self._list_size = sum(len(a.mlir_types) for a in signature.args) + len(storage) + 2
             self._sizes = sizing_scalars(signature)
             self._returned = None  # made on first use: needs iree.runtime
@@ -72,7 +71,7 @@ class Function:
         if self._vm_async is None:
             return self._call_allocating(args, out)
         results, host_only, value = self._launch(args, out)
-        self._device.wait_for(value)
+        self.device.wait_for(value)
         if host_only:
             arrays = results if isinstance(results, tuple) else (results,)
             hosts = tuple(a.to_host() for a in arrays)
@@ -103,7 +102,7 @@ class Function:
             arrays = [a for a in args if a.__class__ is DeviceArray] + views + results
             commands = self._recorded.commands_for(refs, arrays)
             if commands is not None:
-                return given, False, self._device.submit(commands)
+                return given, False, self.device.submit(commands)
         value = self.queue_call(refs, results, bound)
         if given is not None and self._all_stored:
             returned = given
@@ -115,7 +114,7 @@ class Function:
         """Checks the arguments and takes the outputs: (what to push, the stored results,
         `out` as given, whether every tensor came from the host, the bound sizes, arrays made
         here, which must live until the call is queued, and torch tensors' kept imports)."""
-        device = self._device
+        device = self.device
         if len(args) != len(self._args):
             check_count(self.signature, args)
         refs = []  # VmRefs, or (push method name, number) for scalars
@@ -145,7 +144,7 @@ class Function:
                 host_only = host_only and from_host
                 inputs.append(array)
                 refs.append(array._ref)
-        outputs, given = self.outputs.take(out, self._device, bound, views)
+        outputs, given = self.outputs.take(out, self.device, bound, views)
         refs += [array._ref for array in outputs]
         if views:  # once a call, not once a tensor (fresh imports waited for torch already)
             device.order_after_torch()
@@ -156,7 +155,7 @@ class Function:
         results (IREE returns them) where there are any."""
         import iree.runtime as rt
 
-        device = self._device
+        device = self.device
         if self._returned is None:
             self._returned = rt.VmVariantList(len(self._results))  # what IREE returns (read for inout)
         vm_args = self._argument_list(refs)
@@ -211,11 +210,11 @@ class Function:
         stored = iter(outputs)
         results = []
         for k, r in enumerate(self._results):
-            if k in self._storage:
+            if k in self.outputs.storage:
                 results.append(next(stored))
             else:
                 view = self._returned.get_as_object(k, rt.HalBufferView)
-                results.append(DeviceArray(self._device, view, r.shape_from(bound), r.dtype))
+                results.append(DeviceArray(self.device, view, r.shape_from(bound), r.dtype))
         return results
 
     def _where(self, i: int) -> str:
@@ -227,8 +226,8 @@ class Function:
         if isinstance(value, np.ndarray) or not is_device_value(value):
             host = np.asarray(value)
             check_tensor(self._where(i), want, host.shape, host.dtype, bound)
-            return self._device.put(host), True
-        array = self._device.asarray(value)
+            return self.device.put(host), True
+        array = self.device.asarray(value)
         check_tensor(self._where(i), want, array.shape, array.dtype, bound)
         return array, False
 
@@ -240,7 +239,7 @@ class Function:
                 f"{self.name} cannot write into given outputs: only kernel functions of modules built by this kitdispatch can",
                 fix="rebuild the module, or drop out= ([[programs]] functions allocate their results)",
             )
-        device = self._device
+        device = self.device
         sig = self.signature
         host_only = all(isinstance(a, np.ndarray) or not is_device_value(a) for a in args)
         if sig is not None and host_only:
