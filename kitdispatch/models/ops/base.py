@@ -94,22 +94,42 @@ class Preparation:
 
 
 @dataclass(frozen=True)
+class Reshape:  # TEMPORARY, until the lead's Call API lands (same fields)
+    groups: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Operand:  # TEMPORARY, until the lead's Call API lands (same fields)
+    path: tuple[int, ...]
+    reshape: Reshape | None = None
+
+
+@dataclass(frozen=True)
+class Constant:  # TEMPORARY, until the lead's Call API lands (same fields)
+    type: str
+    value: str
+
+
+@dataclass(frozen=True)
 class Call:
     """How the spec calls the kernel in one op's place: the op operands passed (those in
     `through` read through their producer, a plain transpose), and where the op has fewer dims
     than the kernel, the leading unit dims an adapter adds (`unit_dims`), named by `variant`."""
 
-    operands: tuple[int, ...]
+    operands: tuple[int, ...] = ()
     through: tuple[int, ...] = ()
     unit_dims: int = 0
     variant: str = ""  # suffix of the adapter's name ("_batch1")
+    arguments: tuple = ()  # TEMPORARY, until the lead's Call API lands
+    result: Reshape | None = None
+    marked: int = 0
 
 
 class OpKind(ABC):
     """One replaceable op kind. Subclasses set `name` (IREE's op name) and implement the
     abstract methods; the defaults serve kinds whose ops take and give plain tensors."""
 
-    name: str  # IREE's op name, the key of the registry
+    name: str  # the key of the registry: IREE's op name, or the kind's own where it reads ops of another (`op`)
     # What runs on the model before its ops are read (IREE's elementwise fusion for generics).
     prepare: ClassVar[Preparation | None] = None
     # Named in the hint of a build that found no candidate (a kind most models hold, such as
@@ -117,6 +137,12 @@ class OpKind(ABC):
     suggested: ClassVar[bool] = True
     # Whether its kernels name a pattern file (replace_when's `pattern`): describe/op_names.py's PATTERN_OPS.
     takes_pattern: ClassVar[bool] = False
+
+    @property
+    def op(self) -> str:
+        """The IREE op this kind reads: its name, unless it says otherwise (a norm reads the
+        linalg.generic that ends it)."""
+        return self.name
 
     def candidate(self, op: ir.Operation) -> bool:
         """Whether an op of this kind is one a kernel could replace at all."""
