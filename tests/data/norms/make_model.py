@@ -85,7 +85,8 @@ def make_model(
         if form == "layernorm":
             raise SystemExit("--mean-output needs the decomposed or rms form")
         mean_type = TensorProto.FLOAT if form == "rms" else elem
-        outputs.append(helper.make_tensor_value_info("mean", mean_type, None))
+        mean_shape = [d if i != (axis % 3) else 1 for i, d in enumerate(shape)]
+        outputs.append(helper.make_tensor_value_info("mean", mean_type, mean_shape))
     used = {i for n in nodes for i in n.input}
     graph = helper.make_graph(
         nodes, f"{form}_norm", [helper.make_tensor_value_info("x", elem, shape)], outputs,
