@@ -197,3 +197,37 @@ def test_the_library_norms_fit_the_contract_and_are_called_in_their_functions_or
     for kernel in library_norms():
         layout = check_kernel(kernel, kernel.replaces.ops[0])
         assert layout.pattern[-2:] == ("eps", "round_first") and layout.pattern[:-2] == tuple(range(len(layout.inputs)))
+
+
+# --------------------------------------------------------------------- on the GPU
+
+# tools/prebuild.py builds these as OUT/norm_NAME_model for a GPU machine without iree-compile.
+NORM_MODELS = {
+    "layernorm_f16": ["--form", "layernorm", "--f16"],
+    "layernorm_f32": ["--form", "layernorm"],
+    "decomposed_f32": ["--form", "decomposed", "--no-bias"],
+    "rms_f16": ["--form", "rms", "--f16", "--eps", "1e-6"],
+    "rms_f32": ["--form", "rms"],
+    "rms_f16_wide": ["--form", "rms", "--f16", "--batch", "2", "--seq", "64", "--hidden", "4096"],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(NORM_MODELS))
+def test_norm_models_agree_with_iree_alone_on_gpu(tmp_path, prebuilt_dir, name):
+    """Each norm replaced by kernels/norm gives what IREE's own build gives (the dtype's tolerance)."""
+    from kitdispatch import BuildOptions
+    from kitdispatch.models.compare import compare_model
+    from kitdispatch.models.pipeline import build_model
+
+    built = prebuilt_dir / f"norm_{name}_model" if prebuilt_dir else None
+    if built is None:
+        pytest.importorskip("onnx")
+        model = tmp_path / "model.onnx"
+        subprocess.run([sys.executable, str(MAKE_MODEL), str(model), *NORM_MODELS[name]], check=True, timeout=120)
+        built = build_model(REPO / "kernels" / "norm", model, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    elif not built.is_dir():
+        pytest.skip(f"{built} was not prebuilt")
+    result = compare_model(built)
+    assert result.agree, result.worst
+    assert len(result.kernel_names) == 1 and result.kernel_names[0].split("_")[0] in ("layer", "rms")
