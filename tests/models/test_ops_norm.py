@@ -63,13 +63,17 @@ def decisions(text: str, kernels=None):
         (["--form", "rms", "--eps", "1e-6"], "rms_norm_f32", (0,), [(2,)], "0"),
         (["--form", "rms", "--f16", "--eps", "1e-6"], "rms_norm_f16", (0, 0, 0), [(1,)], "1"),
         (["--form", "rms", "--f16", "--no-weight"], "rms_norm_plain_f16", (0, 0), [], "0"),
+        (["--form", "layernorm", "--f16", "--residual"], "layer_norm_f16", (0, 0, 0), [(2,), (3,)], "1"),
+        (["--form", "rms", "--f16", "--residual"], "rms_norm_f16", (0, 0, 0), [(1,)], "1"),
     ],
-    ids=["onnx-f32", "onnx-f16", "onnx-f16-nobias", "decomposed-f32", "decomposed-plain", "rms-f32", "rms-llama-f16", "rms-f16-plain"],
+    ids=["onnx-f32", "onnx-f16", "onnx-f16-nobias", "decomposed-f32", "decomposed-plain", "rms-f32", "rms-llama-f16", "rms-f16-plain",
+         "onnx-f16-after-residual", "rms-f16-after-residual"],
 )
 def test_norms_as_exporters_write_them_take_the_library_kernel(tmp_path, args, kernel, x_path, others, round_first):
     """ONNX LayerNormalization (opset 17), the decomposed LayerNorm and Llama's RMSNorm, f32 and
     f16: one op each, the generic that ends the norm, called with x (through the extf of an f16
-    model), weight and bias, the op's eps and where it rounds."""
+    model), weight and bias, the op's eps and where it rounds. After a residual Add (whose sum
+    has other users, so IREE keeps it apart) x is the Add's result."""
     d = only(decisions(norm_stage(tmp_path, *args)))
     assert d.kernel is not None and d.kernel.name == kernel, d.reasons
     eps = "1e-06" if "1e-6" in args else "1e-05"

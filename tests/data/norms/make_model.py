@@ -12,6 +12,7 @@ exporters write them:
 
 Near misses for the tests: --axis normalizes over another dim (the reductions read it),
 --mean-output makes the (first) mean an output of the model too (a user outside the norm).
+--residual makes x the sum of two inputs, also an output (a residual stream).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ DTYPES = {"f32": (np.float32, TensorProto.FLOAT), "f16": (np.float16, TensorProt
 
 def make_model(
     form: str, *, dtype: str = "f32", batch: int = 2, seq: int = 16, hidden: int = 256, eps: float = 1e-5,
-    weight: bool = True, bias: bool = True, axis: int = -1, mean_output: bool = False, seed: int = 0,
+    weight: bool = True, bias: bool = True, axis: int = -1, mean_output: bool = False, residual: bool = False, seed: int = 0,
 ) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     np_type, elem = DTYPES[dtype]
@@ -87,11 +88,13 @@ def make_model(
         mean_type = TensorProto.FLOAT if form == "rms" else elem
         mean_shape = [d if i != (axis % 3) else 1 for i, d in enumerate(shape)]
         outputs.append(helper.make_tensor_value_info("mean", mean_type, mean_shape))
+    inputs = [helper.make_tensor_value_info("x", elem, shape)]
+    if residual:  # x = a + r, as a transformer's residual stream reaches its norm; the sum is an output too
+        inputs = [helper.make_tensor_value_info("a", elem, shape), helper.make_tensor_value_info("r", elem, shape)]
+        nodes.insert(0, node("Add", ["a", "r"], ["x"]))
+        outputs.append(helper.make_tensor_value_info("x", elem, shape))
     used = {i for n in nodes for i in n.input}
-    graph = helper.make_graph(
-        nodes, f"{form}_norm", [helper.make_tensor_value_info("x", elem, shape)], outputs,
-        initializer=[t for t in inits if t.name in used],
-    )
+    graph = helper.make_graph(nodes, f"{form}_norm", inputs, outputs, initializer=[t for t in inits if t.name in used])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="kitdispatch test")
     onnx.checker.check_model(model)
     return model
@@ -110,10 +113,11 @@ def main() -> None:
     p.add_argument("--no-weight", action="store_true")
     p.add_argument("--no-bias", action="store_true")
     p.add_argument("--mean-output", action="store_true")
+    p.add_argument("--residual", action="store_true", help="x = a + r (two inputs), the sum an output too")
     args = p.parse_args()
     model = make_model(
         args.form, dtype="f16" if args.f16 else "f32", batch=args.batch, seq=args.seq, hidden=args.hidden, eps=args.eps,
-        weight=not args.no_weight, bias=not args.no_bias, axis=args.axis, mean_output=args.mean_output,
+        weight=not args.no_weight, bias=not args.no_bias, axis=args.axis, mean_output=args.mean_output, residual=args.residual,
     )
     onnx.save(model, args.out)
 
