@@ -235,3 +235,42 @@ def test_norm_models_agree_with_iree_alone_on_gpu(tmp_path, prebuilt_dir, name):
     result = compare_model(built)
     assert result.agree, result.worst
     assert len(result.kernel_names) == 1 and result.kernel_names[0].split("_")[0] in ("layer", "rms")
+
+
+# --------------------------------------------------------------------- whole builds
+
+
+def _iree_dispatches(vmfb) -> set[str]:
+    """IREE's own dispatches in a module (`..._dispatch_3_elementwise_32x256_f16`), by kind and shape."""
+    import re
+
+    return set(re.findall(r"dispatch_\d+_([a-z_]+_\d[0-9x]*)_", vmfb.read_bytes().decode("latin-1")))
+
+
+@needs_iree_compile
+@pytest.mark.parametrize(
+    "args, kernel, baseline, left",
+    [
+        (["--form", "rms", "--f16", "--residual"], "rms_norm_f16",
+         {"elementwise_8192", "reduction_32x256", "elementwise_32", "elementwise_32x256"}, {"elementwise_8192"}),
+        (["--form", "layernorm"], "layer_norm_f32", {"reduction_32x256"}, set()),
+    ],
+    ids=["rms-f16-after-residual", "layernorm-f32"],
+)
+def test_build_replaces_every_dispatch_of_the_norm(tmp_path, args, kernel, baseline, left):
+    """`build --model` with kernels/norm: IREE's reductions and elementwise dispatches of the norm
+    are gone (an f16 RMSNorm is four of IREE's dispatches, one kernel of the kit's), the
+    residual Add before it stays IREE's, and the kernel is dispatched."""
+    from conftest import dump_module
+    from kitdispatch import BuildOptions
+    from kitdispatch.models.pipeline import build_model
+
+    pytest.importorskip("onnx")
+    model = tmp_path / "norm.onnx"
+    subprocess.run([sys.executable, str(MAKE_MODEL), str(model), *args], check=True, timeout=120)
+    built = build_model(REPO / "kernels" / "norm", model, BuildOptions.create("sm_90"), tmp_path / "out", library=False, with_baseline=True)
+    [d] = built.replaced
+    assert d.kernel.name == kernel and not [x for x in built.decisions if x.kernel is None]
+    assert _iree_dispatches(built.baseline_vmfb) == baseline
+    assert _iree_dispatches(built.vmfb) == left
+    assert kernel in dump_module(built.vmfb)
