@@ -219,8 +219,8 @@ def _as_sum(op: ir.Operation, body: object, reduced: tuple[int, ...]) -> object:
     """A reduction generic is a Sum where its body adds one term to the accumulator and its
     `outs` is a fill of zero."""
     init = op.operands[len(op.operands) - 1].owner
-    zero = op_name(init) == "linalg.fill" and op_name(init.operands[0].owner) == "arith.constant"
-    if not zero or _constant(init.operands[0].owner).value != 0.0:
+    start = _constant(init.operands[0].owner) if op_name(init) == "linalg.fill" and op_name(init.operands[0].owner) == "arith.constant" else None
+    if not isinstance(start, Const) or start.value != 0.0:
         return Opaque("a reduction that does not start from a fill of zero")
     if isinstance(body, Apply) and body.op == "arith.addf" and ACC in body.args:
         term = body.args[1] if body.args[0] is ACC else body.args[0]
