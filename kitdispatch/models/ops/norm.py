@@ -185,6 +185,8 @@ class _Reader:
                 result = resolve(inner.operands[0])
             elif inner.name == "arith.constant":
                 env[inner.results[0]] = _constant(inner)
+            elif inner.name == "arith.truncf" and "roundingmode" in inner.attributes:
+                return Opaque("a truncf with its own rounding mode")  # the kernel rounds to nearest even
             elif inner.name != "cf.assert" and len(inner.results) == 1 and not inner.regions:
                 env[inner.results[0]] = Apply(inner.name, tuple(resolve(o) for o in inner.operands), str(inner.results[0].type))
             elif inner.name != "cf.assert":
