@@ -104,7 +104,8 @@ def check_kernel(kernel: Kernel, kind: str) -> Layout:
 def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFacts]]:
     """Every op of `kinds` in the model (an `iree.compiler.ir.Module`), with its facts. An op
     that several kinds read (a linalg.generic that ends a norm) goes to the first in the
-    registry's order that takes it as a candidate."""
+    registry's order that takes it as a candidate; an op a candidate covers (a norm's
+    reductions) is no candidate of its own."""
     from iree.compiler import ir
 
     found: list[tuple[object, OpFacts]] = []
@@ -117,7 +118,8 @@ def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFa
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    return found
+    covered = [c for op, facts in found for c in OP_KINDS[facts.kind].covers(op)]
+    return [(op, facts) for op, facts in found if all(op != c for c in covered)]
 
 
 def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:

@@ -96,6 +96,17 @@ def test_rms_norm_of_an_f16_model_ends_with_its_weight(tmp_path):
 
 
 @needs_iree_compile
+def test_a_norm_covers_its_generics_and_is_read_before_linalg_generic(tmp_path):
+    """With pattern kernels around (`linalg.generic` read too), the generic that ends the norm
+    is the norm's, and its reductions and the generic between are no ops of their own; the
+    residual Add before it and the extf it reads x through (which may have other users) are."""
+    found = ops_of(norm_stage(tmp_path, "--form", "layernorm", "--f16", "--residual"), ("layer_norm", "linalg.generic"))
+    assert [(f.kind, f.detail.summary) for f in found] == [
+        ("linalg.generic", "addf"), ("linalg.generic", "extf"), ("layer_norm", "eps 1e-05, weight, bias; 4 generics"),
+    ]
+
+
+@needs_iree_compile
 def test_llama_layer_norm_in_f32_is_replaced_and_its_other_generics_are_no_norms(tmp_path):
     """The Llama-style block of tests/data/llama_layer (RMSNorm by Sqrt and Reciprocal, SwiGLU,
     a residual Add): its one norm, and none of its other generics."""

@@ -178,6 +178,11 @@ class OpKind(ABC):
         """Whether an op of this kind is one a kernel could replace at all."""
         return takes_tensors(op)
 
+    def covers(self, op: ir.Operation) -> list:
+        """Other ops that this kind reads as part of `op` (a norm's reductions): no kind reads
+        them as ops of their own."""
+        return []
+
     @abstractmethod
     def facts(self, op: ir.Operation) -> OpFacts:
         """The op's facts, read from IREE's IR."""

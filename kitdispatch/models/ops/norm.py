@@ -416,7 +416,7 @@ class NormFacts:
 
     @property
     def summary(self) -> str:
-        parts = [f"eps {np.float32(self.eps)}"] + (["weight"] if self.weight else []) + (["bias"] if self.bias else [])
+        parts = [f"eps {str(np.float32(self.eps))}"] + (["weight"] if self.weight else []) + (["bias"] if self.bias else [])
         return f"{', '.join(parts)}; {self.ops} generics"
 
     def to_json(self) -> dict:
@@ -579,6 +579,10 @@ class Norm(OpKind):
 
     def facts(self, op: ir.Operation) -> OpFacts:
         return norm_facts(op)
+
+    def covers(self, op: ir.Operation) -> list:
+        """The norm's other generics: its reductions and the generics between them and `op`."""
+        return read_norm(op)[1][:-1]
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         buffers = [b for b in kernel.buffers]
