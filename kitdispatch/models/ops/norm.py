@@ -465,8 +465,8 @@ def ends_norm(op: ir.Operation, kind: str) -> bool:
         return False
     users = [u.owner for u in op.results[0].uses]
     if len(users) == 1 and op_name(users[0]) == GENERIC:
-        longer = read_norm(users[0].operation)
-        return longer is None or longer[0].kind != kind
+        longer = read_norm(users[0].operation)  # a norm of `op`'s result (its x) does not count
+        return longer is None or longer[0].kind != kind or all(op != c for c in longer[1])
     return True
 
 
