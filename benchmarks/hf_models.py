@@ -215,7 +215,10 @@ def run(build_dir: Path, out: Path) -> None:
                 vmfbs = {"replaced": folder / record.vmfb, "baseline": folder / record.baseline_vmfb}
                 outputs = {k: Loaded(v, irpa).call(sig.name, *args) for k, v in vmfbs.items()}
                 agree, err, tol, worst = check_agreement(outputs["replaced"], outputs["baseline"], sig)
-                entry.update(agree=agree, max_abs_error=err, tolerance=tol, worst=list(worst))
+                entry.update(agree=agree, max_abs_error=err, tolerance=tol, worst=list(worst),
+                             # outputs that agree must also be something: their spread and NaNs
+                             output_std=float(np.std(outputs["baseline"][0].astype(np.float64))),
+                             output_nans=int(np.isnan(outputs["baseline"][0].astype(np.float64)).sum()))
                 flags = [f"--parameters=model={irpa}"]
                 for i, a in enumerate(args):
                     np.save(Path(tmp) / f"in{i}.npy", a)
@@ -244,7 +247,8 @@ def summary(e: dict) -> str:
     calls, torch_us = e.get("iree_call_us", {}), e.get("torch_us", {})
     base, mine = calls.get("baseline"), calls.get("replaced")
     parts = [f"{e['model']}: {len(e.get('replaced_ops', []))} ops replaced; outputs {'agree' if e.get('agree') else 'DISAGREE'} "
-             f"(max abs error {e.get('max_abs_error', float('nan')):.3g}, {e.get('tolerance')})"]
+             f"(max abs error {e.get('max_abs_error', float('nan')):.3g}, {e.get('tolerance')}; output std {e.get('output_std', float('nan')):.3g}, "
+             f"{e.get('output_nans')} NaN)"]
     if base and mine:
         parts.append(f"  whole call: IREE alone {base:.1f} us, IREE + kit {mine:.1f} us ({base / mine:.2f}x)")
     for k, v in torch_us.items():
