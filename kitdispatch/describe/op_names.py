@@ -11,3 +11,6 @@ from __future__ import annotations
 REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic", "iree_linalg_ext.attention")
 # The ops a kernel matches through a pattern file (replace_when's `pattern`), and only they.
 PATTERN_OPS = ("linalg.generic",)
+# What an attention kernel may say of the mask it applies (replace_when's `mask`): "causal"
+# (key j attends to query i where j <= i); without it, no mask (an op whose mask masks nothing).
+ATTENTION_MASKS = ("causal",)

@@ -1,8 +1,9 @@
 """iree_linalg_ext.attention: O = softmax(Q K^T * scale) V, the contract of kernels/attention.
 
 A kernel that replaces attention takes Q, K, V and writes O, all of one layout [b, h, s, d]
-(row-major, one s for queries and keys), with scale = 1/sqrt(d) in f32 and no mask
-(attention.cu computes rsqrtf(float(d))). An op with one batch dim runs as b = 1, through an
+(row-major, one s for queries and keys), with scale = 1/sqrt(d) in f32 (attention.cu computes
+rsqrtf(float(d))) and no mask, or, for a kernel with replace_when's `mask = "causal"`, a causal
+one; a mask operand that masks nothing is no mask (masks.py reads what the mask is). An op with one batch dim runs as b = 1, through an
 adapter in the spec that adds the unit dim; V may be read through the plain transpose IREE's
 global optimization puts before it (the spec passes the transpose's input).
 """
@@ -21,6 +22,7 @@ from kitdispatch.models.ops.base import (
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
+from kitdispatch.models.ops.masks import CAUSAL, NONE, OTHER, MaskForm, read_mask
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -41,13 +43,18 @@ class AttentionFacts:
     v_transposed: bool
     scale: float | None  # None: not a constant
     scale_text: str
-    mask: str | None  # what makes the mask operand; None: the op has none
+    mask: MaskForm | None  # what the mask operand is (masks.py); None: the op has none
     plain_scores: bool  # the score region yields its argument unchanged
 
     summary = None
 
     def to_json(self) -> dict:
-        return {"attention": {"scale": self.scale_text, "mask": self.mask, "v_through_transpose": self.v_transposed}}
+        mask = None if self.mask is None else {"form": self.mask.form, "made_by": self.mask.text}
+        return {"attention": {"scale": self.scale_text, "mask": mask, "v_through_transpose": self.v_transposed}}
+
+    @property
+    def mask_form(self) -> str:
+        return NONE if self.mask is None else self.mask.form
 
 
 class Attention(OpKind):
@@ -75,8 +82,9 @@ class Attention(OpKind):
         """The op must be plain attention in the kernel's layout: Q (batch, m, k1), K (batch, k2, k1),
         V (batch, k2, n), O (batch, m, n), with no mask and an unmodified score."""
         a = op.detail
-        if a.mask is not None:
-            return f"the op has a mask operand (made by {a.mask}), and the kernel takes no mask"
+        why = _mask_mismatch(a, kernel.replaces.mask)
+        if why:
+            return why
         if not a.plain_scores:
             return "the op's score region changes the scores, and the kernel uses them as they are"
         if not _kernel_layout(a):
@@ -134,6 +142,7 @@ def _attention_facts(op: ir.Operation) -> OpFacts:
     permutation = plain_transpose(v.owner)
     if permutation is not None and v_map is not None:
         v_map, v_value, transposed = tuple(v_map[p] for p in permutation), v.owner.operands[0], True
+    mask = _mask(op.operands[4], maps[4], maps[0], maps[1]) if masked else None
     scale = op.operands[3].owner
     constant = op_name(scale) == "arith.constant" and isinstance(scale.attributes["value"], ir.FloatAttr)
     body = list(op.regions[0].blocks[0].operations)
@@ -153,10 +162,28 @@ def _attention_facts(op: ir.Operation) -> OpFacts:
             v_transposed=transposed,
             scale=ir.FloatAttr(scale.attributes["value"]).value if constant else None,
             scale_text=str(scale.attributes["value"]) if constant else f"computed by {op_name(scale)}",
-            mask=op_name(op.operands[4].owner) if masked else None,
+            mask=mask,
             plain_scores=plain,
         ),
     )
+
+
+def _mask(value: ir.Value, mask_map: tuple[int, ...] | None, q_map: tuple[int, ...] | None, k_map: tuple[int, ...] | None) -> MaskForm:
+    """The mask operand's form; its map names which of its axes are the queries (Q's m) and keys (K's k2)."""
+    if None in (mask_map, q_map, k_map) or q_map[-2] not in mask_map or k_map[-2] not in mask_map:
+        return MaskForm(OTHER, f"made by {op_name(value.owner)}, read through a map kitdispatch does not follow")
+    return read_mask(value, mask_map.index(q_map[-2]), mask_map.index(k_map[-2]))
+
+
+def _mask_mismatch(a: AttentionFacts, wanted: str | None) -> str | None:
+    """The kernel applies `wanted` (None: no mask); an op's mask that masks nothing is no mask."""
+    form = a.mask_form
+    if form == (wanted or NONE):
+        return None
+    if form not in (NONE, CAUSAL):
+        return f"the op's mask ({a.mask.text}) is neither empty nor causal: the library has no kernel for an arbitrary mask"
+    shown = "no mask" if a.mask is None else f"a {form} mask ({a.mask.text})"
+    return f"the op has {shown}, the kernel applies {'a ' + wanted + ' mask' if wanted else 'none'}"
 
 
 def _kernel_layout(a: AttentionFacts) -> bool:
