@@ -3,7 +3,7 @@
 A kernel that replaces attention takes Q, K, V and writes O, all of one layout [b, h, s, d]
 (row-major, one s for queries and keys), with scale = 1/sqrt(d) in f32 (attention.cu computes
 rsqrtf(float(d))) and no mask, or, for a kernel with replace_when's `mask = "causal"`, a causal
-one; a mask operand that masks nothing is no mask (masks.py reads what the mask is). An op with one batch dim runs as b = 1, through an
+one; a mask operand that masks nothing is no mask (_masks.py reads what the mask is). An op with one batch dim runs as b = 1, through an
 adapter in the spec that adds the unit dim; V may be read through the plain transpose IREE's
 global optimization puts before it (the spec passes the transpose's input).
 """
@@ -22,7 +22,7 @@ from kitdispatch.models.ops.base import (
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
-from kitdispatch.models.ops.masks import CAUSAL, NONE, OTHER, MaskForm, read_mask
+from kitdispatch.models.ops._masks import CAUSAL, NONE, OTHER, MaskForm, read_mask
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -43,13 +43,13 @@ class AttentionFacts:
     v_transposed: bool
     scale: float | None  # None: not a constant
     scale_text: str
-    mask: MaskForm | None  # what the mask operand is (masks.py); None: the op has none
+    mask: MaskForm | None  # what the mask operand is (_masks.py); None: the op has none
     plain_scores: bool  # the score region yields its argument unchanged
 
     summary = None
 
     def to_json(self) -> dict:
-        mask = None if self.mask is None else {"form": self.mask.form, "made_by": self.mask.text}
+        mask = None if self.mask is None else {"form": self.mask.form, "what": self.mask.text}
         return {"attention": {"scale": self.scale_text, "mask": mask, "v_through_transpose": self.v_transposed}}
 
     @property
@@ -181,8 +181,8 @@ def _mask_mismatch(a: AttentionFacts, wanted: str | None) -> str | None:
     if form == (wanted or NONE):
         return None
     if form not in (NONE, CAUSAL):
-        return f"the op's mask ({a.mask.text}) is neither empty nor causal: the library has no kernel for an arbitrary mask"
-    shown = "no mask" if a.mask is None else f"a {form} mask ({a.mask.text})"
+        return f"the op's mask is {a.mask.text}: the library has no kernel for an arbitrary mask"
+    shown = "no mask" if a.mask is None else a.mask.text
     return f"the op has {shown}, the kernel applies {'a ' + wanted + ' mask' if wanted else 'none'}"
 
 

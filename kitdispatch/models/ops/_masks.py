@@ -27,7 +27,10 @@ if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded wher
 NONE, CAUSAL, OTHER = "none", "causal", "other"
 MASK_FORMS = (NONE, CAUSAL)  # what a kernel may declare in replace_when's `mask`
 _MAX_ELEMENTS = 1 << 24  # a reshape materializes its input: larger masks are not evaluated
-_FLOATS = {"f16": np.float16, "f32": np.float32, "f64": np.float64}
+# bf16 values are held in f32, which holds each exactly (numpy has no bf16).
+_FLOATS = {"f16": np.float16, "bf16": np.float32, "f32": np.float32, "f64": np.float64}
+_LOWEST = {"f16": float(np.finfo(np.float16).min), "bf16": -3.3895313892515355e38, "f32": float(np.finfo(np.float32).min),
+           "f64": float(np.finfo(np.float64).min)}  # the masked value HF writes (torch.finfo(dtype).min)
 
 
 @dataclass(frozen=True)
@@ -47,43 +50,44 @@ class _Unreadable(Exception):
 def read_mask(value: ir.Value, query_axis: int, key_axis: int) -> MaskForm:
     """The form of a mask tensor whose `query_axis` and `key_axis` index queries and keys;
     for an additive mask the values must be 0 or masked, for a boolean one true attends."""
-    made_by = op_name(value.owner)
     try:
         values = _evaluate(value)
+        return _classify(values, _element(value.type), _shape(value.type), query_axis, key_axis)
     except _Unreadable as exc:
-        return MaskForm(OTHER, f"made by {made_by}: {exc}")
-    return _classify(values, _element(value.type), _shape(value.type), query_axis, key_axis, made_by)
+        return MaskForm(OTHER, f"a mask kitdispatch cannot read: {exc}")
 
 
 def read_additive(value: ir.Value, query_axis: int, key_axis: int) -> MaskForm:
     """read_mask for a tensor added to the scores (decomposed attention): float values only."""
     if _element(value.type) == "i1":
-        return MaskForm(OTHER, f"made by {op_name(value.owner)}: a boolean tensor added to the scores")
+        return MaskForm(OTHER, "a boolean tensor added to the scores")
     return read_mask(value, query_axis, key_axis)
 
 
-def _classify(values: np.ndarray, dtype: str, shape: tuple[int, ...], q: int, k: int, made_by: str) -> MaskForm:
+def _classify(values: np.ndarray, dtype: str, shape: tuple[int, ...], q: int, k: int) -> MaskForm:
     if dtype == "i1":
         allowed = values.astype(bool)
     else:
-        lowest = np.finfo(_FLOATS[dtype]).min
-        blocked = np.isneginf(values) | (values == lowest)
+        blocked = np.isneginf(values) | (values == _LOWEST[dtype])
         if not np.all(blocked | (values == 0)):
-            return MaskForm(OTHER, f"made by {made_by}: additive values other than 0 and -inf (an arbitrary additive mask)")
+            return MaskForm(OTHER, "an additive mask of values other than 0 and -inf")
         allowed = values == 0
     for axis in range(len(shape)):  # the mask must not change along the batch and head axes
         if axis not in (q, k) and allowed.shape[axis] > 1:
             if not np.all(allowed == allowed.take([0], axis=axis)):
-                return MaskForm(OTHER, f"made by {made_by}: it differs between batches or heads")
+                return MaskForm(OTHER, f"{_kind(dtype)} mask that differs between batches or heads")
             allowed = allowed.take([0], axis=axis)
     grid = np.broadcast_to(allowed, tuple(1 if a not in (q, k) else shape[a] for a in range(len(shape))))
     grid = grid.reshape(shape[q], shape[k]) if q < k else grid.reshape(shape[k], shape[q]).T
-    kind = "boolean" if dtype == "i1" else "additive"
     if grid.all():
-        return MaskForm(NONE, f"made by {made_by}: an {kind} mask that masks nothing")
+        return MaskForm(NONE, f"{_kind(dtype)} mask that masks nothing")
     if shape[q] == shape[k] and np.array_equal(grid, np.tril(np.ones(grid.shape, bool))):
-        return MaskForm(CAUSAL, f"made by {made_by}: a causal {kind} mask")
-    return MaskForm(OTHER, f"made by {made_by}: an {kind} mask neither empty nor causal")
+        return MaskForm(CAUSAL, f"a causal {_kind(dtype)[2:].strip()} mask")
+    return MaskForm(OTHER, f"{_kind(dtype)} mask neither empty nor causal")
+
+
+def _kind(dtype: str) -> str:
+    return "a boolean" if dtype == "i1" else "an additive"
 
 
 # ------------------------------------------------------------------------- evaluation
@@ -107,8 +111,8 @@ def _shape(t: ir.Type) -> tuple[int, ...]:
 def _evaluate(value: ir.Value) -> np.ndarray:
     """The tensor's values, as an array of its rank that broadcasts to its shape."""
     owner = getattr(value.owner, "operation", None)
-    if owner is None:
-        raise _Unreadable("a function argument (an input mask)")
+    if owner is None or owner.name == "hal.tensor.import":
+        raise _Unreadable("an input of the model's function (known at run time only)")
     handler = _PRODUCERS.get(owner.name)
     if handler is None:
         raise _Unreadable(f"{owner.name}, which kitdispatch does not evaluate")
@@ -122,16 +126,16 @@ def _dense(attr: ir.Attribute, t: ir.Type) -> np.ndarray:
     from iree.compiler import ir
 
     element = _element(t)
-    if element not in _FLOATS and element != "i1":
-        raise _Unreadable(f"constant of {element}, which kitdispatch does not evaluate")
     dense = ir.DenseElementsAttr(attr)
+    if element not in _FLOATS and element != "i1" or (element == "bf16" and not dense.is_splat):
+        raise _Unreadable(f"a constant of {element}, which kitdispatch does not evaluate")
     rank = len(_shape(t))
     if dense.is_splat:
         return np.full((1,) * rank, _scalar(dense.get_splat_value()), dtype=bool if element == "i1" else _FLOATS[element])
     return np.array(dense)
 
 
-def _scalar(attr: ir.Attribute):
+def _scalar(attr: ir.Attribute) -> np.generic | bool:
     from iree.compiler import ir
 
     if isinstance(attr, ir.FloatAttr):
@@ -225,10 +229,11 @@ def _to_loops(values: np.ndarray, dims: tuple[int, ...], loops: int) -> np.ndarr
 def _from_loops(values: np.ndarray, dims: tuple[int, ...], loops: int) -> np.ndarray:
     if sorted(dims) != list(range(loops)):
         raise _Unreadable("a linalg.generic whose result map is not a permutation")
-    return values.transpose(dims)
+    values = np.asarray(values)
+    return (values.reshape((1,) * loops) if values.ndim == 0 else values).transpose(dims)
 
 
-def _get(known: dict, v: ir.Value):
+def _get(known: dict, v: ir.Value) -> np.ndarray | float | int | bool:
     if v in known:
         return known[v]
     return _outside_scalar(v)  # a constant hoisted out of the body
@@ -260,13 +265,13 @@ def _body_op(op: ir.Operation, known: dict, sizes: dict[int, int], loops: int):
     return _ELEMENTWISE[name](*args)
 
 
-def _float_cast(x, t: str):
+def _float_cast(x: np.ndarray | float, t: str) -> np.ndarray:
     if t not in _FLOATS:
         raise _Unreadable(f"a cast to {t}")
     return np.asarray(x).astype(_FLOATS[t])
 
 
-def _int_cast(x, t: str):
+def _int_cast(x: np.ndarray | int, t: str) -> np.ndarray:
     return np.asarray(x).astype(bool) if t == "i1" else np.asarray(x).astype(np.int64)
 
 
