@@ -45,6 +45,7 @@ class AttentionFacts:
     scale_text: str
     mask: MaskForm | None  # what the mask operand is (_masks.py); None: the op has none
     plain_scores: bool  # the score region yields its argument unchanged
+    repeated_heads: str | None = None  # K or V broadcast from fewer heads (GQA/MQA), as the report says it
 
     summary = None
 
@@ -87,6 +88,9 @@ class Attention(OpKind):
             return why
         if not a.plain_scores:
             return "the op's score region changes the scores, and the kernel uses them as they are"
+        if a.repeated_heads is not None:
+            return (f"grouped-query attention: {a.repeated_heads}; the kernel reads one K and V head per query head "
+                    "and has no code for shared heads (it would need K and V [b, kv_heads, s, d] and h / kv_heads query heads per K/V head)")
         if not _kernel_layout(a):
             shown = ", ".join(f"{r} {_map_text(m, a.loops)}" for r, m in zip(ROLES, a.maps))
             return (
@@ -164,8 +168,28 @@ def _attention_facts(op: ir.Operation) -> OpFacts:
             scale_text=str(scale.attributes["value"]) if constant else f"computed by {op_name(scale)}",
             mask=mask,
             plain_scores=plain,
+            repeated_heads=_repeated_heads(k, v),
         ),
     )
+
+
+def _repeated_heads(*values: ir.Value) -> str | None:
+    """How K or V is broadcast from fewer heads: GQA/MQA reach the op as a broadcast generic
+    (kv heads -> kv heads x group), collapsed into the query heads."""
+    from iree.compiler import ir
+
+    for role, value in zip("KV", values):
+        owner = getattr(value.owner, "operation", None)
+        while owner is not None and owner.name in ("tensor.collapse_shape", "iree_tensor_ext.compute_barrier.start"):
+            value = owner.operands[0]
+            owner = getattr(value.owner, "operation", None)
+        if owner is None or owner.name != "linalg.generic" or len(owner.operands) != 2:
+            continue
+        maps = [map_dims(a) for a in ir.ArrayAttr(owner.attributes["indexing_maps"])]
+        if None not in maps and len(maps[0]) < len(maps[1]):
+            source, result = tensor_facts(owner.operands[0].type), tensor_facts(owner.results[0].type)
+            return f"{role} is {source.text} broadcast to {result.text}"
+    return None
 
 
 def _mask(value: ir.Value, mask_map: tuple[int, ...] | None, q_map: tuple[int, ...] | None, k_map: tuple[int, ...] | None) -> MaskForm:
