@@ -101,10 +101,15 @@ def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFa
 
     found: list[tuple[object, OpFacts]] = []
 
+    readers = {k: [OP_KINDS[k]] if k in OP_KINDS else [] for k in kinds}
+    for k in kinds:
+        for name in OP_KINDS[k].reads:
+            readers.setdefault(name, []).append(OP_KINDS[k])
+
     def visit(op: ir.Operation):
-        kind = OP_KINDS.get(op.name) if op.name in kinds else None
-        if kind is not None and kind.candidate(op):
-            found.append((op, kind.facts(op)))
+        for kind in readers.get(op.name, ()):
+            if kind.candidate(op):
+                found.append((op, kind.facts(op)))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
@@ -130,4 +135,23 @@ def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
     return decisions
 
 
-__all__ = ["MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "wrapper_name"]
+def settle(found: Sequence[tuple[object, OpFacts]], decisions: Sequence[Decision]) -> list[Decision]:
+    """Decisions in the order of `found`, where a replacement that removes other ops (its kind's
+    `claims`: decomposed attention takes the chain up from its last matmul) wins over those
+    ops' own decisions: they are kept, saying which kernel computes them."""
+    claimed: dict = {}
+    for (op, _), decision in zip(found, decisions):
+        if decision.kernel is not None:
+            for other in OP_KINDS[decision.op.kind].claims(op):
+                claimed.setdefault(other, decision)
+    settled = []
+    for (op, facts), decision in zip(found, decisions):
+        owner = claimed.get(op)
+        if owner is not None and owner is not decision:
+            why = f"computed by {owner.kernel.name} with the {owner.op.kind} ending at {owner.op.location}"
+            decision = Decision(facts, None, reasons=(why,))
+        settled.append(decision)
+    return settled
+
+
+__all__ = ["MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "settle", "wrapper_name"]

@@ -156,7 +156,7 @@ def test_attention_hits_bf16_head_dim_128_and_four_dims():
         (attention_model(scale_argument=True), "the op's scale is computed by a function argument, not a constant"),
         (attention_model(mask=True), "the op's mask is a mask kitdispatch cannot read: an input of the model's function (known at run time only): "
          "the library has no kernel for an arbitrary mask"),
-        (attention_model(seq_k=128), "shape: s is 256 elsewhere but 128 in the op's K"),
+        (attention_model(seq_k=128), "cross-attention: 256 queries and 128 keys; the kernel takes one sequence length for both"),
         (attention_model(scores="%s2").replace("iree_linalg_ext.yield %s2", "%s2 = arith.mulf %s, %s : f32\n    iree_linalg_ext.yield %s2"),
          "the op's score region changes the scores"),
     ],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kitdispatch.models.ops._masks import OTHER, MaskForm, read_additive
 from kitdispatch.models.ops.base import TensorFacts, location, map_dims, tensor_facts
@@ -58,6 +58,7 @@ class Chain:
     mask: MaskForm | None
     repeated_heads: str | None
     problem: str | None  # why this is not the attention the kernel computes
+    ops: tuple = field(default=(), compare=False, repr=False)  # the ir ops that die with the replacement
 
 
 def _owner(value: ir.Value):
@@ -154,7 +155,8 @@ def read_chain(anchor: ir.Operation) -> Chain:
     v_value, v_path = r.through(anchor.operands[1], base + (1,))
     v = Input(v_path, tensor_facts(v_value.type))
     repeated = repeated_heads(k_value, v_value)
-    return Chain(q, k, v, tensor_facts(out.type), marked, scale, scale_text, mask, repeated, r.problem)
+    ops = tuple(r.ops) + ((after.operation,) if marked else (anchor,))
+    return Chain(q, k, v, tensor_facts(out.type), marked, scale, scale_text, mask, repeated, r.problem, ops)
 
 
 def _int(attr: ir.Attribute) -> int:
@@ -191,8 +193,10 @@ def _q_and_k(r: _Reader, qk: ir.Operation, path: tuple[int, ...]) -> tuple[Input
         rank = len(tensor_facts(b_value.type).shape)
         swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
         if transpose is None or plain_transpose(transpose) != swap:
-            r.fail(f"K^T is made by {'a function argument' if transpose is None else transpose.name}, "
-                   "not by a transpose of K's last two dims (the kernel reads K [.., s, d])")
+            made = "a function argument" if transpose is None else (
+                "a linalg.generic that does more than transpose K (IREE fused K's projection or cast into it)"
+                if transpose.name == "linalg.generic" else transpose.name)
+            r.fail(f"K^T is made by {made}: no K [.., s, d] exists for the kernel to read")
         else:
             r.take(transpose)
             b_value, b_path = r.through(transpose.operands[0], b_path + (0,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ from kitdispatch.models.ops.base import (
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
+from kitdispatch.models.ops._decomposed import MATMULS, Chain, looks_like_attention, read_chain, repeated_heads
 from kitdispatch.models.ops._masks import CAUSAL, NONE, OTHER, MaskForm, read_mask
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
@@ -46,12 +48,19 @@ class AttentionFacts:
     mask: MaskForm | None  # what the mask operand is (_masks.py); None: the op has none
     plain_scores: bool  # the score region yields its argument unchanged
     repeated_heads: str | None = None  # K or V broadcast from fewer heads (GQA/MQA), as the report says it
+    chain: Chain | None = None  # decomposed attention (_decomposed.py): read from its last matmul up
+    anchor: str = ""  # the op read, where it is not an attention op (the chain's last matmul)
 
-    summary = None
+    @property
+    def summary(self) -> str | None:
+        return None if self.chain is None else f"decomposed, ending in {self.anchor}"
 
     def to_json(self) -> dict:
         mask = None if self.mask is None else {"form": self.mask.form, "what": self.mask.text}
-        return {"attention": {"scale": self.scale_text, "mask": mask, "v_through_transpose": self.v_transposed}}
+        data = {"scale": self.scale_text, "mask": mask, "v_through_transpose": self.v_transposed}
+        if self.chain is not None:
+            data["decomposed"] = {"anchor": self.anchor, "replaced_op": "the truncation after it" if self.chain.marked else "the anchor"}
+        return {"attention": data}
 
     @property
     def mask_form(self) -> str:
@@ -60,12 +69,18 @@ class AttentionFacts:
 
 class Attention(OpKind):
     name = "iree_linalg_ext.attention"
+    reads = MATMULS  # decomposed attention, read from its last matmul (the anchor) up
 
     def candidate(self, op: ir.Operation) -> bool:
-        return True  # its scale operand is a scalar: `facts` reads the op whole
+        # An attention op's scale operand is a scalar: `facts` reads the op whole. A matmul is
+        # one where its A comes from a softmax.
+        return op.name == self.name or looks_like_attention(op)
 
     def facts(self, op: ir.Operation) -> OpFacts:
-        return _attention_facts(op)
+        return _attention_facts(op) if op.name == self.name else _decomposed_facts(op)
+
+    def claims(self, op: ir.Operation) -> tuple:
+        return read_chain(op).ops if op.name != self.name else ()
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         args, result = kernel_buffers(kernel, self.name, where)
@@ -83,14 +98,16 @@ class Attention(OpKind):
         """The op must be plain attention in the kernel's layout: Q (batch, m, k1), K (batch, k2, k1),
         V (batch, k2, n), O (batch, m, n), with no mask and an unmodified score."""
         a = op.detail
+        if a.repeated_heads is not None:
+            return (f"grouped-query attention: {a.repeated_heads}; the kernel reads one K and V head per query head "
+                    "and has no code for shared heads (it would need K and V [b, kv_heads, s, d] and h / kv_heads query heads per K/V head)")
+        if a.chain is not None and a.chain.problem:
+            return f"decomposed attention: {a.chain.problem}"
         why = _mask_mismatch(a, kernel.replaces.mask)
         if why:
             return why
         if not a.plain_scores:
             return "the op's score region changes the scores, and the kernel uses them as they are"
-        if a.repeated_heads is not None:
-            return (f"grouped-query attention: {a.repeated_heads}; the kernel reads one K and V head per query head "
-                    "and has no code for shared heads (it would need K and V [b, kv_heads, s, d] and h / kv_heads query heads per K/V head)")
         if not _kernel_layout(a):
             shown = ", ".join(f"{r} {_map_text(m, a.loops)}" for r, m in zip(ROLES, a.maps))
             return (
@@ -104,21 +121,22 @@ class Attention(OpKind):
         the head dim, one static s for queries and keys, and the scale the kernel computes.
         Fills `sizes` with the kernel's dimensions (replace_when's limits are not read)."""
         tensors = list(op.inputs) + [op.result]
-        pad = BATCH_DIMS + 2 - len(op.result.shape)
         buffers = list(layout.inputs) + [layout.result]
+        seq_q, seq_k = op.inputs[0].shape[-2], op.inputs[1].shape[-2]
+        if None not in (seq_q, seq_k) and seq_q != seq_k:
+            return (f"cross-attention: {seq_q} queries and {seq_k} keys; the kernel takes one sequence length for both "
+                    "(it would need a key length of its own)")
         for role, tensor, buffer in zip(ROLES, tensors, buffers):
             if tensor.dtype != buffer.type.dtype:
                 return f"element type: the op's {role} is {tensor.text}, the kernel's {buffer.name} is {buffer.type}"
-            padded = TensorFacts(tensor.dtype, (1,) * pad + tensor.shape)
+            padded = TensorFacts(tensor.dtype, (1,) * (BATCH_DIMS + 2 - len(tensor.shape)) + tensor.shape)
             why = type_mismatch(role, padded, buffer, sizes)
             if why:
                 return why
         unknown = [r for r, t in zip(ROLES, tensors) if None in t.shape[-2:]]
         if unknown:
             return f"shape: the sequence length or head dim of {unknown[0]} is dynamic, and the kernel's must be checked"
-        head, seq_q, seq_k = op.inputs[0].shape[-1], op.inputs[0].shape[-2], op.inputs[1].shape[-2]
-        if seq_q != seq_k:
-            return f"shape: {seq_q} queries and {seq_k} keys; the kernel takes one sequence length for both"
+        head = op.inputs[0].shape[-1]
         if head not in HEAD_DIMS:
             return f"head dim {head}: the kernel has code for {' and '.join(map(str, HEAD_DIMS))} only"
         return _scale_mismatch(op.detail, head)
@@ -168,28 +186,53 @@ def _attention_facts(op: ir.Operation) -> OpFacts:
             scale_text=str(scale.attributes["value"]) if constant else f"computed by {op_name(scale)}",
             mask=mask,
             plain_scores=plain,
-            repeated_heads=_repeated_heads(k, v),
+            repeated_heads=repeated_heads(k, v),
         ),
     )
 
 
-def _repeated_heads(*values: ir.Value) -> str | None:
-    """How K or V is broadcast from fewer heads: GQA/MQA reach the op as a broadcast generic
-    (kv heads -> kv heads x group), collapsed into the query heads."""
-    from iree.compiler import ir
+def _decomposed_facts(anchor: ir.Operation) -> OpFacts:
+    """The chain ending in `anchor` as the attention it computes: Q, K and V as the chain reads
+    them, O as the kernel writes it ([b, h, s, d] where Q, K and V are; the marked op's [b*h, s, d]
+    is its collapse)."""
+    chain = read_chain(anchor)
+    q, k, v = (x.tensor for x in (chain.q, chain.k, chain.v))
+    result = _kernel_result(chain)
+    ranks = {len(t.shape) for t in (q, k, v, result)}
+    if chain.problem is None and len(ranks) != 1:
+        chain = dataclasses.replace(chain, problem=(
+            f"Q {q.text}, K {k.text}, V {v.text} and O {chain.result.text} reach the chain in different layouts"))
+    loops = len(q.shape) + 2
+    batch = tuple(range(len(q.shape) - 2))
+    m, k1, k2, n = (len(batch) + i for i in range(4))
+    return OpFacts(
+        kind=Attention.name,
+        function=function_of(anchor),
+        location=location(anchor),
+        inputs=(q, k, v),
+        init=chain.result,
+        result=result,
+        detail=AttentionFacts(
+            maps=(batch + (m, k1), batch + (k2, k1), batch + (k2, n), batch + (m, n)),
+            loops=loops,
+            v_transposed=False,
+            scale=chain.scale,
+            scale_text=chain.scale_text,
+            mask=chain.mask,
+            plain_scores=True,
+            repeated_heads=chain.repeated_heads,
+            chain=chain,
+            anchor=anchor.name,
+        ),
+    )
 
-    for role, value in zip("KV", values):
-        owner = getattr(value.owner, "operation", None)
-        while owner is not None and owner.name in ("tensor.collapse_shape", "iree_tensor_ext.compute_barrier.start"):
-            value = owner.operands[0]
-            owner = getattr(value.owner, "operation", None)
-        if owner is None or owner.name != "linalg.generic" or len(owner.operands) != 2:
-            continue
-        maps = [map_dims(a) for a in ir.ArrayAttr(owner.attributes["indexing_maps"])]
-        if None not in maps and len(maps[0]) < len(maps[1]):
-            source, result = tensor_facts(owner.operands[0].type), tensor_facts(owner.results[0].type)
-            return f"{role} is {source.text} broadcast to {result.text}"
-    return None
+
+def _kernel_result(chain: Chain) -> TensorFacts:
+    """O as the kernel writes it: the marked op's [b*h, s, d] as [b, h, s, d] where Q is 4-D."""
+    q, out = chain.q.tensor, chain.result
+    if len(q.shape) == BATCH_DIMS + 2 and len(out.shape) == 3 and None not in q.shape[:2] and out.shape[0] == q.shape[0] * q.shape[1]:
+        return TensorFacts(out.dtype, q.shape[:2] + out.shape[1:])
+    return out
 
 
 def _mask(value: ir.Value, mask_map: tuple[int, ...] | None, q_map: tuple[int, ...] | None, k_map: tuple[int, ...] | None) -> MaskForm:
