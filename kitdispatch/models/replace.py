@@ -148,7 +148,7 @@ def settle(found: Sequence[tuple[object, OpFacts]], decisions: Sequence[Decision
     for (op, facts), decision in zip(found, decisions):
         owner = claimed.get(op)
         if owner is not None and owner is not decision:
-            why = f"computed by {owner.kernel.name} with the {owner.op.kind} ending at {owner.op.location}"
+            why = f"part of the {owner.op.kind} at {owner.op.location}, which {owner.kernel.name} replaces whole"
             decision = Decision(facts, None, reasons=(why,))
         settled.append(decision)
     return settled

@@ -64,6 +64,15 @@ def read_additive(value: ir.Value, query_axis: int, key_axis: int) -> MaskForm:
     return read_mask(value, query_axis, key_axis)
 
 
+def mask_ops(value: ir.Value) -> tuple:
+    """The ops that make a mask for its one user: they go when that user goes."""
+    owner = getattr(value.owner, "operation", None)
+    if owner is None or owner.name not in _PRODUCERS or sum(1 for _ in value.uses) != 1:
+        return ()
+    inputs = owner.operands[:1] if owner.name != "linalg.generic" else owner.operands[: len(owner.operands) - len(owner.results)]
+    return (owner,) + tuple(op for v in inputs for op in mask_ops(v))
+
+
 def _classify(values: np.ndarray, dtype: str, shape: tuple[int, ...], q: int, k: int) -> MaskForm:
     if dtype == "i1":
         allowed = values.astype(bool)

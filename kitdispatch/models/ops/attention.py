@@ -24,7 +24,7 @@ from kitdispatch.models.ops.base import (
 )
 from kitdispatch.models.ops.generic import plain_transpose
 from kitdispatch.models.ops._decomposed import MATMULS, Chain, looks_like_attention, read_chain, repeated_heads
-from kitdispatch.models.ops._masks import CAUSAL, NONE, OTHER, MaskForm, read_mask
+from kitdispatch.models.ops._masks import CAUSAL, NONE, OTHER, MaskForm, mask_ops, read_mask
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -80,7 +80,11 @@ class Attention(OpKind):
         return _attention_facts(op) if op.name == self.name else _decomposed_facts(op)
 
     def claims(self, op: ir.Operation) -> tuple:
-        return read_chain(op).ops if op.name != self.name else ()
+        """The chain of a decomposed attention; for an attention op, the ops that make its mask
+        for it alone (the kernel applies the mask itself: they die with the op)."""
+        if op.name != self.name:
+            return read_chain(op).ops
+        return (op,) + (mask_ops(op.operands[4]) if len(op.operands) == 6 else ())
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         args, result = kernel_buffers(kernel, self.name, where)
