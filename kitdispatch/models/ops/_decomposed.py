@@ -6,9 +6,10 @@ global optimization (measured, 3.13) that is a `linalg.batch_matmul` (K through 
 generic, or read transposed by the matmul's maps) into a zero fill, an f32-to-f16 truncation,
 one elementwise generic (scale, mask add, extension to f32), a `linalg.softmax` of the last
 dim, a truncation, and the `linalg.batch_matmul` with V, with collapse/expand_shapes between
-[b, h, s, s] and [b*h, s, s]. The chain is read from that last matmul (the anchor) up; the op
-replaced is the anchor, or the truncation after it where there is one (it gives the kernel's
-element type), and every op of the chain dies with it, so each must have no other user.
+[b, h, s, s] and [b*h, s, s]. The chain is read from that last matmul (the anchor) up; the op replaced is the
+first single user down from it whose result is the kernel's O (the truncation to f16, and the
+expand_shape back to [b, h, s, d] where Q is read so), and every op of the chain dies with
+it, so each must have no other user.
 
 The kernel computes the scores, their scale and the softmax in f32; the chain rounds the scores
 and probabilities to f16 between its ops. That is the only difference accepted: the scale must
@@ -52,7 +53,7 @@ class Chain:
     k: Input
     v: Input
     result: TensorFacts  # the marked op's result
-    marked: int  # 0: the anchor matmul is replaced; 1: the truncation after it
+    marked: int  # single users down from the anchor matmul to the op replaced (see _down)
     scale: float | None  # what the scores are multiplied by (1/c for a division); None: not a constant
     scale_text: str
     mask: MaskForm | None
@@ -126,16 +127,9 @@ class _Reader:
 def read_chain(anchor: ir.Operation) -> Chain:
     """The attention that ends in `anchor` (a matmul for which looks_like_attention holds)."""
     r = _Reader()
-    users = list(anchor.results[0].uses)
-    after = users[0].owner if len(users) == 1 else None
-    marked = 1 if after is not None and _is_cast(after.operation) and len(after.operation.results) == 1 else 0
-    base = (0,) if marked else ()
-    out = after.operation.results[0] if marked else anchor.results[0]
-    if marked:
-        r.take(anchor)
     if not _plain_matmul(r, anchor, "P V"):
         r.fail("the P V matmul reads its operands through maps (transposed or broadcast), not P [.., m, s] and V [.., s, d]")
-    p, p_path = r.through(anchor.operands[0], base + (0,), casts=True)
+    p, p_path = r.through(anchor.operands[0], (0,), casts=True)
     softmax = _owner(p)
     r.take(softmax)
     rank = len(tensor_facts(p.type).shape)
@@ -152,11 +146,33 @@ def read_chain(anchor: ir.Operation) -> Chain:
         r.take(qk)
         q, k, k_value = _q_and_k(r, qk, s_path)
         scale, scale_text, mask = _scale_and_mask(r, program)
-    v_value, v_path = r.through(anchor.operands[1], base + (1,))
+    v_value, v_path = r.through(anchor.operands[1], (1,))
     v = Input(v_path, tensor_facts(v_value.type))
-    repeated = repeated_heads(k_value, v_value)
-    ops = tuple(r.ops) + ((after.operation,) if marked else (anchor,))
-    return Chain(q, k, v, tensor_facts(out.type), marked, scale, scale_text, mask, repeated, r.problem, ops)
+    down = _down(anchor, len(q.tensor.shape))
+    for op in down[:-1]:
+        r.take(op)
+    marked = len(down) - 1
+    q, k, v = (Input((0,) * marked + x.path, x.tensor) for x in (q, k, v))
+    if len({len(x.tensor.shape) for x in (q, k, v)}) != 1:
+        r.fail(f"Q {q.tensor.text}, K {k.tensor.text} and V {v.tensor.text} reach the chain in different layouts")
+    out = tensor_facts(down[-1].results[0].type)
+    return Chain(q, k, v, out, marked, scale, scale_text, mask, repeated_heads(k_value, v_value), r.problem, tuple(r.ops) + (down[-1],))
+
+
+def _down(anchor: ir.Operation, rank: int) -> list:
+    """The anchor and its single users down to the op replaced: the first whose result is the
+    kernel's O (Q's rank, a 16-bit float: the truncation of the f32 accumulator, and where Q is
+    [b, h, s, d], the expand_shape of [b*h, s, d] back to it); the anchor where none is."""
+    ops = [anchor]
+    while True:
+        facts = tensor_facts(ops[-1].results[0].type)
+        if len(facts.shape) == rank and facts.dtype in ("f16", "bf16"):
+            return ops
+        users = list(ops[-1].results[0].uses)
+        user = users[0].owner.operation if len(users) == 1 else None
+        if user is None or not (user.name in _THROUGH or _is_cast(user)) or len(user.results) != 1:
+            return [anchor]
+        ops.append(user)
 
 
 def _int(attr: ir.Attribute) -> int:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from kitdispatch.describe.kernel import Kernel
 from kitdispatch.models.ops.base import (
-    Call, Layout, OpFacts, OpKind, TensorFacts, expect, function_of, kernel_buffers, location, map_dims, op_name,
+    Call, Layout, OpFacts, OpKind, Operand, Reshape, TensorFacts, expect, function_of, kernel_buffers, location, map_dims, op_name,
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
@@ -59,7 +58,7 @@ class AttentionFacts:
         mask = None if self.mask is None else {"form": self.mask.form, "what": self.mask.text}
         data = {"scale": self.scale_text, "mask": mask, "v_through_transpose": self.v_transposed}
         if self.chain is not None:
-            data["decomposed"] = {"anchor": self.anchor, "replaced_op": "the truncation after it" if self.chain.marked else "the anchor"}
+            data["decomposed"] = {"anchor": self.anchor, "replaced": f"{self.chain.marked} single user(s) down from it"}
         return {"attention": data}
 
     @property
@@ -146,15 +145,18 @@ class Attention(OpKind):
         return _scale_mismatch(op.detail, head)
 
     def call(self, op: OpFacts, layout: Layout) -> Call:
-        """Q, K and V (V through its transpose where the op reads it so); an op with fewer batch
-        dims than the kernel through an adapter that adds them as unit dims."""
+        """Q, K and V (V through its transpose where the op reads it so; for decomposed
+        attention, up the chain); an op with fewer batch dims than the kernel through an adapter
+        that adds them as unit dims."""
         batch = len(op.detail.maps[0]) - 2
-        return Call(
-            tuple(range(len(op.inputs))),
-            through=(2,) if op.detail.v_transposed else (),
-            unit_dims=max(0, BATCH_DIMS - batch),
-            variant=f"_batch{batch}" if batch < BATCH_DIMS else "",
-        )
+        pad = BATCH_DIMS - batch
+        reshape = Reshape(((*range(pad + 1),), *((i + pad,) for i in range(1, batch + 2)))) if pad > 0 else None
+        chain = op.detail.chain
+        if chain is not None:
+            paths, marked = [chain.q.path, chain.k.path, chain.v.path], chain.marked
+        else:
+            paths, marked = [(0,), (1,), (2, 0) if op.detail.v_transposed else (2,)], 0
+        return Call(tuple(Operand(p, reshape) for p in paths), result=reshape, marked=marked, variant=f"_batch{batch}" if pad > 0 else "")
 
 
 def _attention_facts(op: ir.Operation) -> OpFacts:
@@ -197,15 +199,9 @@ def _attention_facts(op: ir.Operation) -> OpFacts:
 
 def _decomposed_facts(anchor: ir.Operation) -> OpFacts:
     """The chain ending in `anchor` as the attention it computes: Q, K and V as the chain reads
-    them, O as the kernel writes it ([b, h, s, d] where Q, K and V are; the marked op's [b*h, s, d]
-    is its collapse)."""
+    them, O as the op replaced gives it."""
     chain = read_chain(anchor)
     q, k, v = (x.tensor for x in (chain.q, chain.k, chain.v))
-    result = _kernel_result(chain)
-    ranks = {len(t.shape) for t in (q, k, v, result)}
-    if chain.problem is None and len(ranks) != 1:
-        chain = dataclasses.replace(chain, problem=(
-            f"Q {q.text}, K {k.text}, V {v.text} and O {chain.result.text} reach the chain in different layouts"))
     loops = len(q.shape) + 2
     batch = tuple(range(len(q.shape) - 2))
     m, k1, k2, n = (len(batch) + i for i in range(4))
@@ -215,7 +211,7 @@ def _decomposed_facts(anchor: ir.Operation) -> OpFacts:
         location=location(anchor),
         inputs=(q, k, v),
         init=chain.result,
-        result=result,
+        result=chain.result,
         detail=AttentionFacts(
             maps=(batch + (m, k1), batch + (k2, k1), batch + (k2, n), batch + (m, n)),
             loops=loops,
@@ -229,14 +225,6 @@ def _decomposed_facts(anchor: ir.Operation) -> OpFacts:
             anchor=anchor.name,
         ),
     )
-
-
-def _kernel_result(chain: Chain) -> TensorFacts:
-    """O as the kernel writes it: the marked op's [b*h, s, d] as [b, h, s, d] where Q is 4-D."""
-    q, out = chain.q.tensor, chain.result
-    if len(q.shape) == BATCH_DIMS + 2 and len(out.shape) == 3 and None not in q.shape[:2] and out.shape[0] == q.shape[0] * q.shape[1]:
-        return TensorFacts(out.dtype, q.shape[:2] + out.shape[1:])
-    return out
 
 
 def _mask(value: ir.Value, mask_map: tuple[int, ...] | None, q_map: tuple[int, ...] | None, k_map: tuple[int, ...] | None) -> MaskForm:

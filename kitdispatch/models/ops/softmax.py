@@ -3,7 +3,8 @@ op's dimension (replace_when's `dimension`, default the last).
 
 An op of higher rank than the kernel that normalizes its last dimension is rows of the
 kernel's last one: a [b, h, s, s] softmax is b*h*s rows of s, its leading dims collapsed into
-the kernel's first (a Reshape both ways, in the spec's adapter)."""
+the kernel's first (a Reshape both ways, in the spec's adapter; dynamic leading dims too, the
+result's sizes read off the input's)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kitdispatch.describe.kernel import Kernel
-from kitdispatch.models.ops.base import Layout, OpFacts, OpKind, TensorFacts, destination_facts, expect, kernel_buffers
+from kitdispatch.models.ops.base import (
+    Call, Layout, OpFacts, OpKind, Operand, Reshape, TensorFacts, destination_facts, expect, kernel_buffers, plain_call,
+)
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -65,11 +68,17 @@ class Softmax(OpKind):
         groups = row_groups(len(op.result.shape), len(layout.result.type.shape))
         if groups is None:
             return super().sizes_mismatch(op, kernel, layout, sizes)
-        if None in op.result.shape:
-            return (f"shape: the op ({op.result.text}) has a dynamic size, and the kernel's result is reshaped "
-                    "back to the op's static shape")
         seen = collapsed(op.inputs[0], groups), collapsed(op.init, groups), collapsed(op.result, groups)
         return super().sizes_mismatch(OpFacts(op.kind, op.function, op.location, seen[:1], seen[1], seen[2], op.detail), kernel, layout, sizes)
+
+
+    def call(self, op: OpFacts, layout: Layout) -> Call:
+        """The input collapsed to the kernel's rows and the result expanded back (its dynamic
+        sizes read off the input, which has the result's shape)."""
+        groups = row_groups(len(op.result.shape), len(layout.result.type.shape))
+        if groups is None:
+            return plain_call(1)
+        return Call((Operand((0,), Reshape(groups)),), result=Reshape(groups, sizes_from=0), variant="_rows")
 
 
 def row_groups(op_rank: int, kernel_rank: int) -> tuple[tuple[int, ...], ...] | None:
