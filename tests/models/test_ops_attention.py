@@ -240,7 +240,7 @@ def test_torch_attention_sample_exports_and_builds(tmp_path):
 def test_attention_masks_that_a_kernel_applies(mask, kernel, dtype):
     d = only(decide(attention_ops(attention_model(mask=mask, dtype=dtype)), attention_kernels()))
     assert d.kernel is not None and d.kernel.name == kernel, d.reasons
-    assert d.operands == (0, 1, 2)  # the mask is not passed: the kernel applies it
+    assert d.paths == ((0,), (1,), (2,))  # the mask is not passed: the kernel applies it
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from conftest import (
     softmax_model,
 )
 
+from kitdispatch.models.ops.base import Call, Operand, Reshape
 from kitdispatch.models.replace import decide
 
 
@@ -45,3 +46,14 @@ def test_softmax_dimension_constraint_and_dynamic_sizes():
     assert only(decide(ops_of(softmax_model(dim=0)), [softmax_kernel(dimension=0)])).kernel is not None
     # Dynamic sizes are fine where no limit needs them: the wrapper reads them at run time.
     assert only(decide(ops_of(softmax_model(shape="?x?")), [softmax_kernel()])).kernel is not None
+
+
+@pytest.mark.parametrize("shape", ["8x512x1000", "2x4x128x128", "?x8x64x64"])
+def test_softmax_over_the_last_dim_of_any_rank_is_rows(shape):
+    """A [b, h, s, s] softmax is b*h*s rows of the 2-D kernel: the input collapsed, the result
+    expanded back (dynamic sizes read off the input, argument 0)."""
+    rank = len(shape.split("x"))
+    d = only(decide(ops_of(softmax_model(shape=shape, dim=rank - 1)), [softmax_kernel()]))
+    assert d.kernel is not None, d.reasons
+    groups = (tuple(range(rank - 1)), (rank - 1,))
+    assert d.call == Call((Operand((0,), Reshape(groups)),), result=Reshape(groups, sizes_from=0), variant="_rows")
