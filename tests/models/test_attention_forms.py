@@ -153,3 +153,85 @@ def test_decomposed_attention_near_misses(tmp_path, args, reason):
 def test_decomposed_f32_attention_is_kept_for_its_element_type(tmp_path):
     d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx"), tmp_path))
     assert d.kernel is None and "element type: the op's Q is 2x4x128x64xf32" in d.reasons[0], d.reasons
+
+
+# ----------------------------------------------------------------- builds (real iree-compile)
+
+
+def _dispatch_calls(vmfb) -> int:
+    return dump_module(vmfb).count("vm.call.variadic @hal.command_buffer.dispatch")
+
+
+@needs_iree_compile
+@pytest.mark.parametrize(
+    "kind, args, kernel",
+    [
+        ("sdpa", ["--mask", "causal"], "attention_causal_f16"),
+        ("sdpa", ["--mask", "arange-causal"], "attention_causal_f16"),
+        ("onnx", ["--f16", "--mask", "causal"], "attention_causal_f16"),
+        ("onnx", ["--f16", "--form", "flat", "--mask", "zero"], "attention_f16"),
+    ],
+    ids=["sdpa-is-causal", "sdpa-arange-mask", "onnx-causal", "onnx-flat"],
+)
+def test_attention_forms_build_to_one_kernel_dispatch(tmp_path, kind, args, kernel):
+    """The whole library by default: the attention (its mask ops, or the whole decomposed
+    chain: matmuls, scale, mask, softmax, casts, reshapes) becomes the one library kernel,
+    and IREE has no dispatch of its own left."""
+    model = make_model(tmp_path, kind, "attn.onnx" if kind == "onnx" else "attn.mlir", *args)
+    result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
+    [replaced] = result.replaced
+    assert replaced.kernel.name == kernel
+    assert kernel in dump_module(result.vmfb) and _dispatch_calls(result.vmfb) == 1
+    for iree_kind in ("attention", "batch_matmul", "softmax", "elementwise"):
+        assert not iree_dispatches(result.vmfb, iree_kind)
+    assert iree_dispatches(result.baseline_vmfb, "attention" if kind == "sdpa" else "batch_matmul")
+    report = (tmp_path / "out" / "attn.replace.txt").read_text()
+    assert f"which {kernel} replaces whole" in report
+
+
+@needs_iree_compile
+def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
+    """Q, K, V projected in the model (as a BERT layer writes them): K exists only transposed,
+    so the attention is kept with the reason, and its [b, h, s, s] softmax runs as b*h*s rows
+    of the library's row softmax."""
+    model = make_model(tmp_path, "onnx", "attn.onnx", "--f16", "--form", "layer")
+    result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
+    by_kind = {d.op.kind: d for d in result.decisions if d.op.kind in ("linalg.softmax", "iree_linalg_ext.attention")}
+    assert by_kind["linalg.softmax"].kernel.name == "row_softmax" and by_kind["linalg.softmax"].call.variant == "_rows"
+    assert by_kind["iree_linalg_ext.attention"].kernel is None
+    assert "row_softmax" in dump_module(result.vmfb)
+    assert iree_dispatches(result.baseline_vmfb, "softmax") and not iree_dispatches(result.vmfb, "softmax")
+
+
+# ----------------------------------------------------------------- GPU: against IREE alone
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kind, args, kernel",
+    [
+        ("sdpa", ["--mask", "causal"], "attention_causal_f16"),
+        ("sdpa", ["--mask", "all-true"], "attention_f16"),
+        ("sdpa", ["--mask", "arange-causal", "--head-dim", 128], "attention_causal_f16"),
+        ("onnx", ["--f16", "--mask", "causal"], "attention_causal_f16"),
+        ("onnx", ["--f16", "--form", "flat", "--mask", "zero", "--seq", 300], "attention_f16"),
+        ("onnx", ["--f16", "--form", "layer"], "row_softmax"),
+    ],
+    ids=["sdpa-is-causal", "sdpa-all-true", "sdpa-arange-d128", "onnx-causal", "onnx-flat-300", "onnx-layer-softmax-rows"],
+)
+def test_attention_forms_agree_with_iree_on_gpu(tmp_path, prebuilt_dir, kind, args, kernel):
+    """Each form built with the library agrees with IREE's own build (f16 tolerance); prebuilt
+    as `attention_forms_<id>` where the GPU machine has no iree-compile."""
+    name = "attn.onnx" if kind == "onnx" else "attn.mlir"
+    if prebuilt_dir is not None:
+        built = prebuilt_dir / f"attention_forms_{kind}_{'_'.join(map(str, args)).replace('-', '')}"
+        if not built.is_dir():
+            pytest.skip(f"{built} was not prebuilt")
+    else:
+        if not HAVE_IREE_COMPILE:
+            pytest.skip("iree-compile is not installed")
+        model = make_model(tmp_path, kind, name, *args)
+        built = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True).out_dir
+    result = compare_model(built)
+    assert result.agree, result.worst
+    assert kernel in result.kernel_names
