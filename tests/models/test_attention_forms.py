@@ -7,6 +7,7 @@ against the whole library; builds check the dispatches; GPU tests compare with I
 from __future__ import annotations
 
 import functools
+import runpy
 import subprocess
 import sys
 
@@ -206,32 +207,25 @@ def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
 # ----------------------------------------------------------------- GPU: against IREE alone
 
 
+_CASES = runpy.run_path(str(FORMS / "gpu_cases.py"))
+GPU_CASES = _CASES["GPU_CASES"]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "kind, args, kernel",
-    [
-        ("sdpa", ["--mask", "causal"], "attention_causal_f16"),
-        ("sdpa", ["--mask", "all-true"], "attention_f16"),
-        ("sdpa", ["--mask", "arange-causal", "--head-dim", 128], "attention_causal_f16"),
-        ("onnx", ["--f16", "--mask", "causal"], "attention_causal_f16"),
-        ("onnx", ["--f16", "--form", "flat", "--mask", "zero", "--seq", 300], "attention_f16"),
-        ("onnx", ["--f16", "--form", "layer"], "row_softmax"),
-    ],
-    ids=["sdpa-is-causal", "sdpa-all-true", "sdpa-arange-d128", "onnx-causal", "onnx-flat-300", "onnx-layer-softmax-rows"],
-)
-def test_attention_forms_agree_with_iree_on_gpu(tmp_path, prebuilt_dir, kind, args, kernel):
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_attention_forms_agree_with_iree_on_gpu(tmp_path, prebuilt_dir, case):
     """Each form built with the library agrees with IREE's own build (f16 tolerance); prebuilt
-    as `attention_forms_<id>` where the GPU machine has no iree-compile."""
-    name = "attn.onnx" if kind == "onnx" else "attn.mlir"
+    as `attention_forms_<case>` (tools/prebuild.py) where the GPU machine has no iree-compile."""
+    kind, args, kernel = GPU_CASES[case]
     if prebuilt_dir is not None:
-        built = prebuilt_dir / f"attention_forms_{kind}_{'_'.join(map(str, args)).replace('-', '')}"
+        built = prebuilt_dir / f"attention_forms_{case}"
         if not built.is_dir():
             pytest.skip(f"{built} was not prebuilt")
     else:
         if not HAVE_IREE_COMPILE:
             pytest.skip("iree-compile is not installed")
-        model = make_model(tmp_path, kind, name, *args)
-        built = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True).out_dir
+        model = make_model(tmp_path, kind, _CASES["model_name"](kind), *args)
+        built = build_model(None, model, BuildOptions.create(_CASES["ARCHS"]), tmp_path / "out", with_baseline=True).out_dir
     result = compare_model(built)
     assert result.agree, result.worst
     assert kernel in result.kernel_names
