@@ -142,8 +142,9 @@ def test_decomposed_attention_is_replaced_whole(tmp_path, args, kernel):
         (["--scale", "wrong"], "the op's scale is 5.000000e-01 : f16, the kernel's 1/sqrt(64) = 0.125"),
         (["--kv-seq", 64], "cross-attention: 128 queries and 64 keys"),
         (["--form", "layer"], "decomposed attention: K^T is made by a linalg.generic that does more than transpose K"),
+        (["--kv-heads", 2, "--mask", "causal"], "grouped-query attention: K is 2x2x128x64xf16 broadcast to 2x2x2x64x128xf16"),
     ],
-    ids=["arbitrary-mask", "f16-scale-128", "head-dim-96", "scale", "cross-attention", "projected-layer"],
+    ids=["arbitrary-mask", "f16-scale-128", "head-dim-96", "scale", "cross-attention", "projected-layer", "gqa-repeat-kv"],
 )
 def test_decomposed_attention_near_misses(tmp_path, args, reason):
     d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path))

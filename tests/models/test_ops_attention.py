@@ -263,3 +263,15 @@ def test_causal_kernel_refuses_an_unmasked_op_and_another_key_length():
     assert d.kernel is None and "the op has no mask, the kernel applies a causal mask" in d.reasons[0]
     d = only(decide(attention_ops(attention_model(mask="causal-generic", seq_k=128)), attention_kernels()))
     assert d.kernel is None and "the op's mask is an additive mask neither empty nor causal" in d.reasons[0]  # not square
+
+
+def test_a_causal_mask_cut_to_the_sequence_is_causal():
+    """HF builds a causal mask for the longest sequence and slices it: the slice is read too."""
+    mlir = attention_model(mask="causal-generic", seq=64, head=128, scale="0.0883883461 : f32").replace("tensor<8x64x64xf16>", "tensor<8x96x96xf16>")
+    cut = "%mask0 = tensor.extract_slice %mask[0, 0, 0] [8, 64, 64] [1, 1, 1] : tensor<8x96x96xf16> to tensor<8x64x64xf16>"
+    mlir = mlir.replace("  } -> tensor<8x96x96xf16>", f"  }} -> tensor<8x96x96xf16>\n  {cut}").replace(", %mask :", ", %mask0 :")
+    mlir = mlir.replace("tensor<8x96x96xf16>) outs", "tensor<8x64x64xf16>) outs")
+    d = only(decide(attention_ops(mlir), attention_kernels()))
+    assert d.kernel is not None and d.kernel.name == "attention_causal_f16", d.reasons
+    shifted = mlir.replace("[0, 0, 0] [8, 64, 64]", "[0, 0, 1] [8, 64, 64]")  # keys shifted by one: not causal
+    assert only(decide(attention_ops(shifted), attention_kernels())).kernel is None

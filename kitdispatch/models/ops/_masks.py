@@ -190,6 +190,22 @@ def _reshape(op: ir.Operation, value: ir.Value) -> np.ndarray:
     return np.broadcast_to(_evaluate(source), before).reshape(after)
 
 
+def _slice(op: ir.Operation, value: ir.Value) -> np.ndarray:
+    """A static, rank-keeping tensor.extract_slice (a causal mask cut to the sequence)."""
+    from iree.compiler import ir
+
+    source = op.operands[0]
+    if len(op.operands) != 1:
+        raise _Unreadable("a tensor.extract_slice of dynamic offsets or sizes")
+    before, after = _shape(source.type), _shape(value.type)
+    offsets, sizes, strides = (list(ir.DenseI64ArrayAttr(op.attributes[k])) for k in ("static_offsets", "static_sizes", "static_strides"))
+    if len(before) != len(after) or list(sizes) != list(after):
+        raise _Unreadable("a tensor.extract_slice that drops dims")
+    values = _evaluate(source)
+    index = tuple(slice(None) if values.shape[i] == 1 else slice(o, o + n * s, s) for i, (o, n, s) in enumerate(zip(offsets, sizes, strides)))
+    return values[index]
+
+
 def _same(op: ir.Operation, value: ir.Value) -> np.ndarray:
     return _evaluate(op.operands[0])
 
@@ -308,6 +324,7 @@ _PRODUCERS: dict[str, Callable] = {
     "tensor.collapse_shape": _reshape,
     "tensor.expand_shape": _reshape,
     "tensor.cast": _same,
+    "tensor.extract_slice": _slice,
     "iree_tensor_ext.compute_barrier.start": _same,
     "iree_tensor_ext.compute_barrier.end": _same,
 }

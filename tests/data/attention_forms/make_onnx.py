@@ -6,6 +6,7 @@ Transpose, as a BERT/GPT-2 layer writes it).
 
     python tests/data/attention_onnx/make_model.py OUT.onnx [--batch 2 --heads 4 --seq 128 --head-dim 64]
         [--f16] [--mask none|zero|causal|arbitrary] [--scale div|mul|wrong] [--kv-seq N] [--form heads|flat|layer]
+        [--kv-heads N]
 
 Masks are constant initializers [s, s] added to the scores: all zero, causal (0 on and below
 the diagonal, the dtype's lowest value above it, as HF builds it) or arbitrary (random).
@@ -22,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 def make_model(
     batch: int = 2, heads: int = 4, seq: int = 128, head_dim: int = 64, *, f16: bool = False, mask: str = "none",
-    scale: str = "div", kv_seq: int | None = None, form: str = "heads", seed: int = 0,
+    scale: str = "div", kv_seq: int | None = None, form: str = "heads", kv_heads: int | None = None, seed: int = 0,
 ) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     dtype = np.float16 if f16 else np.float32
@@ -51,10 +52,24 @@ def make_model(
         out_shape = [batch, seq, hidden]
     else:
         lead = [batch * heads] if form == "flat" else [batch, heads]
-        inputs = [helper.make_tensor_value_info(p, elem, lead + [s, head_dim]) for p, s in (("q", seq), ("k", kv_seq), ("v", kv_seq))]
+        kv_lead = [batch, kv_heads] if kv_heads else lead
+        inputs = [helper.make_tensor_value_info("q", elem, lead + [seq, head_dim])]
+        inputs += [helper.make_tensor_value_info(p, elem, kv_lead + [kv_seq, head_dim]) for p in ("k", "v")]
         out_shape = lead + [seq, head_dim]
+        if kv_heads:  # GQA as transformers' repeat_kv writes it: Unsqueeze, Expand, Reshape
+            group = heads // kv_heads
+            inits.append(numpy_helper.from_array(np.array([2], np.int64), "axis2"))
+            inits.append(numpy_helper.from_array(np.array([batch, kv_heads, group, kv_seq, head_dim], np.int64), "repeat"))
+            inits.append(numpy_helper.from_array(np.array([batch, heads, kv_seq, head_dim], np.int64), "merged"))
+            for p in ("k", "v"):
+                nodes += [
+                    node("Unsqueeze", [p, "axis2"], [f"{p}_u"]),
+                    node("Expand", [f"{p}_u", "repeat"], [f"{p}_e"]),
+                    node("Reshape", [f"{p}_e", "merged"], [f"{p}_r"]),
+                ]
+    k_name, v_name = ("k_r", "v_r") if kv_heads and form != "layer" else ("k", "v")
     rank = 3 if form == "flat" else 4
-    nodes.append(node("Transpose", ["k"], ["kt"], perm=list(range(rank - 2)) + [rank - 1, rank - 2]))
+    nodes.append(node("Transpose", [k_name], ["kt"], perm=list(range(rank - 2)) + [rank - 1, rank - 2]))
     nodes.append(node("MatMul", ["q", "kt"], ["qk"]))
     nodes.append(node("Div" if scale == "div" else "Mul", ["qk", "scale"], ["scores"]))
     scores = "scores"
@@ -69,7 +84,7 @@ def make_model(
         nodes.append(node("Add", ["scores", "mask"], ["masked"]))
         scores = "masked"
     nodes.append(node("Softmax", [scores], ["probs"], axis=-1))
-    nodes.append(node("MatMul", ["probs", "v"], ["attn"]))
+    nodes.append(node("MatMul", ["probs", v_name], ["attn"]))
     if form == "layer":
         nodes.append(node("Transpose", ["attn"], ["attn_t"], perm=[0, 2, 1, 3]))
         nodes.append(node("Reshape", ["attn_t", "out_shape"], ["y"]))
@@ -93,9 +108,10 @@ def main() -> None:
     p.add_argument("--mask", choices=["none", "zero", "causal", "arbitrary"], default="none")
     p.add_argument("--scale", choices=["div", "mul", "wrong"], default="div")
     p.add_argument("--form", choices=["heads", "flat", "layer"], default="heads")
+    p.add_argument("--kv-heads", type=int, default=None, help="fewer K/V heads, repeated (GQA; --form heads)")
     args = p.parse_args()
     model = make_model(args.batch, args.heads, args.seq, args.head_dim, f16=args.f16, mask=args.mask, scale=args.scale,
-                       kv_seq=args.kv_seq, form=args.form)
+                       kv_seq=args.kv_seq, form=args.form, kv_heads=args.kv_heads)
     onnx.save(model, args.out)
 
 
