@@ -33,6 +33,14 @@ def test_manifest_replaces_plain_and_with_limits():
     assert generic.pattern == REPO / "p.mlir"  # beside the manifest, as `source` is
 
 
+def test_the_library_causal_attention_kernels_declare_their_mask():
+    from kitdispatch.describe.manifest import load_manifest
+
+    kernels = {k.name: k.replaces for k in load_manifest(REPO / "kernels" / "attention").kernels}
+    assert {n: r.mask for n, r in kernels.items()} == {
+        "attention_f16": None, "attention_causal_f16": "causal", "attention_bf16": None, "attention_causal_bf16": "causal"}
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -45,6 +53,8 @@ def test_manifest_replaces_plain_and_with_limits():
         ('replaces = ["linalg.generic"]', "a linalg.generic needs a pattern"),
         ('replaces = ["linalg.softmax"]\nreplace_when = { pattern = "p.mlir" }', "and a pattern is for linalg.generic only"),
         ('replaces = ["linalg.generic"]\nreplace_when = { pattern = 3 }', "pattern 3 is not a file name"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { mask = "causal" }', "only a kernel that replaces iree_linalg_ext.attention alone says its mask"),
+        ('replaces = ["iree_linalg_ext.attention"]\nreplace_when = { mask = "sliding" }', "mask 'sliding': only a kernel"),
     ],
 )
 def test_manifest_replace_errors(extra, message):
