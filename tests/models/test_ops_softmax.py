@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import pytest
 from conftest import (
+    SOFTMAX_CU,
+    dump_module,
+    iree_dispatches,
+    needs_iree_compile,
     only,
     ops_of,
     softmax_kernel,
     softmax_model,
 )
 
+from kitdispatch import BuildOptions
 from kitdispatch.models.ops.base import Call, Operand, Reshape
+from kitdispatch.models.pipeline import build_model
 from kitdispatch.models.replace import decide
 
 
@@ -57,3 +63,20 @@ def test_softmax_over_the_last_dim_of_any_rank_is_rows(shape):
     assert d.kernel is not None, d.reasons
     groups = (tuple(range(rank - 1)), (rank - 1,))
     assert d.call == Call((Operand((0,), Reshape(groups)),), result=Reshape(groups, sizes_from=0), variant="_rows")
+
+
+@needs_iree_compile
+@pytest.mark.parametrize("shape", ["2x4x128x128", "?x8x64x64"])
+def test_softmax_rows_build(tmp_path, shape):
+    """A 4-D softmax (static, or with a dynamic batch) built with the library's row softmax:
+    the adapter collapses the input to rows and expands the result back (dynamic sizes read
+    off the input), and IREE's softmax dispatch is gone."""
+    model = tmp_path / "sm.mlir"
+    model.write_text(softmax_model(shape=shape, dim=3))
+    result = build_model(SOFTMAX_CU.parent, model, BuildOptions.create("sm_90"), tmp_path / "out", library=False, with_baseline=True)
+    [replaced] = result.replaced
+    assert replaced.kernel.name == "row_softmax" and replaced.call.variant == "_rows"
+    spec = result.spec.read_text()
+    assert "tensor.collapse_shape" in spec and "tensor.expand_shape" in spec
+    assert "row_softmax" in dump_module(result.vmfb)
+    assert iree_dispatches(result.baseline_vmfb, "softmax") and not iree_dispatches(result.vmfb, "softmax")
