@@ -118,8 +118,9 @@ def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
         (["--mask", "none", "--scale", "mul"], "attention_f16"),
         (["--form", "flat", "--mask", "zero"], "attention_f16"),  # [b*h, s, d], K^T by the matmul's maps
         (["--form", "flat", "--mask", "causal"], "attention_causal_f16"),
+        (["--mask", "causal-where"], "attention_causal_f16"),  # Where(keep, scores, lowest), as GPT-2's eager attention
     ],
-    ids=["causal", "zero-mask", "mul-scale", "flat", "flat-causal"],
+    ids=["causal", "zero-mask", "mul-scale", "flat", "flat-causal", "where-causal"],
 )
 def test_decomposed_attention_is_replaced_whole(tmp_path, args, kernel):
     decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from dataclasses import dataclass, field
 
-from kitdispatch.models.ops._masks import OTHER, MaskForm, read_additive
+from kitdispatch.models.ops._masks import OTHER, MaskForm, is_masked_value, read_additive, read_mask
 from kitdispatch.models.ops.base import TensorFacts, location, map_dims, tensor_facts
 from kitdispatch.models.ops.generic import plain_transpose
 from kitdispatch.models.ops.matmul import init_source
@@ -302,6 +302,10 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list) -> list[
         elif inner.name == "arith.addf" and len(others) == 1 and _constant(others[0], op, args, maps) is not None:
             constant = _constant(others[0], op, args, maps)
             steps.append(_Step("add constant", constant[0], constant[1]))
+        elif inner.name == "arith.select" and operands[1] == current and operands[0] in args[:len(op.operands) - 1] and _masks_out(
+                operands[2], op, args, maps, str(inner.results[0].type)):
+            index = args.index(operands[0])  # where(keep, scores, -inf), as GPT-2's eager attention masks
+            steps.append(_Step("select", mask=op.operands[index], mask_map=maps[index], loops=len(maps[-1])))
         elif inner.name == "arith.addf" and len(others) == 1 and others[0] in args[:len(op.operands) - 1]:
             index = args.index(others[0])
             steps.append(_Step(inner.name, mask=op.operands[index], mask_map=maps[index], loops=len(maps[-1])))
@@ -330,10 +334,15 @@ def _constant(value: ir.Value, op: ir.Operation, args: list, maps: list) -> tupl
     return ir.FloatAttr(attr).value, str(attr)
 
 
+def _masks_out(value: ir.Value, op: ir.Operation, args: list, maps: list, dtype: str) -> bool:
+    constant = _constant(value, op, args, maps)
+    return constant is not None and is_masked_value(constant[0], dtype)
+
+
 def _scale_and_mask(r: _Reader, program: list[_Step]):
     """The one scale (a Div or Mul by a constant) and the optional mask Add after it."""
     scales = [s for s in program if s.name in ("arith.divf", "arith.mulf")]
-    adds = [s for s in program if s.name == "arith.addf"]
+    adds = [s for s in program if s.name in ("arith.addf", "select")]
     shifts = [s for s in program if s.name == "add constant" and s.constant != 0]
     if shifts:
         r.fail(f"the scores get {shifts[0].constant_text} added before the softmax")
@@ -342,9 +351,9 @@ def _scale_and_mask(r: _Reader, program: list[_Step]):
         return None, "not one constant", None
     scale = scales[0]
     if adds and program.index(adds[0]) < program.index(scale):
-        r.fail("the mask is added before the scores are scaled; the kernel scales, then masks")
+        r.fail("the mask is applied before the scores are scaled; the kernel scales, then masks")
     if len(adds) > 1:
-        r.fail("the scores get more than one tensor added before the softmax")
+        r.fail("the scores get more than one mask before the softmax")
     value = 1.0 / scale.constant if scale.name == "arith.divf" else scale.constant
     text = f"{'1 / ' if scale.name == 'arith.divf' else ''}{scale.constant_text}"
     if scale.name == "arith.divf" and scale.constant == 0:
@@ -357,7 +366,8 @@ def _scale_and_mask(r: _Reader, program: list[_Step]):
         if dims is None or q not in dims or k not in dims:
             mask = MaskForm(OTHER, "a mask broadcast over the queries or the keys")
         else:
-            mask = read_additive(adds[0].mask, dims.index(q), dims.index(k))
+            read = read_mask if adds[0].name == "select" else read_additive
+            mask = read(adds[0].mask, dims.index(q), dims.index(k))
     return value, text, mask
 
 

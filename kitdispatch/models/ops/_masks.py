@@ -64,6 +64,11 @@ def read_additive(value: ir.Value, query_axis: int, key_axis: int) -> MaskForm:
     return read_mask(value, query_axis, key_axis)
 
 
+def is_masked_value(value: float, dtype: str) -> bool:
+    """Whether a score of `value` (of `dtype`) is masked out: -inf, or the type's lowest value."""
+    return dtype in _LOWEST and (value == float("-inf") or value == _LOWEST[dtype])
+
+
 def mask_ops(value: ir.Value) -> tuple:
     """The ops that make a mask for its one user: they go when that user goes."""
     owner = getattr(value.owner, "operation", None)

@@ -7,6 +7,7 @@ GPU_CASES = {
     "sdpa-all-true": ("sdpa", ["--mask", "all-true"], "attention_f16"),
     "sdpa-arange-d128": ("sdpa", ["--mask", "arange-causal", "--head-dim", "128"], "attention_causal_f16"),
     "onnx-causal": ("onnx", ["--f16", "--mask", "causal"], "attention_causal_f16"),
+    "onnx-where-causal": ("onnx", ["--f16", "--mask", "causal-where"], "attention_causal_f16"),
     "onnx-flat-300": ("onnx", ["--f16", "--form", "flat", "--mask", "zero", "--seq", "300"], "attention_f16"),
     "onnx-layer-softmax-rows": ("onnx", ["--f16", "--form", "layer"], "row_softmax"),
 }

@@ -5,11 +5,13 @@ axis, MatMul with V. The inputs are Q, K, V [b, h, s, d] (`--form heads`, or `[b
 Transpose, as a BERT/GPT-2 layer writes it).
 
     python tests/data/attention_onnx/make_model.py OUT.onnx [--batch 2 --heads 4 --seq 128 --head-dim 64]
-        [--f16] [--mask none|zero|causal|arbitrary] [--scale div|mul|wrong] [--kv-seq N] [--form heads|flat|layer]
+        [--f16] [--mask none|zero|causal|causal-where|arbitrary] [--scale div|mul|wrong] [--kv-seq N] [--form heads|flat|layer]
         [--kv-heads N]
 
 Masks are constant initializers [s, s] added to the scores: all zero, causal (0 on and below
-the diagonal, the dtype's lowest value above it, as HF builds it) or arbitrary (random).
+the diagonal, the dtype's lowest value above it, as HF builds it) or arbitrary (random);
+`causal-where` is a boolean [s, s] initializer applied with Where(keep, scores, lowest), as
+GPT-2's eager attention does.
 """
 
 from __future__ import annotations
@@ -73,7 +75,12 @@ def make_model(
     nodes.append(node("MatMul", ["q", "kt"], ["qk"]))
     nodes.append(node("Div" if scale == "div" else "Mul", ["qk", "scale"], ["scores"]))
     scores = "scores"
-    if mask != "none":
+    if mask == "causal-where":  # GPT-2's eager attention: torch.where(causal, scores, lowest)
+        inits.append(numpy_helper.from_array(np.tril(np.ones((seq, kv_seq), bool)), "keep"))
+        inits.append(const("lowest", np.finfo(dtype).min))
+        nodes.append(node("Where", ["keep", "scores", "lowest"], ["masked"]))
+        scores = "masked"
+    elif mask != "none":
         lowest = np.finfo(dtype).min
         values = {
             "zero": np.zeros((seq, kv_seq)),
@@ -105,7 +112,7 @@ def main() -> None:
     p.add_argument("--kv-seq", type=int, default=None)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--f16", action="store_true")
-    p.add_argument("--mask", choices=["none", "zero", "causal", "arbitrary"], default="none")
+    p.add_argument("--mask", choices=["none", "zero", "causal", "causal-where", "arbitrary"], default="none")
     p.add_argument("--scale", choices=["div", "mul", "wrong"], default="div")
     p.add_argument("--form", choices=["heads", "flat", "layer"], default="heads")
     p.add_argument("--kv-heads", type=int, default=None, help="fewer K/V heads, repeated (GQA; --form heads)")
