@@ -62,7 +62,7 @@ class Chain:
     ops: tuple = field(default=(), compare=False, repr=False)  # the ir ops that die with the replacement
 
 
-def _owner(value: ir.Value):
+def _owner(value: ir.Value) -> ir.Operation | None:
     return getattr(value.owner, "operation", None)
 
 
@@ -275,7 +275,6 @@ def _reaches_matmul(value: ir.Value) -> bool:
 def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list) -> list[_Step]:
     """The generic's body as steps on the scores: each op takes the scores' value and at most
     one other operand (a constant, or another input: the mask)."""
-    from iree.compiler import ir
 
     block = op.regions[0].blocks[0]
     args = list(block.arguments)
