@@ -13,6 +13,7 @@ that tests/models/test_compare.py compares (OUT/<sample>_model, with their basel
 from __future__ import annotations
 
 import argparse
+import runpy
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,11 @@ MODELS = {
 }
 
 
+# The attention forms tests/models/test_attention_forms.py compares: OUT/attention_forms_<case>,
+# built with the whole library (tests/data/attention_forms/gpu_cases.py).
+FORMS = ROOT / "tests" / "data" / "attention_forms"
+
+
 def projects() -> list[Path]:
     found = []
     for parent in (ROOT / "samples", ROOT / "kernels", ROOT / "tests" / "data"):
@@ -84,6 +90,20 @@ def build_models(out: Path, failures: list[str]) -> None:
                 failures.append(f"{name}: {str(exc).splitlines()[0]}")
 
 
+def build_attention_forms(out: Path, failures: list[str]) -> None:
+    cases = runpy.run_path(str(FORMS / "gpu_cases.py"))
+    for case, (kind, args, _) in cases["GPU_CASES"].items():
+        name = f"attention_forms_{case}"
+        with tempfile.TemporaryDirectory() as tmp:
+            model = Path(tmp) / cases["model_name"](kind)
+            subprocess.run([sys.executable, str(FORMS / f"make_{kind}.py"), str(model), *args], check=True, timeout=300)
+            try:
+                kd.build_model(None, model, kd.BuildOptions.create(cases["ARCHS"]), out / name, with_baseline=True)
+                print(f"built {name} with the library", flush=True)
+            except kd.KitError as exc:
+                failures.append(f"{name}: {str(exc).splitlines()[0]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder to build into (one subfolder a project)")
@@ -93,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     build_projects(args.out, failures)
     if not args.no_models:
         build_models(args.out, failures)
+        build_attention_forms(args.out, failures)
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -16,7 +16,7 @@ from kitdispatch.describe.limits import DEFAULT_DYNAMIC_SHARED_MEMORY_MAX, MAX_D
 from kitdispatch.describe.choices import ObjectFormat
 from kitdispatch.describe.names import WIDE_HALVES, _IDENT_RE, _shown, check_identifier, check_kernel_name, default_function_name
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
-from kitdispatch.describe.op_names import PATTERN_OPS, REPLACEABLE_OPS  # `replaces`; models/ops decides per op
+from kitdispatch.describe.op_names import ATTENTION_MASKS, PATTERN_OPS, REPLACEABLE_OPS  # `replaces`; models/ops decides per op
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ class Replaces:
     max_size: tuple[tuple[str, int], ...] = ()
     dimension: int | None = None
     pattern: Path | None = None
+    mask: str | None = None  # an attention kernel's mask (ATTENTION_MASKS); None: it applies none
 
     @classmethod
     def create(
@@ -100,6 +101,7 @@ class Replaces:
         max_size: dict[str, int] | None = None,
         dimension: int | None = None,
         pattern: str | Path | None = None,
+        mask: str | None = None,
         where: str = "replaces",
     ) -> "Replaces":
         if isinstance(ops, str) or not ops or not all(isinstance(o, str) for o in ops):
@@ -123,12 +125,19 @@ class Replaces:
             )
         if pattern is not None and not isinstance(pattern, (str, Path)):
             raise ManifestError(f"pattern {pattern!r} is not a file name", where=where, fix='e.g. pattern = "bias_gelu.mlir"')
+        if mask is not None and (mask not in ATTENTION_MASKS or list(ops) != ["iree_linalg_ext.attention"]):
+            raise ManifestError(
+                f"mask {mask!r}: only a kernel that replaces iree_linalg_ext.attention alone says its mask, one of {', '.join(ATTENTION_MASKS)}",
+                where=where,
+                fix='e.g. replaces = ["iree_linalg_ext.attention"] with replace_when = { mask = "causal" }',
+            )
         return cls(
             tuple(dict.fromkeys(ops)),
             _positive_sizes(multiple_of or {}, "multiple_of", where),
             _positive_sizes(max_size or {}, "max", where),
             dimension,
             Path(pattern) if pattern is not None else None,
+            mask,
         )
 
     @property

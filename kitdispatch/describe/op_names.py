@@ -14,3 +14,6 @@ REPLACEABLE_OPS = (
 )
 # The ops a kernel matches through a pattern file (replace_when's `pattern`), and only they.
 PATTERN_OPS = ("linalg.generic",)
+# What an attention kernel may say of the mask it applies (replace_when's `mask`): "causal"
+# (key j attends to query i where j <= i); without it, no mask (an op whose mask masks nothing).
+ATTENTION_MASKS = ("causal",)

@@ -103,17 +103,24 @@ def check_kernel(kernel: Kernel, kind: str) -> Layout:
 
 def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFacts]]:
     """Every op of `kinds` in the model (an `iree.compiler.ir.Module`), with its facts. An op
-    that several kinds read (a linalg.generic that ends a norm) goes to the first in the
-    registry's order that takes it as a candidate; an op a candidate covers (a norm's
-    reductions) is no candidate of its own."""
+    that several kinds read as their own (a linalg.generic that ends a norm) goes to the first
+    in the registry's order that takes it as a candidate; kinds that read it as the anchor of a
+    longer form (decomposed attention's last matmul) read it too, and `settle` decides; an op a
+    candidate covers (a norm's reductions) is no candidate of its own."""
     from iree.compiler import ir
 
     found: list[tuple[object, OpFacts]] = []
-    readers = [kind for name, kind in OP_KINDS.items() if name in kinds]
+    owners: dict[str, list] = {}  # IREE op name -> the kinds that read it as their own, in registry order
+    anchors: dict[str, list] = {}  # IREE op name -> kinds that also read it as the anchor of a longer form
+    for name, kind in OP_KINDS.items():
+        if name in kinds:
+            owners.setdefault(kind.op, []).append(kind)
+            for other in kind.reads:
+                anchors.setdefault(other, []).append(kind)
 
     def visit(op: ir.Operation):
-        kind = next((k for k in readers if k.op == op.name and k.candidate(op)), None)
-        if kind is not None:
+        own = next((k for k in owners.get(op.name, ()) if k.candidate(op)), None)
+        for kind in ([own] if own is not None else []) + [k for k in anchors.get(op.name, ()) if k.candidate(op)]:
             found.append((op, kind.facts(op)))
         return ir.WalkResult.ADVANCE
 
@@ -141,4 +148,23 @@ def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
     return decisions
 
 
-__all__ = ["COVERED_ATTRIBUTE", "MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "wrapper_name"]
+def settle(found: Sequence[tuple[object, OpFacts]], decisions: Sequence[Decision]) -> list[Decision]:
+    """Decisions in the order of `found`, where a replacement that removes other ops (its kind's
+    `claims`: decomposed attention takes the chain up from its last matmul) wins over those
+    ops' own decisions: they are kept, saying which kernel computes them."""
+    claimed: dict = {}
+    for (op, _), decision in zip(found, decisions):
+        if decision.kernel is not None:
+            for other in OP_KINDS[decision.op.kind].claims(op):
+                claimed.setdefault(other, decision)
+    settled = []
+    for (op, facts), decision in zip(found, decisions):
+        owner = claimed.get(op)
+        if owner is not None and owner is not decision:
+            why = f"part of the {owner.op.kind} at {owner.op.location}, which {owner.kernel.name} replaces whole"
+            decision = Decision(facts, None, reasons=(why,))
+        settled.append(decision)
+    return settled
+
+
+__all__ = ["COVERED_ATTRIBUTE", "MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "settle", "wrapper_name"]

@@ -33,6 +33,14 @@ def test_manifest_replaces_plain_and_with_limits():
     assert generic.pattern == REPO / "p.mlir"  # beside the manifest, as `source` is
 
 
+def test_the_library_causal_attention_kernels_declare_their_mask():
+    from kitdispatch.describe.manifest import load_manifest
+
+    kernels = {k.name: k.replaces for k in load_manifest(REPO / "kernels" / "attention").kernels}
+    assert {n: r.mask for n, r in kernels.items()} == {
+        "attention_f16": None, "attention_causal_f16": "causal", "attention_bf16": None, "attention_causal_bf16": "causal"}
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -45,6 +53,8 @@ def test_manifest_replaces_plain_and_with_limits():
         ('replaces = ["linalg.generic"]', "a linalg.generic needs a pattern"),
         ('replaces = ["linalg.softmax"]\nreplace_when = { pattern = "p.mlir" }', "and a pattern is for linalg.generic only"),
         ('replaces = ["linalg.generic"]\nreplace_when = { pattern = 3 }', "pattern 3 is not a file name"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { mask = "causal" }', "only a kernel that replaces iree_linalg_ext.attention alone says its mask"),
+        ('replaces = ["iree_linalg_ext.attention"]\nreplace_when = { mask = "sliding" }', "mask 'sliding': only a kernel"),
     ],
 )
 def test_manifest_replace_errors(extra, message):
@@ -65,8 +75,9 @@ def test_the_registry_holds_every_name_the_manifest_accepts_in_its_order():
 
 
 def test_every_kind_module_is_registered():
-    """Adding an op kind is adding a module of models/ops: one left out of OP_KINDS is an error here."""
-    modules = {m.name for m in pkgutil.iter_modules(ops.__path__)} - {"base", "norm"}  # norm: what layer_norm and rms_norm share
+    """Adding an op kind is adding a module of models/ops: one left out of OP_KINDS is an error here
+    (private modules, `_masks.py`, are helpers of kinds; so is norm.py, what layer_norm and rms_norm share)."""
+    modules = {m.name for m in pkgutil.iter_modules(ops.__path__) if not m.name.startswith("_")} - {"base", "norm"}
     kinds = {m: importlib.import_module(f"kitdispatch.models.ops.{m}").KIND for m in modules}
     assert sorted(kinds) == ["attention", "batch_matmul", "generic", "layer_norm", "matmul", "rms_norm", "softmax"]
     assert sorted(k.name for k in kinds.values()) == sorted(OP_KINDS)

@@ -167,6 +167,14 @@ class OpKind(ABC):
     suggested: ClassVar[bool] = True
     # Whether its kernels name a pattern file (replace_when's `pattern`): describe/op_names.py's PATTERN_OPS.
     takes_pattern: ClassVar[bool] = False
+    # Other IREE ops it reads as the anchor of a form spanning several ops (decomposed attention
+    # ends in a matmul); such an op is read by its own kind too, and `claims` settles which wins.
+    reads: ClassVar[tuple[str, ...]] = ()
+
+    def claims(self, op: ir.Operation) -> tuple:
+        """The ops (ir.Operations, `op` among them) that a replacement of `op` removes: their
+        own kinds' decisions give way to it."""
+        return ()
 
     @property
     def op(self) -> str:
