@@ -27,7 +27,7 @@ from kitdispatch._files import open_regular
 from kitdispatch._proc import run_tool
 from kitdispatch.errors import KitError, ToolError
 from kitdispatch.iree.tools import find_tool
-from kitdispatch.models.record import ModelFunction, read_model_record
+from kitdispatch.describe.model_record import ModelFunction, read_model_record
 from kitdispatch.run.device import numpy_dtype
 from kitdispatch.run.module import Module, require_cuda
 from kitdispatch.describe import abi

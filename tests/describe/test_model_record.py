@@ -1,4 +1,4 @@
-"""record.py: the model record, its one writer and one reader (typed, versioned; damaged and
+"""describe/model_record.py: the model record, its one writer and one reader (typed, versioned; damaged and
 hostile records refused)."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from kitdispatch import KitError
 from kitdispatch.cli import main
 from kitdispatch.describe.record import DamagedRecord, RecordError, sha256
-from kitdispatch.models.ops.base import TensorFacts
-from kitdispatch.models.record import (
+from kitdispatch.describe.model_record import ModelTensor
+from kitdispatch.describe.model_record import (
     MODEL_RECORD_SCHEMA,
     claimed_files,
     read_model_record,
@@ -115,7 +115,7 @@ def test_the_record_reads_back_typed_and_writes_the_same_bytes(linalg_build):
     assert folder == out and record.to_bytes() == raw
     assert record.schema == MODEL_RECORD_SCHEMA and record.vmfb == "mm_softmax.vmfb" and record.baseline_vmfb == "mm_softmax.baseline.vmfb"
     assert [(r.op, r.kernel_entry) for r in record.replaced] == [("linalg.softmax", "row_softmax")]
-    assert record.function(None).inputs[0] == TensorFacts("f32", (512, 256))
+    assert record.function(None).inputs[0] == ModelTensor("f32", (512, 256))
     assert record.matched_after == ("global-optimization",)
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.vmfb = "other.vmfb"
