@@ -121,6 +121,7 @@ def compare_model(
     vmfbs = {"replaced": folder / record.vmfb, "baseline": folder / record.baseline_vmfb}
     sig = record.function(function)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
+    drawn = () if inputs else input_notes(sig)
     outputs = {k: _call(v, sig.name, args, device) for k, v in vmfbs.items()}
     agree, err, tol, worst = check_agreement(outputs["replaced"], outputs["baseline"], sig)
     with tempfile.TemporaryDirectory(prefix="kitdispatch-compare-") as tmp:
@@ -142,7 +143,7 @@ def compare_model(
         dispatches=dispatches,
         kernel_names=tuple(dict.fromkeys(r.kernel_entry for r in record.replaced)),
         replaced_ops=tuple(f"{r.op} at {r.location}" for r in record.replaced),
-        notes=tuple(notes),
+        notes=(*drawn, *notes),
     )
 
 
@@ -153,7 +154,15 @@ def _unnumbered(dispatch: str) -> str:
 # --------------------------------------------------------------------------- inputs
 
 
+# Integer inputs that index no gather the build found (an attention mask, a count, a model
+# built before index_bounds were recorded): their range is unknown, so they are drawn from a
+# small range that is never negative, 0 or 1, and `--inputs FILE.npz` gives other values.
+DEFAULT_INTEGER_RANGE = (0, 2)  # [low, high)
+
+
 def random_inputs(sig: ModelFunction, seed: int = 0) -> list[np.ndarray]:
+    """Inputs of the function's types: floats from -2..2, integers that index a gather within
+    its size (index_bounds, found at build time), other integers from DEFAULT_INTEGER_RANGE."""
     rng = np.random.default_rng(seed)
     out = []
     for i, t in enumerate(sig.inputs):
@@ -170,8 +179,32 @@ def random_inputs(sig: ModelFunction, seed: int = 0) -> list[np.ndarray]:
         if row.kind == "float":
             out.append(rng.uniform(-2.0, 2.0, size=shape).astype(dtype))
         else:
-            out.append(rng.integers(-100, 100, size=shape).astype(dtype))
+            out.append(rng.integers(*integer_range(sig, i), size=shape).astype(dtype))
     return out
+
+
+def integer_range(sig: ModelFunction, i: int) -> tuple[int, int]:
+    """[low, high) that random_inputs draws integer input `i` from."""
+    bound = sig.index_bound(i)
+    return (0, bound) if bound else DEFAULT_INTEGER_RANGE
+
+
+def input_notes(sig: ModelFunction) -> tuple[str, ...]:
+    """What random_inputs did with each integer input, for compare's output."""
+    notes = []
+    for i, t in enumerate(sig.inputs):
+        row = abi.BY_NAME.get(t.dtype)
+        if row is None or row.kind == "float":
+            continue
+        low, high = integer_range(sig, i)
+        if sig.index_bound(i):
+            notes.append(f"input {i} ({t.text}) indexes a gather of size {high}: drawn from {low}..{high - 1}")
+        else:
+            notes.append(
+                f"input {i} ({t.text}) indexes no gather the build found, so its range is unknown: drawn from "
+                f"{low}..{high - 1}; pass --inputs FILE.npz for other values"
+            )
+    return tuple(notes)
 
 
 def load_inputs(path: str | Path, sig: ModelFunction) -> list[np.ndarray]:

@@ -17,9 +17,12 @@ from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.run.driver_ptx import Version, check_ptx_loads, local_driver
 from kitdispatch.run.function import Function
+from kitdispatch.run.model import ModelEntry, model_build, model_signature
 
 if TYPE_CHECKING:
     from iree.runtime import FunctionInvoker
+
+    from kitdispatch.describe.model_record import ModelRecord
 
 
 @dataclass(frozen=True)
@@ -104,18 +107,23 @@ def preflight_run(vmfb: Path, record: BuildRecord | None = None) -> None:
 class Module:
     """A .vmfb loaded on a device. `module.NAME(...)` (or `module["NAME"]`) is a `Function`:
     host arrays in give host arrays out; device arrays in (this module's, IREE's, or CUDA
-    tensors of torch, CuPy, ... through DLPack) give device arrays out."""
+    tensors of torch, CuPy, ... through DLPack) give device arrays out. A model's module
+    (`model`: its record, from `load_module` of a model build) has `ModelEntry` functions."""
 
-    def __init__(self, vmfb: str | Path, *, device: str = "cuda"):
+    def __init__(self, vmfb: str | Path, *, device: str = "cuda", model: ModelRecord | None = None):
         import iree.runtime as rt
 
         self.path = Path(vmfb)
         if not self.path.is_file():
             raise KitError(f"no module at {self.path}", fix="build it first: kitdispatch build ... -o DIR")
-        record = read_record_of(self.path)
+        record = read_record_of(self.path) if model is None else None
         require_cuda(device)
         preflight_run(self.path, record)
-        self.signatures = {f.name: f for f in record.functions} if record else {}
+        self.model = model
+        if model is not None:
+            self.signatures = {f.name: model_signature(f) for f in model.functions}
+        else:
+            self.signatures = {f.name: f for f in record.functions} if record else {}
         self.device = get_device(device)
         self.hal_device = self.device.hal
         config = rt.Config(device=self.hal_device)
@@ -147,6 +155,10 @@ class Module:
         if bound is None:
             invoker = self.raw(name)
             lookup = self._vm_module.lookup_function
+            if self.model is not None:
+                signature = self.signatures.get(name) or f"the model record lists no function {name!r}"
+                bound = self._bound[name] = ModelEntry(self, name, signature, invoker, lookup(name + ASYNC_SUFFIX))
+                return bound
             vm_calls = (lookup(name + ASYNC_SUFFIX), lookup(name + RECORDING_SUFFIX))
             bound = self._bound[name] = Function(self, name, self.signatures.get(name), invoker, *vm_calls)
         return bound
@@ -177,5 +189,12 @@ def _load_error(vmfb: Path, device: str, exc: Exception) -> KitError:
     return KitError(f"IREE's runtime cannot load {vmfb} on {device!r}: {text[:500]}", fix="rebuild the module")
 
 
-def load_module(vmfb: str | Path, *, device: str = "cuda") -> Module:
-    return Module(vmfb, device=device)
+def load_module(path: str | Path, *, device: str = "cuda", baseline: bool = False) -> Module:
+    """A kernel module's .vmfb, or a model build (`build_model`'s folder, its record or its
+    .vmfb): the model's module, or with `baseline=True` IREE's own build of the model."""
+    model = model_build(Path(path), baseline)
+    if model is not None:
+        return Module(model[0], device=device, model=model[1])
+    if baseline:
+        raise UsageError(f"{path} is not a model build folder, so it has no baseline", fix="pass the folder written by kitdispatch build --model MODEL -o DIR")
+    return Module(path, device=device)
