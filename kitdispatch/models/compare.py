@@ -17,6 +17,7 @@ import re
 import shutil
 import statistics
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from kitdispatch.errors import KitError, ToolError
 from kitdispatch.iree.tools import find_tool
 from kitdispatch.describe.model_record import ModelFunction, read_model_record
 from kitdispatch.run.device import numpy_dtype
-from kitdispatch.run.module import Module, require_cuda
+from kitdispatch.run.module import Module, load_module, require_cuda
 from kitdispatch.describe import abi
 
 BENCH_TIMEOUT_S = 600.0
@@ -62,7 +63,9 @@ class Comparison:
     max_abs_error: float
     tolerance: str
     worst: tuple[str, ...]  # the worst elements, where the outputs disagree
-    call_us: dict[str, float]  # "replaced"/"baseline" -> median whole call
+    call_us: dict[str, float]  # "replaced"/"baseline" -> median whole call, as IREE alone calls it (`call_tool`)
+    prepared_us: dict[str, float] = field(default_factory=dict)  # the same, through the kit's prepared call
+    call_tool: str = "iree-benchmark-module"
     dispatches: dict[str, tuple[DispatchTime, ...]] = field(default_factory=dict)
     kernel_names: tuple[str, ...] = ()  # exports of the kit's kernels in the replaced module
     replaced_ops: tuple[str, ...] = ()
@@ -89,6 +92,8 @@ class Comparison:
             "tolerance": self.tolerance,
             "worst": list(self.worst),
             "call_us": self.call_us,
+            "prepared_us": self.prepared_us,
+            "call_tool": self.call_tool,
             "dispatches": {k: [d.to_json() for d in v] for k, v in self.dispatches.items()},
             "kernel_names": list(self.kernel_names),
             "replaced_ops": list(self.replaced_ops),
@@ -96,7 +101,8 @@ class Comparison:
                 {"kit": [d.to_json() for d in kit], "iree": [d.to_json() for d in iree]} for kit, iree in [self.replaced_dispatches()]
             ],
             "notes": list(self.notes),
-            "timing_tools": "whole call: iree-benchmark-module (median real time); dispatches: Nsight Compute gpu__time_duration",
+            "timing_tools": f"whole call: {self.call_tool} (median), and the kit's prepared call (median of loops, one wait each); "
+            "dispatches: Nsight Compute gpu__time_duration",
         }
 
 
@@ -119,15 +125,23 @@ def compare_model(
         )
     require_cuda(device)
     vmfbs = {"replaced": folder / record.vmfb, "baseline": folder / record.baseline_vmfb}
+    modules = {k: load_module(v, device=device) for k, v in vmfbs.items()}
     sig = record.function(function)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
     drawn = () if inputs else input_notes(sig)
-    outputs = {k: _call(v, sig.name, args, device) for k, v in vmfbs.items()}
+    outputs = {k: _call(m, sig.name, args) for k, m in modules.items()}
     agree, err, tol, worst = check_agreement(outputs["replaced"], outputs["baseline"], sig)
+    notes: list[str] = list(drawn)
     with tempfile.TemporaryDirectory(prefix="kitdispatch-compare-") as tmp:
         flags = _input_flags(args, Path(tmp))
-        calls = {k: benchmark_call(v, sig.name, flags, device=device, repetitions=repetitions) for k, v in vmfbs.items()}
-        notes, dispatches = [], {}
+        calls, call_tool = iree_calls(vmfbs, modules, sig.name, args, flags, device=device, repetitions=repetitions)
+        prepared = {}
+        for k, m in modules.items():
+            try:
+                prepared[k] = prepared_call_us(m, sig.name, args, repetitions=repetitions)
+            except KitError as exc:  # a model function without f$async
+                notes.append(f"no prepared call for the {k} module: {exc.what}")
+        dispatches = {}
         for k, v in vmfbs.items():
             try:
                 dispatches[k] = profile_dispatches(v, sig.name, flags, Path(tmp), device=device)
@@ -140,10 +154,12 @@ def compare_model(
         tolerance=tol,
         worst=worst,
         call_us=calls,
+        prepared_us=prepared,
+        call_tool=call_tool,
         dispatches=dispatches,
         kernel_names=tuple(dict.fromkeys(r.kernel_entry for r in record.replaced)),
         replaced_ops=tuple(f"{r.op} at {r.location}" for r in record.replaced),
-        notes=(*drawn, *notes),
+        notes=tuple(notes),
     )
 
 
@@ -241,8 +257,8 @@ def _input_flags(args: Sequence[np.ndarray], folder: Path) -> list[str]:
 # ----------------------------------------------------------------------- agreement
 
 
-def _call(vmfb: Path, function: str, args: Sequence[np.ndarray], device: str) -> list[np.ndarray]:
-    result = Module(vmfb, device=device).call(function, *args)
+def _call(module: Module, function: str, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    result = module.call(function, *args)  # host arrays in: host arrays out
     return list(result) if isinstance(result, tuple) else [result]
 
 
@@ -268,6 +284,49 @@ def check_agreement(got: Sequence[np.ndarray], expected: Sequence[np.ndarray], s
 
 
 # -------------------------------------------------------------------------- timing
+
+
+def iree_calls(
+    vmfbs: dict[str, Path], modules: dict[str, Module], function: str, args: Sequence[np.ndarray], input_flags: Sequence[str],
+    *, device: str, repetitions: int,
+) -> tuple[dict[str, float], str]:
+    """Each module's whole call as IREE alone calls it: iree-benchmark-module where it is
+    installed, else iree.runtime's own synchronous call; and which of the two it was."""
+    try:
+        find_tool("iree-benchmark-module")
+    except KitError:
+        return {k: invoker_call_us(m, function, args, repetitions=repetitions) for k, m in modules.items()}, "iree.runtime's synchronous call"
+    return {k: benchmark_call(v, function, input_flags, device=device, repetitions=repetitions) for k, v in vmfbs.items()}, "iree-benchmark-module"
+
+
+def invoker_call_us(module: Module, function: str, args: Sequence[np.ndarray], *, repetitions: int = 50) -> float:
+    """Median time of IREE's own synchronous call (its FunctionInvoker) on inputs already on
+    the device, in microseconds."""
+    invoker = module.raw(function)
+    on_device = [module.device.put(a) for a in args]
+    return _median_us(lambda: invoker(*on_device), module, repetitions, wait=False)
+
+
+def prepared_call_us(module: Module, function: str, args: Sequence[np.ndarray], *, repetitions: int = 50) -> float:
+    """Median time of a whole call through the kit's prepared call (`ModelEntry.prepare`, or
+    a kernel function's) on inputs already on the device: loops of launches, one wait each."""
+    call = module.function(function).prepare(*[module.device.put(a) for a in args])
+    return _median_us(call.launch, module, repetitions, wait=True)
+
+
+def _median_us(call: object, module: Module, repetitions: int, *, wait: bool) -> float:
+    for _ in range(3):  # warm-up: first calls load and allocate
+        call()
+        module.device.synchronize()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repetitions):
+            call()
+        if wait:
+            module.device.synchronize()
+        times.append((time.perf_counter() - start) / repetitions * 1e6)
+    return statistics.median(times)
 
 
 def benchmark_call(vmfb: Path, function: str, input_flags: Sequence[str], *, device: str = "cuda", repetitions: int = 50) -> float:
@@ -357,7 +416,10 @@ def format_comparison(c: Comparison) -> str:
              f"(max abs error {c.max_abs_error:.3g}; tolerance {c.tolerance})"]
     lines += [f"  {w}" for w in c.worst]
     base, mine = c.call_us["baseline"], c.call_us["replaced"]
-    lines.append(f"whole call (iree-benchmark-module, median): baseline {base:.1f} us, replaced {mine:.1f} us ({base / mine:.2f}x)")
+    lines.append(f"whole call, as IREE alone calls it ({c.call_tool}, median): baseline {base:.1f} us, replaced {mine:.1f} us ({base / mine:.2f}x)")
+    if len(c.prepared_us) == 2:
+        base, mine = c.prepared_us["baseline"], c.prepared_us["replaced"]
+        lines.append(f"whole call, through the kit's prepared call (load_module(DIR), median): baseline {base:.1f} us, replaced {mine:.1f} us ({base / mine:.2f}x)")
     for op in c.replaced_ops:
         lines.append(f"replaced: {op}")
     kit, iree = c.replaced_dispatches()
