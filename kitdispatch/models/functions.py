@@ -29,30 +29,36 @@ def model_functions(module: ir.Module) -> tuple[ModelFunction, ...]:
     """Public functions with their tensor inputs and outputs, from IREE's ABI ops
     (hal.tensor.import/export), so `compare` can make inputs on a machine without a compiler.
     Importers' models have `f` call `f$async`, which holds the ABI ops: `f` takes its types."""
-    from iree.compiler import ir
-
     bounds = gather_bounds(module)
     found: dict[str, ModelFunction] = {}
     for op in top_ops(module):
         if op.name != "util.func" or "iree.abi.stub" not in op.attributes:
             continue
-        inputs: dict[int, ModelTensor] = {}
-        outputs: list[ModelTensor] = []
-
-        def visit(inner: ir.Operation):
-            if inner.name == "hal.tensor.import" and isinstance(inner.operands[0], ir.BlockArgument):
-                inputs[ir.BlockArgument(inner.operands[0]).arg_number] = _tensor(inner.results[0].type)
-            elif inner.name == "hal.tensor.export":
-                outputs.append(_tensor(inner.operands[0].type))
-            return ir.WalkResult.ADVANCE
-
-        op.walk(visit)
+        inputs, outputs = _abi_tensors(op)
         public = _public_name(op)
         if inputs or outputs or public not in found:
             numbers = sorted(inputs)
             indexed = tuple(bounds.get((public, i)) for i in numbers)
             found[public] = ModelFunction(public, tuple(inputs[i] for i in numbers), tuple(outputs), indexed if any(indexed) else ())
     return tuple(found.values())
+
+
+def _abi_tensors(func: ir.Operation) -> tuple[dict[int, ModelTensor], list[ModelTensor]]:
+    """A function's inputs (by argument number) and outputs, from its hal.tensor.import/export."""
+    from iree.compiler import ir
+
+    inputs: dict[int, ModelTensor] = {}
+    outputs: list[ModelTensor] = []
+
+    def visit(inner: ir.Operation):
+        if inner.name == "hal.tensor.import" and isinstance(inner.operands[0], ir.BlockArgument):
+            inputs[ir.BlockArgument(inner.operands[0]).arg_number] = _tensor(inner.results[0].type)
+        elif inner.name == "hal.tensor.export":
+            outputs.append(_tensor(inner.operands[0].type))
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    return inputs, outputs
 
 
 def gather_bounds(module: ir.Module) -> dict[Input, int]:

@@ -121,7 +121,7 @@ class ModelEntry(Function):
     # -- the call: f$async, then copies into out= -------------------------------------
 
     def _launch(self, args: Sequence[object], out: object | None):
-        refs, targets, given, host_only, bound, inputs, views = self._pack(args, out)
+        refs, targets, given, host_only, bound, *_ = self._pack(args, out)  # the rest: kept alive until queued
         results: list[DeviceArray] = []
         value = self.queue_call(refs, results, bound)
         if given is None:

@@ -8,7 +8,6 @@ import io
 import json
 
 import numpy as np
-import pytest
 
 from kitdispatch import BuildOptions
 from kitdispatch.cli import main
