@@ -126,7 +126,7 @@ class ModelEntry(Function):
         value = self.queue_call(refs, results, bound)
         if given is None:
             return (tuple(results) if len(results) > 1 else results[0]), host_only, value
-        return given, False, self.copy_results(results, targets)
+        return given, False, self.copy_results(results, targets, value)
 
     def _pack(self, args: Sequence[object], out: object | None):
         """The arguments as Function packs them; `out=`, checked against the result types, as
@@ -150,21 +150,32 @@ class ModelEntry(Function):
         self._returned = rt.VmVariantList(len(self._results))
         return [DeviceArray(self.device, v, tuple(v.shape), r.dtype) for v, r in zip(views, self._results)]
 
-    def copy_results(self, results: Sequence[DeviceArray], targets: Sequence[DeviceArray]) -> int:
-        """Queues a copy of each result into its `out` array; returns the number of that call."""
-        import iree.runtime as rt
-
+    def copy_results(self, results: Sequence[DeviceArray], targets: Sequence[DeviceArray], call: int) -> int:
+        """Queues a copy of each result of call number `call` into its `out` array; returns the
+        number of the last copy (`call` where there were no bytes to copy)."""
         for k, (result, target) in enumerate(zip(results, targets)):
             if result.shape != target.shape:
                 raise KitError(
                     f"{self.name}: result {k} is {list(result.shape)} this call, and out= gave {list(target.shape)}",
                     fix="pass out= arrays of the result's shape (call once without out= to see it)",
                 )
-        commands = rt.HalCommandBuffer(self.device.hal, begin=True)
+        value = call
         for result, target in zip(results, targets):
-            length = result.buffer_view.byte_length
-            if length:
-                commands.copy(result.buffer_view.get_buffer(), target.buffer_view.get_buffer(), 0, 0, length)
+            source = result.buffer_view.get_buffer()
+            if not result.buffer_view.byte_length:
+                continue
+            if source.byte_length() == result.buffer_view.byte_length:  # IREE's buffer holds the result alone
+                value = self.device.queue_copy(source, target.buffer_view.get_buffer())
+            else:
+                value = self._copy_part(result, target)
+        return value
+
+    def _copy_part(self, result: DeviceArray, target: DeviceArray) -> int:
+        """The result's bytes only, out of a larger buffer: a recorded copy."""
+        import iree.runtime as rt
+
+        commands = rt.HalCommandBuffer(self.device.hal, begin=True)
+        commands.copy(result.buffer_view.get_buffer(), target.buffer_view.get_buffer(), 0, 0, result.buffer_view.byte_length)
         commands.end()
         return self.device.submit(commands)
 
@@ -193,7 +204,7 @@ class PreparedModelCall:
         results: list[DeviceArray] = []
         self._last = function.queue_call(self._refs, results, self._bound)
         if self._given is not None:
-            self._last = function.copy_results(results, self._targets)
+            self._last = function.copy_results(results, self._targets, self._last)
             self._results = self._given
         else:
             self._results = tuple(results) if len(results) > 1 else results[0]

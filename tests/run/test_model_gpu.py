@@ -73,6 +73,22 @@ def test_device_arrays_out_and_prepared_calls_on_the_gpu(built):
     np.testing.assert_allclose(out.to_host(), expected(args), rtol=1e-5, atol=1e-6)
 
 
+def test_out_copies_run_after_their_call(built):
+    """Each call's copy into a fresh out= array is queued after the call (which allocates the
+    result in queue order): launched back to back, then one wait, every array holds its call's."""
+    module = kd.load_module(built)
+    dev = module.device
+    calls = []
+    for seed in range(20):
+        args = inputs(10 + seed)
+        out = dev.empty((TOKENS, HIDDEN), np.float32)
+        module.embed.launch(*[dev.put(a) for a in args], out=out)
+        calls.append((args, out))
+    dev.synchronize()
+    for args, out in calls:
+        np.testing.assert_allclose(out.to_host(), expected(args), rtol=1e-5, atol=1e-6)
+
+
 def test_torch_tensors_in_and_out(built):
     torch = pytest.importorskip("torch")
     module = kd.load_module(built)
