@@ -41,6 +41,12 @@ def test_token_and_position_ids_index_their_tables_and_the_mask_indexes_nothing(
 
 
 @needs_iree_compile
+def test_a_dynamic_number_of_tokens_keeps_the_bounds(tmp_path):
+    (embed,) = functions_of(tmp_path, "--dynamic")
+    assert embed.inputs == (ModelTensor("i64", (None,)),) * 3 and embed.index_bounds == (50, 12, None)
+
+
+@needs_iree_compile
 def test_an_index_two_inputs_make_gives_neither_a_bound(tmp_path):
     """ids + shift index the token table: the table's size bounds their sum, not either input."""
     (embed,) = functions_of(tmp_path, "--shifted")

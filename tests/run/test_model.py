@@ -167,3 +167,36 @@ def test_out_copies_go_through_the_queue_and_a_part_of_a_larger_buffer_through_a
     target = dev.empty(result.shape, result.dtype)
     dev.wait_for(model.embed._copy_part(result, target))
     np.testing.assert_array_equal(target.to_host(), result.to_host())
+
+
+@needs_iree_compile
+def test_a_dynamic_number_of_tokens_gives_results_of_the_size_each_call_has(embedding, tmp_path):
+    """Dynamic sizes are checked only against themselves; the results have the shapes IREE
+    returns, and out= must match them."""
+    make_embedding_model(tmp_path / "dyn.onnx", "--dynamic")
+    module = kd.load_module(cpu_model_build(tmp_path / "dyn.onnx", tmp_path / "out", baseline=False), device=DEVICE)
+    assert str(module.embed.signature.args[0]) == "i64[input0_d0]"
+    dev = module.device
+    for tokens in (3, 11):
+        ids, positions, mask = _some(tokens)
+        got = module.embed(*(dev.put(a) for a in (ids, positions, mask)))
+        assert got.shape == (tokens, HIDDEN)
+        np.testing.assert_allclose(got.to_host(), expected(embedding, (ids, positions, mask)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(KitError, match="result 0 is"):
+        module.embed(*(dev.put(a) for a in inputs()), out=dev.empty((TOKENS + 1, HIDDEN), np.float32))
+
+
+def _some(tokens: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(tokens)
+    return (rng.integers(0, VOCAB, tokens), rng.integers(0, POSITIONS, tokens), rng.integers(0, 2, tokens))
+
+
+def test_a_function_with_an_element_type_the_kit_cannot_pass_says_so():
+    from kitdispatch.describe.model_record import ModelFunction, ModelTensor
+    from kitdispatch.run.model import model_signature
+
+    assert model_signature(ModelFunction("f", (ModelTensor("i64", (2,)), ModelTensor("i4", (2,))), ())) == (
+        "its input 1 is 2xi4, an element type kitdispatch cannot pass"
+    )
+    signature = model_signature(ModelFunction("f", (ModelTensor("f16", (None, 8)),), (ModelTensor("i1", (None,)),)))
+    assert [str(t) for t in (*signature.args, *signature.results)] == ["f16[input0_d0,8]", "bool[output0_d0]"]

@@ -5,6 +5,7 @@ the library replaces, so that the model builds).
 
     python tests/data/embedding/make_model.py OUT.onnx [--tokens 8 --vocab 50 --positions 12 --hidden 64]
         [--shifted]    # the token table is indexed by ids + shift, a second int64 input
+        [--dynamic]    # the number of tokens is a dynamic size ("n")
 
 Also written by `make_model` for the tests (tests/run/test_model.py, tests/models/test_functions.py).
 """
@@ -18,7 +19,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def make_model(tokens: int = 8, vocab: int = 50, positions: int = 12, hidden: int = 64, *, shifted: bool = False, seed: int = 0) -> onnx.ModelProto:
+def make_model(
+    tokens: int = 8, vocab: int = 50, positions: int = 12, hidden: int = 64, *, shifted: bool = False, dynamic: bool = False, seed: int = 0,
+) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     initializers = [
         numpy_helper.from_array(rng.standard_normal((vocab, hidden)).astype(np.float32), "tokens_table"),
@@ -40,10 +43,11 @@ def make_model(tokens: int = 8, vocab: int = 50, positions: int = 12, hidden: in
         node("Mul", ["rows", "mask_col"], ["masked"]),
         node("Softmax", ["masked"], ["y"], axis=-1),
     ]
-    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, [tokens]) for n in ("ids", "position_ids", "mask")]
+    length = "n" if dynamic else tokens
+    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, [length]) for n in ("ids", "position_ids", "mask")]
     if shifted:
-        ids.append(helper.make_tensor_value_info("shift", TensorProto.INT64, [tokens]))
-    graph = helper.make_graph(nodes, "embed", ids, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [tokens, hidden])], initializers)
+        ids.append(helper.make_tensor_value_info("shift", TensorProto.INT64, [length]))
+    graph = helper.make_graph(nodes, "embed", ids, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [length, hidden])], initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -63,8 +67,9 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--shifted", action="store_true")
+    parser.add_argument("--dynamic", action="store_true")
     args = parser.parse_args()
-    onnx.save(make_model(args.tokens, args.vocab, args.positions, args.hidden, shifted=args.shifted), args.out)
+    onnx.save(make_model(args.tokens, args.vocab, args.positions, args.hidden, shifted=args.shifted, dynamic=args.dynamic), args.out)
 
 
 if __name__ == "__main__":
