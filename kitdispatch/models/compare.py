@@ -30,7 +30,7 @@ from kitdispatch.errors import KitError, ToolError
 from kitdispatch.iree.tools import find_tool
 from kitdispatch.describe.model_record import ModelFunction, read_model_record
 from kitdispatch.run.device import numpy_dtype
-from kitdispatch.run.module import Module, load_module, require_cuda
+from kitdispatch.run.module import PARAMETER_SCOPE, Module, load_module, require_cuda
 from kitdispatch.describe import abi
 
 BENCH_TIMEOUT_S = 600.0
@@ -114,9 +114,11 @@ def compare_model(
     device: str = "cuda",
     seed: int = 0,
     repetitions: int = 50,
+    parameters: str | Path | None = None,
 ) -> Comparison:
     """Runs the replaced and the baseline module of a `build_model` folder (built with the
-    baseline) on the same inputs, checks the outputs agree, and times both."""
+    baseline) on the same inputs, checks the outputs agree, and times both. `parameters`: the
+    file the weights are in, for a model imported with them externalized (both modules read it)."""
     folder, record = read_model_record(built)
     if not record.baseline_vmfb:
         raise KitError(
@@ -125,7 +127,7 @@ def compare_model(
         )
     require_cuda(device)
     vmfbs = {"replaced": folder / record.vmfb, "baseline": folder / record.baseline_vmfb}
-    modules = {k: load_module(v, device=device) for k, v in vmfbs.items()}
+    modules = {k: load_module(v, device=device, parameters=parameters) for k, v in vmfbs.items()}
     sig = record.function(function)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
     drawn = () if inputs else input_notes(sig)
@@ -133,7 +135,7 @@ def compare_model(
     agree, err, tol, worst = check_agreement(outputs["replaced"], outputs["baseline"], sig)
     notes: list[str] = list(drawn)
     with tempfile.TemporaryDirectory(prefix="kitdispatch-compare-") as tmp:
-        flags = _input_flags(args, Path(tmp))
+        flags = _input_flags(args, Path(tmp)) + _parameter_flags(parameters)
         calls, call_tool = iree_calls(vmfbs, modules, sig.name, args, flags, device=device, repetitions=repetitions)
         prepared = {}
         for k, m in modules.items():
@@ -243,6 +245,11 @@ def load_inputs(path: str | Path, sig: ModelFunction) -> list[np.ndarray]:
                 fix="save arrays of the model's input types and shapes",
             )
     return arrays
+
+
+def _parameter_flags(parameters: str | Path | None) -> list[str]:
+    """IREE's tools' flag for the parameter file (load_module has checked it is one)."""
+    return [] if parameters is None else [f"--parameters={PARAMETER_SCOPE}={Path(parameters).resolve()}"]
 
 
 def _input_flags(args: Sequence[np.ndarray], folder: Path) -> list[str]:
@@ -382,7 +389,8 @@ def _csv_rows(text: str) -> list[dict]:
 
 
 def profile_module(
-    target: str | Path, *, inputs: str | Path | None = None, function: str | None = None, device: str = "cuda", seed: int = 0
+    target: str | Path, *, inputs: str | Path | None = None, function: str | None = None, device: str = "cuda", seed: int = 0,
+    parameters: str | Path | None = None,
 ) -> tuple[str, tuple[DispatchTime, ...]]:
     """The heaviest dispatches of a model's IREE-only build (a `build_model` folder's baseline,
     else its replaced module): which op is worth a kernel."""
@@ -391,8 +399,10 @@ def profile_module(
     sig = record.function(function)
     vmfb = folder / (record.baseline_vmfb or record.vmfb)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
+    if parameters is not None:
+        load_module(vmfb, device=device, parameters=parameters)  # the file checked, as compare checks it
     with tempfile.TemporaryDirectory(prefix="kitdispatch-profile-") as tmp:
-        flags = _input_flags(args, Path(tmp))
+        flags = _input_flags(args, Path(tmp)) + _parameter_flags(parameters)
         return str(vmfb), profile_dispatches(vmfb, sig.name, flags, Path(tmp), device=device)
 
 

@@ -110,7 +110,7 @@ class Module:
     tensors of torch, CuPy, ... through DLPack) give device arrays out. A model's module
     (`model`: its record, from `load_module` of a model build) has `ModelEntry` functions."""
 
-    def __init__(self, vmfb: str | Path, *, device: str = "cuda", model: ModelRecord | None = None):
+    def __init__(self, vmfb: str | Path, *, device: str = "cuda", model: ModelRecord | None = None, parameters: str | Path | None = None):
         import iree.runtime as rt
 
         self.path = Path(vmfb)
@@ -128,6 +128,8 @@ class Module:
         self.hal_device = self.device.hal
         config = rt.Config(device=self.hal_device)
         self._context = rt.SystemContext(config=config)
+        if parameters is not None:
+            self._context.add_vm_module(parameter_module(Path(parameters), config))
         try:
             self._vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
             self._context.add_vm_module(self._vm_module)
@@ -176,10 +178,33 @@ class Module:
         return self.function(name)(*args, out=out)
 
 
+PARAMETER_SCOPE = "model"  # where iree-import-onnx --externalize-params puts the weights (--params-scope)
+
+
+def parameter_module(path: Path, config: object) -> object:
+    """IREE's io_parameters module serving the weights of a parameter file (.irpa, .gguf,
+    .safetensors) under PARAMETER_SCOPE, for a model imported with its weights externalized."""
+    import iree.runtime as rt
+
+    if not path.is_file():
+        raise UsageError(f"no parameter file at {path}", fix="pass the .irpa (or .gguf, .safetensors) file the model's weights are in")
+    index = rt.ParameterIndex()
+    try:
+        index.load(str(path))
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"IREE cannot read the parameters in {path}: {str(exc).strip()[:300]}", fix="pass an .irpa, .gguf or .safetensors file") from None
+    return rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAMETER_SCOPE))
+
+
 def _load_error(vmfb: Path, device: str, exc: Exception) -> KitError:
     """IREE's refusal to load a module, as one error: a module compiled for another device
     (every kit module holds CUDA kernels) is bad input, anything else a failed load."""
     text = str(exc).strip()
+    if "'io_parameters' not registered" in text:
+        return UsageError(
+            f"{vmfb} reads its weights from a parameter file (it was imported with its weights externalized)",
+            fix="load it with parameters=FILE.irpa (kd.load_module(DIR, parameters=...))",
+        )
     if "INCOMPATIBLE" in text:
         target = re.search(r'#hal\.device\.target<"([^"]+)"', text)
         return UsageError(
@@ -189,12 +214,13 @@ def _load_error(vmfb: Path, device: str, exc: Exception) -> KitError:
     return KitError(f"IREE's runtime cannot load {vmfb} on {device!r}: {text[:500]}", fix="rebuild the module")
 
 
-def load_module(path: str | Path, *, device: str = "cuda", baseline: bool = False) -> Module:
+def load_module(path: str | Path, *, device: str = "cuda", baseline: bool = False, parameters: str | Path | None = None) -> Module:
     """A kernel module's .vmfb, or a model build (`build_model`'s folder, its record or its
-    .vmfb): the model's module, or with `baseline=True` IREE's own build of the model."""
+    .vmfb): the model's module, or with `baseline=True` IREE's own build of the model;
+    `parameters`: the file its weights are in, for a model imported with them externalized."""
     model = model_build(Path(path), baseline)
     if model is not None:
-        return Module(model[0], device=device, model=model[1])
+        return Module(model[0], device=device, model=model[1], parameters=parameters)
     if baseline:
         raise UsageError(f"{path} is not a model build folder, so it has no baseline", fix="pass the folder written by kitdispatch build --model MODEL -o DIR")
-    return Module(path, device=device)
+    return Module(path, device=device, parameters=parameters)

@@ -200,3 +200,29 @@ def test_a_function_with_an_element_type_the_kit_cannot_pass_says_so():
     )
     signature = model_signature(ModelFunction("f", (ModelTensor("f16", (None, 8)),), (ModelTensor("i1", (None,)),)))
     assert [str(t) for t in (*signature.args, *signature.results)] == ["f16[input0_d0,8]", "bool[output0_d0]"]
+
+
+@needs_iree_compile
+def test_a_model_with_externalized_weights_loads_with_its_parameter_file(embedding, tmp_path):
+    """iree-import-onnx --externalize-params: the module reads its weights from IREE's
+    io_parameters module, served from the .irpa given (scope "model", the importer's default)."""
+    import subprocess
+    import sys
+
+    make_embedding_model(tmp_path / "embed.onnx")
+    mlir, irpa = tmp_path / "embed.mlir", tmp_path / "weights.irpa"
+    subprocess.run([sys.executable, "-m", "iree.compiler.tools.import_onnx", str(tmp_path / "embed.onnx"), "--externalize-params",
+                    "--num-elements-threshold", "32", "--save-params-to", str(irpa), "-o", str(mlir)], check=True, timeout=300)
+    assert "#stream.parameter.named<\"model\"::\"tokens_table\">" in mlir.read_text()
+    folder = cpu_model_build(mlir, tmp_path / "out")
+    with pytest.raises(UsageError, match="reads its weights from a parameter file"):
+        kd.load_module(folder, device=DEVICE)
+    with pytest.raises(UsageError, match="no parameter file at"):
+        kd.load_module(folder, device=DEVICE, parameters=tmp_path / "missing.irpa")
+    args = inputs(6)
+    module = kd.load_module(folder, device=DEVICE, parameters=irpa)
+    np.testing.assert_allclose(module.embed(*args), expected(embedding, args), rtol=1e-5, atol=1e-6)
+    from kitdispatch.models.compare import compare_model
+
+    result = compare_model(folder, device=DEVICE, parameters=irpa, repetitions=2)
+    assert result.agree and set(result.prepared_us) == {"replaced", "baseline"}
