@@ -39,6 +39,18 @@ MODELS = {
     "llama_layer_model": ((ROOT / "tests" / "data" / "llama_layer" / "make_model.py", "--f16"), ROOT / "kernels" / "matmul"),
     # tests/run/test_model_gpu.py: a model called through load_module(DIR)
     "embedding_model": ((ROOT / "tests" / "data" / "embedding" / "make_model.py",), ROOT / "kernels" / "softmax"),
+    # tests/models/test_ops_norm.py's NORM_MODELS: norms replaced by kernels/norm.
+    **{
+        f"norm_{name}_model": ((ROOT / "tests" / "data" / "norms" / "make_model.py", *args), ROOT / "kernels" / "norm")
+        for name, args in {
+            "layernorm_f16": ("--form", "layernorm", "--f16"),
+            "layernorm_f32": ("--form", "layernorm"),
+            "decomposed_f32": ("--form", "decomposed", "--no-bias"),
+            "rms_f16": ("--form", "rms", "--f16", "--eps", "1e-6"),
+            "rms_f32": ("--form", "rms"),
+            "rms_f16_wide": ("--form", "rms", "--f16", "--batch", "2", "--seq", "64", "--hidden", "4096"),
+        }.items()
+    },
 }
 
 
