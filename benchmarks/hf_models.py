@@ -191,7 +191,7 @@ def model_inputs(model: str, batch: int, seq: int, dtype: str) -> list[np.ndarra
 
 def run(build_dir: Path, out: Path) -> None:
     from kitdispatch.models.compare import check_agreement, profile_dispatches
-    from kitdispatch.models.record import read_model_record
+    from kitdispatch.describe.model_record import read_model_record
 
     results = []
     for spec in sorted(build_dir.glob("*.params.npz")):

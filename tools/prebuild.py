@@ -38,6 +38,8 @@ MODELS = {
     "onnx_matmul_model": ((ROOT / "samples" / "onnx_matmul" / "make_model.py",), ROOT / "kernels" / "matmul"),
     "onnx_bias_gelu_model": ((ROOT / "samples" / "onnx_bias_gelu" / "make_model.py",), ROOT / "kernels" / "elementwise"),
     "llama_layer_model": ((ROOT / "tests" / "data" / "llama_layer" / "make_model.py", "--f16"), ROOT / "kernels" / "matmul"),
+    # tests/run/test_model_gpu.py: a model called through load_module(DIR)
+    "embedding_model": ((ROOT / "tests" / "data" / "embedding" / "make_model.py",), ROOT / "kernels" / "softmax"),
     # tests/models/test_ops_norm.py's NORM_MODELS: norms replaced by kernels/norm.
     **{
         f"norm_{name}_model": ((ROOT / "tests" / "data" / "norms" / "make_model.py", *args), ROOT / "kernels" / "norm")

@@ -45,11 +45,12 @@ from kitdispatch.errors import IreeCompileError, KitError
 from kitdispatch.compile.archs import Arch
 from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_tool, iree_compiler_version, target_flags
 from kitdispatch.models.ops import OP_KINDS
-from kitdispatch.models.ops.base import OpFacts, Preparation, TensorFacts, tensor_facts
+from kitdispatch.models.ops.base import OpFacts, Preparation
 from kitdispatch.models.projects import ModelProjects, Project, model_projects
-from kitdispatch.models.record import ModelFunction, ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
+from kitdispatch.describe.model_record import ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
+from kitdispatch.models.functions import model_functions
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
-from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec, top_ops
+from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec
 from kitdispatch.describe.kernel import Kernel
 from kitdispatch.describe.names import as_identifier
 
@@ -287,7 +288,7 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
         iree_compiler=iree_compiler_version(),
         iree_flags=tuple(flags),
         matched_after=(STAGE, *(step.pass_name for step in matched.prepared)),
-        functions=_signatures(module),
+        functions=model_functions(module),
         replaced=tuple(ReplacedOp(r["op"], r["location"], r["kernel_entry"], r) for r in replaced_json),
         not_replaced=tuple(kept_json),
         kernel_executables=symbols.executables,
@@ -450,34 +451,6 @@ def _string_attr(context: ir.Context, text: str):
 
 
 # ------------------------------------------------------------------------ reporting
-
-
-def _signatures(module: ir.Module) -> tuple[ModelFunction, ...]:
-    """Public functions with their tensor inputs and outputs, from IREE's ABI ops
-    (hal.tensor.import/export), so `compare` can make inputs on a machine without a compiler.
-    Importers' models have `f` call `f$async`, which holds the ABI ops: `f` takes its types."""
-    from iree.compiler import ir
-
-    found: dict[str, ModelFunction] = {}
-    for op in top_ops(module):
-        if op.name != "util.func" or "iree.abi.stub" not in op.attributes:
-            continue
-        inputs: dict[int, TensorFacts] = {}
-        outputs: list[TensorFacts] = []
-
-        def visit(inner: ir.Operation):
-            if inner.name == "hal.tensor.import" and isinstance(inner.operands[0], ir.BlockArgument):
-                inputs[ir.BlockArgument(inner.operands[0]).arg_number] = tensor_facts(inner.results[0].type)
-            elif inner.name == "hal.tensor.export":
-                outputs.append(tensor_facts(inner.operands[0].type))
-            return ir.WalkResult.ADVANCE
-
-        op.walk(visit)
-        name = ir.StringAttr(op.attributes["sym_name"]).value
-        if inputs or outputs or name.removesuffix("$async") not in found:
-            public = name.removesuffix("$async")
-            found[public] = ModelFunction(public, tuple(inputs[i] for i in sorted(inputs)), tuple(outputs))
-    return tuple(found.values())
 
 
 def format_report(model: str, decisions: Sequence[Decision]) -> str:
