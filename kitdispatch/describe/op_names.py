@@ -11,3 +11,9 @@ from __future__ import annotations
 REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic", "iree_linalg_ext.attention")
 # The ops a kernel matches through a pattern file (replace_when's `pattern`), and only they.
 PATTERN_OPS = ("linalg.generic",)
+# The epilogues a matmul kernel may compute after the product (replace_when's `epilogue`; default
+# "none"), in f32 on the f32 accumulator, then one rounding to the result type:
+# kernels/matmul/README.md gives each formula, models/ops/epilogue.py recognises them in a model.
+EPILOGUES = ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bias_silu", "residual", "bias_residual", "scale")
+# The ops whose kernels may declare an epilogue.
+EPILOGUE_OPS = ("linalg.matmul", "linalg.batch_matmul")

@@ -1,0 +1,520 @@
+"""The epilogue of a matmul: the elementwise ops after it that IREE would fuse into its
+dispatch, recognised as one of the GEMM family's epilogues (describe/op_names.py's EPILOGUES;
+kernels/matmul/README.md gives their formulas).
+
+The chain is the matmul's result followed through single users while the user is an
+elementwise `linalg.generic` on it (all loops parallel, the chain value and the result read
+and written whole), as IREE's elementwise fusion leaves them (the kind's `prepare`). Each
+prefix of it (0 generics: the bare matmul, 1, 2, ...) is one way of replacing the matmul: the
+prefix's ops, read as one expression of the accumulator `acc`, a row-broadcast `bias` [n] and a
+`residual` [m, n], are compared with each epilogue's formula.
+
+"Exactly", as this module decides it (the house rule: a kernel replaces only what it computes):
+- the same formula over the reals: sums and products in any order and grouping (the kernel
+  evaluates them in its own order in f32; reassociation changes f32 roundings only), `x / c`
+  as `x * (1/c)` for a constant c, `x / y` as `x * (1/y)`, `x^3` as `x * x * x`;
+- every constant the model carries is the kernel's constant rounded to the model's type
+  (`x / 1.41421354` and `x * 0.707106769` both match GELU's `x * 0.70710678f`; an f16 model's
+  0.04471 matches 0.044715); GELU-tanh's outer constant and `scale`'s factor are passed to the
+  kernel as the model carries them (`gelu_c`, `alpha`, as f32);
+- NaN and infinity propagate as in the kernel: ReLU as `select(x ugt 0, x, 0)`, `x uge 0`, or
+  `maximumf(x, 0)` (NaN stays NaN, as the kernel's `x < 0 ? 0 : x`); the ordered compares and
+  `maxnumf` turn NaN into 0 and are refused;
+- every op computes in f32 or in the result type: the model's own roundings to the result type
+  before the last op (an f16 graph rounds the matmul's f32 result to f16, then adds the bias in
+  f16) are ACCEPTED: the kernel computes the same formula in f32 and rounds once, so its result
+  is the model's up to those roundings (within the result type's tolerance, never worse). The
+  report counts them (`rounds`). Any other type (an f16 op in a bf16 graph, an f64 op) is refused.
+- bias [n] broadcast along rows (map (.., d_last) -> (d_last)) and residual read whole, both of
+  the result's type; a bias broadcast along another dimension, an extra input or op, a body that
+  reads its output: refused, with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import math
+import struct
+from dataclasses import dataclass
+
+from kitdispatch.models.ops.base import TensorFacts, map_dims, op_name, tensor_facts
+
+if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
+    from iree.compiler import ir  # annotations
+
+GENERIC = "linalg.generic"
+SQRT1_2 = 0.70710678118654752  # the kernels' constants (gemm.cuh's epilogues)
+GELU_CUBE = 0.044715
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """One way of replacing a matmul: the matmul and the first `covers` generics of its chain.
+
+    `name` is the epilogue they compute (None: not one the family computes; `why` says why).
+    Operand paths are from the last covered generic (the op the spec marks and replaces):
+    `chain` leads back to the matmul, `bias` / `residual` to those tensors."""
+
+    covers: int
+    name: str | None
+    result: TensorFacts  # what the kernel writes in place of the last covered op
+    chain: tuple[int, ...] = ()  # operand indices from the last covered generic back to the matmul
+    bias: tuple[tuple[int, ...], TensorFacts] | None = None
+    residual: tuple[tuple[int, ...], TensorFacts] | None = None
+    constant: float | None = None  # gelu_c or alpha, as the model carries it
+    rounds: int = 0  # the model's roundings to the result type before its last op
+    ops: tuple[str, ...] = ()  # the body ops covered, in words
+    why: str | None = None
+
+    @property
+    def inputs(self) -> tuple[TensorFacts, ...]:
+        """The tensors the epilogue reads beyond the matmul's A and B, in the kernel's order."""
+        return tuple(x[1] for x in (self.bias, self.residual) if x is not None)
+
+    @property
+    def constant_text(self) -> str:
+        """The scalar as MLIR's f32 text (9 significant digits: the f32 exactly)."""
+        return f"{_round(self.constant, 'f32'):.9g}"
+
+    def to_json(self) -> dict:
+        data = {"epilogue": self.name, "covers": self.covers, "epilogue_ops": list(self.ops)}
+        if self.constant is not None:
+            data["epilogue_constant"] = self.constant_text
+        if self.rounds:
+            data["epilogue_model_roundings"] = self.rounds
+        return data
+
+
+@dataclass(frozen=True)
+class EpilogueChain:
+    """Every prefix of a matmul's chain of elementwise users, as an Epilogue (index: covers)."""
+
+    forms: tuple[Epilogue, ...]
+    stop: str  # why the chain ends where it does
+
+    @property
+    def longest(self) -> Epilogue:
+        """The longest prefix that is an epilogue (the bare matmul, `none`, at least)."""
+        return next(f for f in reversed(self.forms) if f.name is not None)
+
+    @property
+    def summary(self) -> str | None:
+        best = self.longest
+        return None if best.covers == 0 else f"epilogue {best.name} over {best.covers} op(s)"
+
+    def refused(self) -> str | None:
+        """Why the longest chain is not an epilogue, where it is not."""
+        last = self.forms[-1]
+        return last.why if last.name is None else None
+
+    def to_json(self) -> dict:
+        data = self.longest.to_json()
+        why = self.refused()
+        if why:
+            data["epilogue_refused"] = why
+        return data
+
+    def choose(self, epilogue: str, result_dtype: str) -> Epilogue | str:
+        """The longest prefix computing `epilogue` into `result_dtype`, or why there is none."""
+        fits = [f for f in self.forms if f.name == epilogue and f.result.dtype == result_dtype]
+        if fits:
+            return fits[-1]
+        found = [f"{f.name} -> {f.result.dtype}" for f in self.forms if f.name is not None]
+        refused = self.refused()
+        return (
+            f"epilogue: the kernel computes {epilogue} -> {result_dtype}; the op and its users compute "
+            f"{' or '.join(found)}" + (f" (the whole chain: {refused})" if refused else "")
+        )
+
+
+# ------------------------------------------------------------------- following the chain
+
+
+def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
+    """The matmul's chain of elementwise single users, each prefix recognised."""
+    result = tensor_facts(matmul.results[0].type)
+    forms = [Epilogue(0, "none", result, ops=())]
+    generics: list[tuple[ir.Operation, int]] = []
+    value, stop = matmul.results[0], "the chain ends"
+    while len(generics) < limit:
+        user, stop = _elementwise_user(value, result.shape)
+        if user is None:
+            break
+        generics.append(user)
+        forms.append(_recognise(generics))
+        value = user[0].results[0]
+    return EpilogueChain(tuple(forms), stop)
+
+
+def _elementwise_user(value: ir.Value, shape: tuple) -> tuple[tuple[ir.Operation, int] | None, str]:
+    """(the generic that is the one user of `value`, the operand it reads it as), or why not."""
+    from iree.compiler import ir
+
+    uses = list(value.uses)
+    owners = {id(u.owner) for u in uses}
+    if not uses:
+        return None, "the result has no user"
+    if len(owners) != 1:
+        return None, f"the result has {len(owners)} users (IREE keeps it in memory)"
+    owner = uses[0].owner.operation
+    if owner.name != GENERIC:
+        return None, f"its user is {owner.name}"
+    inputs = len(owner.operands) - len(owner.results)
+    index = min(u.operand_number for u in uses)
+    maps = [map_dims(a) for a in ir.ArrayAttr(owner.attributes["indexing_maps"])]
+    identity = tuple(range(len(shape)))
+    iterators = [str(a) for a in ir.ArrayAttr(owner.attributes["iterator_types"])]
+    if len(owner.results) != 1 or index >= inputs:
+        return None, "its user is a linalg.generic with several results, or writes into it"
+    if any("parallel" not in t for t in iterators) or maps[index] != identity or maps[-1] != identity:
+        return None, "its user is a linalg.generic that is not elementwise on it (a reduction, transpose or broadcast)"
+    if tensor_facts(owner.results[0].type).shape != shape:
+        return None, "its user changes the shape"
+    return (owner, index), ""
+
+
+# ------------------------------------------------------------------- the expression
+
+
+class NotEpilogue(Exception):
+    """A body op or operand no epilogue has, with the reason in words."""
+
+
+# Expressions are tuples: ("sym", name), ("const", value, dtype, inverse), ("sum", terms),
+# ("prod", factors), ("fn", name, arg). Sums and products are flat and sorted, so that every
+# order and grouping of the same formula has one form.
+
+
+def _const(value: float, dtype: str, inverse: bool = False) -> tuple:
+    return ("const", value, dtype, inverse)
+
+
+def _flat(kind: str, parts: tuple) -> tuple:
+    out = []
+    for p in parts:
+        out.extend(p[1] if p[0] == kind else (p,))
+    if kind == "prod":  # x * 1 is x exactly
+        out = [p for p in out if not (p[0] == "const" and p[1] == 1.0 and not p[3])]
+    if len(out) == 1:
+        return out[0]
+    return (kind, tuple(sorted(out, key=repr)))
+
+
+def _add(*parts: tuple) -> tuple:
+    return _flat("sum", parts)
+
+
+def _mul(*parts: tuple) -> tuple:
+    return _flat("prod", parts)
+
+
+def _neg(x: tuple) -> tuple:
+    return _mul(_const(-1.0, "any"), x)
+
+
+def _div(x: tuple, y: tuple) -> tuple:
+    if y[0] == "const" and not y[3]:
+        return _mul(x, _const(y[1], y[2], inverse=True))
+    return _mul(x, ("fn", "recip", y))
+
+
+ACC, BIAS, RESIDUAL = ("sym", "acc"), ("sym", "bias"), ("sym", "residual")
+WILD = ("wild",)  # a constant the kernel takes as an argument (gelu_c, alpha)
+
+
+def _formulas() -> dict[str, tuple]:
+    x = _add(ACC, BIAS)
+    half, one = _const(0.5, "k"), _const(1.0, "k")
+    return {
+        "none": ACC,
+        "bias": x,
+        "bias_gelu_erf": _mul(half, x, _add(one, ("fn", "erf", _mul(x, _const(SQRT1_2, "k"))))),
+        "bias_gelu_tanh": _mul(half, x, _add(one, ("fn", "tanh", _mul(WILD, _add(x, _mul(_const(GELU_CUBE, "k"), x, x, x)))))),
+        "bias_relu": ("fn", "relu", x),
+        "bias_silu": _mul(x, ("fn", "recip", _add(one, ("fn", "exp", _neg(x))))),
+        "residual": _add(ACC, RESIDUAL),
+        "bias_residual": _add(ACC, BIAS, RESIDUAL),
+        "scale": _mul(WILD, ACC),
+    }
+
+
+FORMULAS = _formulas()
+
+
+def _round(value: float, dtype: str) -> float:
+    """`value` rounded to nearest even in `dtype` (f32, f16, bf16)."""
+    if dtype == "f16":
+        try:
+            return struct.unpack("<e", struct.pack("<e", value))[0]
+        except OverflowError:
+            return float("inf")
+    f32 = struct.unpack("<f", struct.pack("<f", value))[0]
+    if dtype != "bf16":
+        return f32
+    bits = struct.unpack("<I", struct.pack("<f", f32))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def _same(model: tuple, formula: tuple, captured: list) -> bool:
+    """Whether the model's expression is the formula (constants by _const_matches; a WILD
+    constant captured)."""
+    if formula == WILD:
+        if model[0] != "const":
+            return False
+        captured.append(1.0 / model[1] if model[3] else model[1])
+        return True
+    if formula[0] == "const":
+        return model[0] == "const" and _const_matches(model, formula[1])
+    if model[0] != formula[0]:
+        return False
+    if formula[0] == "sym":
+        return model == formula
+    if formula[0] == "fn":
+        return model[1] == formula[1] and _same(model[2], formula[2], captured)
+    return _same_parts(list(model[1]), list(formula[1]), captured)
+
+
+def _same_parts(model: list, formula: list, captured: list) -> bool:
+    """Multiset matching of a sum's terms or a product's factors (small: backtracking)."""
+    if len(model) != len(formula):
+        return False
+    if not formula:
+        return True
+    head, rest = formula[0], formula[1:]
+    for i, part in enumerate(model):
+        mark = len(captured)
+        if _same(part, head, captured) and _same_parts(model[:i] + model[i + 1:], rest, captured):
+            return True
+        del captured[mark:]
+    return False
+
+
+def _const_matches(model: tuple, kernel: float) -> bool:
+    """The model's constant is the kernel's rounded to the model's type (for `x / c`: c is
+    1 / the kernel's constant, rounded)."""
+    _, value, dtype, inverse = model
+    if dtype == "any":  # a sign: -x
+        return value == kernel
+    want = 1.0 / kernel if inverse else kernel
+    return value == _round(want, dtype if dtype in ("f16", "bf16") else "f32")
+
+
+# ------------------------------------------------------------------- reading the bodies
+
+
+_TYPES = {"f32": "f32", "f16": "f16", "bf16": "bf16"}
+
+
+@dataclass
+class _Reader:
+    """Reads covered generics' bodies into one expression, noting roundings and inputs."""
+
+    result_dtype: str
+    rounds: int = 0
+    ops: list = None
+
+    def body(self, op: ir.Operation, chain: int, incoming: tuple, inputs: dict[int, tuple]) -> tuple:
+        block = op.regions[0].blocks[0]
+        n_in = len(op.operands) - len(op.results)
+        values = {}
+        for i, arg in enumerate(block.arguments):
+            if i >= n_in:
+                values[arg] = None  # the output: no epilogue reads it
+            else:
+                values[arg] = incoming if i == chain else inputs[i]
+        for inner in block.operations:
+            inner = inner.operation
+            if inner.name == "linalg.yield":
+                out = self.value(inner.operands[0], values)
+                return out
+            if inner.name == "arith.constant":
+                continue
+            values[inner.results[0]] = self.op(inner, [self.value(v, values, inner) for v in inner.operands] if inner.name != "arith.select" else None, values)
+        raise NotEpilogue("a body without linalg.yield")
+
+    def value(self, v: ir.Value, values: dict, user: ir.Operation | None = None) -> tuple:
+        if v in values:
+            if values[v] is None:
+                raise NotEpilogue("the body reads its output")
+            return values[v]
+        owner = v.owner
+        if op_name(owner) == "arith.constant":
+            return self.constant(owner.operation)
+        raise NotEpilogue(f"the body uses a value from outside ({op_name(owner)})")
+
+    def constant(self, op: ir.Operation) -> tuple:
+        from iree.compiler import ir
+
+        attr = op.attributes["value"]
+        if isinstance(attr, ir.FloatAttr):
+            return _const(attr.value, _TYPES.get(str(attr.type), str(attr.type)))
+        if isinstance(attr, ir.IntegerAttr):
+            return ("int", attr.value)
+        raise NotEpilogue(f"a constant {attr}")
+
+    def typed(self, op: ir.Operation) -> str:
+        dtype = str(op.results[0].type)
+        if dtype not in ("f32", self.result_dtype):
+            raise NotEpilogue(f"{op.name} computes in {dtype}, neither f32 nor the result's {self.result_dtype}")
+        if dtype != "f32":
+            self.rounds += 1
+        return dtype
+
+    def op(self, op: ir.Operation, args: list | None, values: dict) -> tuple:
+        name = op.name
+        self.ops.append(name.split(".")[-1])
+        if name == "arith.select":
+            return self.select(op, values)
+        if name in ("arith.truncf", "arith.extf"):
+            if name == "arith.truncf":
+                self.typed(op)
+            return args[0]
+        if name == "arith.cmpf":
+            return ("cmp", str(op.attributes["predicate"]), args[0], args[1])
+        dtype = self.typed(op)
+        unary = {"math.erf": "erf", "math.tanh": "tanh", "math.exp": "exp"}
+        if name in unary:
+            return ("fn", unary[name], args[0])
+        if name == "arith.addf":
+            return _add(args[0], args[1])
+        if name == "arith.subf":
+            return _add(args[0], _neg(args[1]))
+        if name == "arith.mulf":
+            return _mul(args[0], args[1])
+        if name == "arith.divf":
+            return _div(args[0], args[1])
+        if name == "arith.negf":
+            return _neg(args[0])
+        if name == "math.sqrt" and args[0][0] == "const" and not args[0][3]:  # torch-mlir's GELU: x / sqrt(2)
+            return _const(_round(math.sqrt(args[0][1]), dtype), dtype)
+        if name in ("math.fpowi", "math.powf") and _is_three(args[1]):
+            return _mul(args[0], args[0], args[0])
+        if name in ("arith.maximumf", "arith.maxnumf"):
+            return self.relu(args[0], args[1], "ugt" if name == "arith.maximumf" else "maxnumf")
+        raise NotEpilogue(f"{name} is in no epilogue")
+
+    def select(self, op: ir.Operation, values: dict) -> tuple:
+        self.typed(op)
+        cond, a, b = (self.value(v, values) for v in op.operands)
+        if cond[0] != "cmp":
+            raise NotEpilogue("a select on something else than a compare")
+        predicate, x, y = _predicate_name(cond[1]), cond[2], cond[3]
+        if _is_zero(y) and x == a and _is_zero(b):  # x > 0 ? x : 0
+            return self.relu(x, y, predicate)
+        if _is_zero(x) and y == a and _is_zero(b):  # 0 < y ? y : 0
+            return self.relu(y, x, {"ult": "ugt", "ule": "uge", "olt": "ogt", "ole": "oge"}.get(predicate, predicate))
+        if _is_zero(y) and x == b and _is_zero(a):  # x < 0 ? 0 : x
+            return self.relu(x, y, {"ult": "uge", "ule": "ugt", "olt": "oge", "ole": "ogt"}.get(predicate, "?" + predicate))
+        raise NotEpilogue("a select that is not max(x, 0)")
+
+    def relu(self, x: tuple, zero: tuple, predicate: str) -> tuple:
+        if not _is_zero(zero):
+            raise NotEpilogue("a max with another value than 0")
+        if predicate in ("ogt", "oge", "maxnumf"):
+            raise NotEpilogue(f"ReLU by {predicate} gives 0 for NaN, the kernel NaN")
+        if predicate not in ("ugt", "uge"):
+            raise NotEpilogue(f"a select by {predicate} that is not max(x, 0)")
+        return ("fn", "relu", x)
+
+
+def _predicate_name(attr_text: str) -> str:
+    names = ["false", "oeq", "ogt", "oge", "olt", "ole", "one", "ord", "ueq", "ugt", "uge", "ult", "ule", "une", "uno", "true"]
+    text = attr_text.split(":")[0].strip()
+    return names[int(text)] if text.isdigit() else text
+
+
+def _is_zero(x: tuple) -> bool:
+    return x[0] == "const" and x[1] == 0.0 and not x[3]
+
+
+def _is_three(x: tuple) -> bool:
+    return (x[0] == "int" and x[1] == 3) or (x[0] == "const" and x[1] == 3.0 and not x[3])
+
+
+def _recognise(generics: list[tuple[ir.Operation, int]]) -> Epilogue:
+    """The matmul and `generics` (its chain, in order) as one epilogue, or why not."""
+    from iree.compiler import ir
+
+    last = generics[-1][0]
+    result = tensor_facts(last.results[0].type)
+    chain = tuple(index for _, index in reversed(generics))
+    reader = _Reader(result.dtype, ops=[])
+    expr, found = ACC, {}
+    try:
+        for step, (op, index) in enumerate(generics):
+            inputs = {}
+            maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+            rank = len(result.shape)
+            for i in range(len(op.operands) - len(op.results)):
+                if i == index:
+                    continue
+                # Its path from the last covered generic: the chain back to this one, then i.
+                path = chain[: len(generics) - 1 - step] + (i,)
+                inputs[i] = _side_input(op.operands[i], maps[i], rank, path, result, found)
+            expr = reader.body(op, index, expr, inputs)
+    except NotEpilogue as exc:
+        return Epilogue(len(generics), None, result, chain, why=str(exc))
+    return _named(len(generics), expr, result, chain, found, reader)
+
+
+def _side_input(value: ir.Value, dims: tuple | None, rank: int, path: tuple, result: TensorFacts, found: dict) -> tuple:
+    """A generic's other input as `bias` or `residual` (noting its path), or why neither."""
+    facts = tensor_facts(value.type)
+    if dims == (rank - 1,) and len(facts.shape) == 1:
+        role = "bias"
+    elif dims == tuple(range(rank)) and facts.shape == result.shape:
+        role = "residual"
+    elif dims is not None and len(dims) == 1:
+        raise NotEpilogue(f"an input {facts.text} broadcast along dimension {dims[0]}, not a bias [n] (broadcast along the rows)")
+    else:
+        raise NotEpilogue(f"an input {facts.text} read by {dims}, neither a bias [n] nor a residual read whole")
+    if role in found:
+        raise NotEpilogue(f"a second {role} input ({facts.text})")
+    if facts.dtype != result.dtype:
+        raise NotEpilogue(f"the {role} is {facts.text}, the result {result.dtype} (the kernel reads it in the result's type)")
+    found[role] = (path, facts)
+    return ("sym", role)
+
+
+def _named(covers: int, expr: tuple, result: TensorFacts, chain: tuple, found: dict, reader: _Reader) -> Epilogue:
+    ops = tuple(reader.ops)
+    rounds = max(0, reader.rounds - 1)  # the last op's rounding is the kernel's own
+    for name, formula in FORMULAS.items():
+        captured: list = []
+        if _same(expr, formula, captured):
+            if not all(_used(formula, role) for role in found):
+                continue
+            return Epilogue(
+                covers, name, result, chain, found.get("bias"), found.get("residual"),
+                captured[0] if captured else None, rounds, ops,
+            )
+    return Epilogue(covers, None, result, chain, ops=ops, why=f"the ops ({', '.join(ops)}) compute {_show(expr)}, which is no epilogue of the family")
+
+
+def _used(formula: tuple, role: str) -> bool:
+    return ("sym", role) in _walk(formula)
+
+
+def _walk(expr: tuple):
+    yield expr
+    if expr[0] in ("sum", "prod"):
+        for part in expr[1]:
+            yield from _walk(part)
+    elif expr[0] == "fn":
+        yield from _walk(expr[2])
+
+
+def _show(expr: tuple) -> str:
+    """An expression in words (for reasons)."""
+    kind = expr[0]
+    if kind == "sym":
+        return expr[1]
+    if kind == "const":
+        return f"(1/{expr[1]:g})" if expr[3] else f"{expr[1]:g}"
+    if kind == "fn":
+        return f"{expr[1]}({_show(expr[2])})"
+    if kind in ("sum", "prod"):
+        return "(" + (" + " if kind == "sum" else " * ").join(_show(p) for p in expr[1]) + ")"
+    return str(expr)
