@@ -152,7 +152,10 @@ def _elementwise_user(value: ir.Value, shape: tuple) -> tuple[tuple[ir.Operation
     from iree.compiler import ir
 
     uses = list(value.uses)
-    owners = {id(u.owner) for u in uses}
+    owners: list = []
+    for use in uses:  # one Python object per access: compare the operations
+        if not any(use.owner.operation == o for o in owners):
+            owners.append(use.owner.operation)
     if not uses:
         return None, "the result has no user"
     if len(owners) != 1:

@@ -1,0 +1,203 @@
+"""The epilogue of a matmul (models/ops/epilogue.py): the ops after it, read from real imported
+ONNX models at the matching stage, and near misses with their reasons."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import HAVE_IREE_COMPILE
+
+from kitdispatch.models.ops.epilogue import read_chain
+
+needs_iree = pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
+
+
+def chain_of(mlir: str):
+    """The epilogue chain of the model's one matmul."""
+    from iree.compiler import ir
+
+    module = ir.Module.parse(mlir, ir.Context())
+    found = []
+
+    def visit(op):
+        if op.name in ("linalg.matmul", "linalg.batch_matmul"):
+            found.append(read_chain(op))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def staged(tmp_path_factory):
+    """kind, dtype -> the model at the matching stage (each built once)."""
+    pytest.importorskip("onnx")
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    from models.epilogue_models import at_matching_stage, epilogue_onnx
+
+    tmp, cache = tmp_path_factory.mktemp("epilogue"), {}
+
+    def get(kind: str, dtype: str = "f32") -> str:
+        if (kind, dtype) not in cache:
+            model = epilogue_onnx(tmp / f"{kind}_{dtype}.onnx", kind, dtype)
+            cache[kind, dtype] = at_matching_stage(model, tmp)
+        return cache[kind, dtype]
+
+    return get
+
+
+# kind, dtype -> epilogue, generics covered, bias path, residual path, constant, model roundings
+HITS = [
+    ("bias", "f32", "bias", 1, (1,), None, None, 0),
+    ("bias_first", "f32", "bias", 1, (0,), None, None, 0),
+    ("gemm", "f32", "bias", 1, (1,), None, None, 0),
+    ("gelu", "f32", "bias_gelu_erf", 1, (1,), None, None, 0),
+    ("gelu_erf_decomposed", "f32", "bias_gelu_erf", 1, (1,), None, None, 0),
+    ("gelu_tanh", "f32", "bias_gelu_tanh", 1, (1,), None, "0.797724009", 0),
+    ("gelu_tanh_decomposed", "f32", "bias_gelu_tanh", 1, (1,), None, "0.797884583", 0),
+    ("relu", "f32", "bias_relu", 1, (1,), None, None, 0),
+    ("silu", "f32", "bias_silu", 1, (1,), None, None, 0),
+    ("residual", "f32", "residual", 1, None, (1,), None, 0),
+    ("bias_residual", "f32", "bias_residual", 1, (1,), (2,), None, 0),
+    ("scale", "f32", "scale", 1, None, None, "0.125", 0),
+    ("scale_div", "f32", "scale", 1, None, None, "0.125", 0),
+    # f16 exports: the matmul's f32 result is rounded to f16 (its own generic), the rest in f16.
+    ("none", "f16", "none", 1, None, None, None, 0),
+    ("bias", "f16", "bias", 2, (1,), None, None, 1),
+    ("gelu", "f16", "bias_gelu_erf", 2, (1,), None, None, 7),
+    ("gelu_tanh", "f16", "bias_gelu_tanh", 2, (1,), None, "0.797851562", 9),
+    ("relu", "f16", "bias_relu", 2, (1,), None, None, 2),
+    ("silu", "f16", "bias_silu", 2, (1,), None, None, 6),
+    ("bias_residual", "f16", "bias_residual", 2, (1,), (2,), None, 2),
+    ("scale", "f16", "scale", 1, None, None, "0.125", 1),
+]
+
+
+@needs_iree
+@pytest.mark.parametrize("kind, dtype, name, covers, bias, residual, constant, rounds", HITS, ids=[f"{h[0]}-{h[1]}" for h in HITS])
+def test_epilogue_of_exported_model(staged, kind, dtype, name, covers, bias, residual, constant, rounds):
+    chain = chain_of(staged(kind, dtype))
+    best = chain.longest
+    assert (best.name, best.covers) == (name, covers), [(f.name, f.why) for f in chain.forms]
+    assert best.result.dtype == ("f16" if dtype == "f16" else "f32")
+    assert (best.bias[0] if best.bias else None) == bias
+    assert (best.residual[0] if best.residual else None) == residual
+    assert (best.constant_text if best.constant is not None else None) == constant
+    assert best.rounds == rounds
+    assert chain.forms[0].name == "none" and chain.forms[0].result.dtype == "f32"  # the bare matmul
+    assert best.chain == (0,) * covers if kind != "bias_first" else best.chain == (1,)
+
+
+@needs_iree
+def test_f16_prefixes_are_each_an_epilogue(staged):
+    """An f16 bias + GELU: the bare matmul (f32), the matmul rounded to f16 (none), and the
+    whole chain (bias_gelu_erf) are three ways of replacing it; `choose` takes the longest."""
+    chain = chain_of(staged("gelu", "f16"))
+    assert [(f.name, f.result.dtype) for f in chain.forms] == [("none", "f32"), ("none", "f16"), ("bias_gelu_erf", "f16")]
+    assert chain.choose("none", "f16").covers == 1
+    assert chain.choose("none", "f32").covers == 0
+    assert chain.choose("bias_gelu_erf", "f16").covers == 2
+    assert "the kernel computes bias_gelu_tanh -> f16" in chain.choose("bias_gelu_tanh", "f16")
+
+
+@needs_iree
+def test_cast_to_f32_for_the_epilogue(staged):
+    """MatMul in f16, Cast to f32, bias + GELU in f32, Cast back: the bias is f32 and the result
+    f16; the kernel reads its bias in the result's type, so the chain stops at the rounding."""
+    chain = chain_of(staged("gelu", "f16cast"))
+    assert chain.longest.name == "none" and chain.longest.result.dtype == "f16"
+    assert "the bias is 256xf32, the result f16" in chain.refused()
+
+
+@needs_iree
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("bias_column", "broadcast along dimension 0, not a bias [n]"),
+        ("gelu_times_input", "* residual), which is no epilogue of the family"),
+        ("relu_then_sin", "math.sin is in no epilogue"),
+    ],
+)
+def test_exported_near_misses(staged, kind, reason):
+    chain = chain_of(staged(kind))
+    assert chain.longest.name == "none" and chain.longest.covers == 0
+    assert reason in chain.refused(), chain.refused()
+
+
+# Near misses written as IREE leaves them after elementwise fusion: one generic after the matmul.
+def fused(body: str, *, extra_in: str = "", extra_map: str = "", bias_dtype: str = "f32", out: str = "f32", args: str = "%in: f32, %b: f32") -> str:
+    return f"""
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d1)>
+func.func @f(%lhs: tensor<64x128xf32>, %w: tensor<128x256xf32>, %bias: tensor<256x{bias_dtype}>{extra_in}) -> tensor<64x256x{out}> {{
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<64x256xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%empty : tensor<64x256xf32>) -> tensor<64x256xf32>
+  %mm = linalg.matmul ins(%lhs, %w : tensor<64x128xf32>, tensor<128x256xf32>) outs(%f : tensor<64x256xf32>) -> tensor<64x256xf32>
+  %o = tensor.empty() : tensor<64x256x{out}>
+  %r = linalg.generic {{indexing_maps = [#id, #row{extra_map}, #id], iterator_types = ["parallel", "parallel"]}}
+      ins(%mm, %bias : tensor<64x256xf32>, tensor<256x{bias_dtype}>) outs(%o : tensor<64x256x{out}>) {{
+  ^bb0({args}, %out: {out}):
+{body}
+  }} -> tensor<64x256x{out}>
+  return %r : tensor<64x256x{out}>
+}}"""
+
+
+RELU = """    %x = arith.addf %in, %b : f32
+    %c0 = arith.constant 0.0 : f32
+    %p = arith.cmpf {pred}, %x, %c0 : f32
+    %y = arith.select %p, %x, %c0 : f32
+    linalg.yield %y : f32"""
+
+GELU = """    %x = arith.addf %in, %b : f32
+    %c = arith.constant {c} : f32
+    %h = arith.constant 0.5 : f32
+    %one = arith.constant 1.0 : f32
+    %s = arith.mulf %x, %c : f32
+    %e = math.erf %s : f32
+    %a = arith.addf %e, %one : f32
+    %m = arith.mulf %x, %a : f32
+    %y = arith.mulf %m, %h : f32
+    linalg.yield %y : f32"""
+
+
+@pytest.mark.parametrize(
+    "mlir, name, reason",
+    [
+        (fused(RELU.format(pred="ugt")), "bias_relu", None),
+        (fused(RELU.format(pred="uge")), "bias_relu", None),
+        (fused(RELU.format(pred="ogt")), None, "ReLU by ogt gives 0 for NaN, the kernel NaN"),
+        (fused("    %x = arith.addf %in, %b : f32\n    %c0 = arith.constant 0.0 : f32\n    %y = arith.maxnumf %x, %c0 : f32\n    linalg.yield %y : f32"),
+         None, "ReLU by maxnumf gives 0 for NaN"),
+        (fused("    %x = arith.addf %in, %b : f32\n    %c0 = arith.constant 0.0 : f32\n    %y = arith.maximumf %x, %c0 : f32\n    linalg.yield %y : f32"),
+         "bias_relu", None),
+        (fused(GELU.format(c="0.707106769")), "bias_gelu_erf", None),
+        (fused(GELU.format(c="0.7")), None, "which is no epilogue of the family"),
+        (fused("    %x = arith.addf %in, %b : f32\n    %y = arith.addf %x, %out : f32\n    linalg.yield %y : f32"), None, "the body reads its output"),
+        (fused("    %x = arith.addf %in, %b : f32\n    %y = arith.mulf %x, %x : f32\n    linalg.yield %y : f32"), None, "which is no epilogue"),
+        (fused("    %x = arith.addf %in, %b : f32\n    %y = arith.subf %x, %b : f32\n    linalg.yield %y : f32"), None, "which is no epilogue"),
+        # f16 math in an f32 graph: a rounding the kernel does not do, to a type it does not write.
+        (fused("    %t = arith.truncf %in : f32 to f16\n    %bt = arith.truncf %b : f32 to f16\n    %x = arith.addf %t, %bt : f16\n"
+               "    %y = arith.extf %x : f16 to f32\n    linalg.yield %y : f32"), None, "arith.truncf computes in f16, neither f32 nor the result's f32"),
+        # The bias in f16, the result f32: the kernel reads its bias in the result's type.
+        (fused("    %x = arith.extf %b : f16 to f32\n    %y = arith.addf %in, %x : f32\n    linalg.yield %y : f32",
+               bias_dtype="f16", args="%in: f32, %b: f16"), None, "the bias is 256xf16, the result f32"),
+    ],
+    ids=["relu-ugt", "relu-uge", "relu-ogt", "relu-maxnumf", "relu-maximumf", "gelu-mul-constant", "gelu-wrong-constant",
+         "reads-output", "square", "sub-bias", "f16-in-f32-graph", "f16-bias-f32-result"],
+)
+def test_fused_forms(mlir, name, reason):
+    chain = chain_of(mlir)
+    last = chain.forms[-1]
+    assert last.covers == 1
+    assert last.name == name, last.why
+    if reason:
+        assert reason in last.why, last.why
+
+
+def test_chain_stops_at_a_second_user():
+    """The matmul's result also returned: IREE keeps it in memory, so the chain is empty."""
+    chain = chain_of(fused(RELU.format(pred="ugt")).replace("return %r :", "return %mm :"))
+    assert len(chain.forms) == 1 and "2 users" in chain.stop
