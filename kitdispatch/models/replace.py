@@ -65,6 +65,8 @@ class Decision:
             data["kernel"] = self.kernel.name
             data["kernel_entry"] = self.kernel.entry  # its export: the dispatch's name in profiles
             data["function_called"] = self.function
+            if self.kernel.replaces.epilogue != "none" or self.call.marked:  # the ops after it, replaced with it
+                data["epilogue_replaced"] = {"epilogue": self.kernel.replaces.epilogue, "ops_after": self.call.marked}
         else:
             data["reasons"] = list(self.reasons)
         return data
@@ -112,19 +114,23 @@ def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFa
 
 
 def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
-    """Per op, the first kernel (in manifest order) that computes exactly what it computes."""
+    """Per op, the kernel that computes exactly what it computes and replaces the most ops
+    with it (a matmul with its epilogue before a bare matmul: its call's `marked`), the first
+    in manifest order among those."""
     decisions = []
     for op in ops:
-        kind, reasons = OP_KINDS[op.kind], []
+        kind, reasons, fits = OP_KINDS[op.kind], [], []
         for kernel in kernels:
             if op.kind not in kernel.replaces.ops:
                 continue
             layout = check_kernel(kernel, op.kind)
             why = kind.mismatch(op, kernel, layout)
             if why is None:
-                decisions.append(Decision(op, kernel, kind.call(op, layout)))
-                break
-            reasons.append(f"{kernel.name}: {why}")
+                fits.append(Decision(op, kernel, kind.call(op, layout)))
+            else:
+                reasons.append(f"{kernel.name}: {why}")
+        if fits:
+            decisions.append(max(fits, key=lambda d: d.call.marked))  # the first of the longest
         else:
             decisions.append(Decision(op, None, reasons=tuple(reasons)))
     return decisions

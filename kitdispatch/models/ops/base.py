@@ -82,6 +82,7 @@ class Layout:
     result: Buffer
     accumulates: bool  # the result is an inout buffer that starts as the op's `outs`
     pattern: object | None = None  # the kind's own part of the contract (a generic's pattern)
+    epilogue: object | None = None  # a matmul kernel's epilogue (epilogue.py's EpilogueLayout)
 
 
 @dataclass(frozen=True)
@@ -94,15 +95,28 @@ class Preparation:
 
 
 @dataclass(frozen=True)
-class Call:
-    """How the spec calls the kernel in one op's place: the op operands passed (those in
-    `through` read through their producer, a plain transpose), and where the op has fewer dims
-    than the kernel, the leading unit dims an adapter adds (`unit_dims`), named by `variant`."""
+class Reshape:
+    groups: tuple[tuple[int, ...], ...]
 
-    operands: tuple[int, ...]
-    through: tuple[int, ...] = ()
-    unit_dims: int = 0
-    variant: str = ""  # suffix of the adapter's name ("_batch1")
+
+@dataclass(frozen=True)
+class Operand:
+    path: tuple[int, ...]
+    reshape: Reshape | None = None
+
+
+@dataclass(frozen=True)
+class Constant:
+    type: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Call:
+    arguments: tuple
+    result: Reshape | None = None
+    marked: int = 0
+    variant: str = ""
 
 
 class OpKind(ABC):
@@ -158,7 +172,7 @@ class OpKind(ABC):
 
     def call(self, op: OpFacts, layout: Layout) -> Call:
         """How the spec calls the kernel in the op's place: its inputs, then the accumulator."""
-        return Call(tuple(range(len(op.inputs) + layout.accumulates)))
+        return Call(tuple(Operand((i,)) for i in range(len(op.inputs) + layout.accumulates)))
 
 
 # ------------------------------------------------------------------- shared contract checks

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass
 
-from kitdispatch.models.ops.base import TensorFacts, map_dims, op_name, tensor_facts
+from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
+from kitdispatch.models.ops.base import Call, Constant, Layout, OpFacts, Operand, TensorFacts, expect, map_dims, op_name, tensor_facts
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -465,6 +467,9 @@ def _recognise(generics: list[tuple[ir.Operation, int]]) -> Epilogue:
 def _side_input(value: ir.Value, dims: tuple | None, rank: int, path: tuple, result: TensorFacts, found: dict) -> tuple:
     """A generic's other input as `bias` or `residual` (noting its path), or why neither."""
     facts = tensor_facts(value.type)
+    producer = op_name(value.owner)
+    if producer in ("linalg.matmul", "linalg.batch_matmul"):  # its own chain may end in the same op
+        raise NotEpilogue(f"an input {facts.text} that is another matmul's result ({producer})")
     if dims == (rank - 1,) and len(facts.shape) == 1:
         role = "bias"
     elif dims == tuple(range(rank)) and facts.shape == result.shape:
@@ -521,3 +526,88 @@ def _show(expr: tuple) -> str:
     if kind in ("sum", "prod"):
         return "(" + (" + " if kind == "sum" else " * ").join(_show(p) for p in expr[1]) + ")"
     return str(expr)
+
+
+# ------------------------------------------------------------------- kernels with an epilogue
+
+# What each epilogue reads beyond A and B (buffers, in the kernel's order) and the scalar it takes.
+READS = {
+    "bias": ("bias",), "bias_gelu_erf": ("bias",), "bias_gelu_tanh": ("bias",), "bias_relu": ("bias",),
+    "bias_silu": ("bias",), "residual": ("residual",), "bias_residual": ("bias", "residual"),
+}
+SCALAR = {"bias_gelu_tanh": "gelu_c", "scale": "alpha"}
+
+
+@dataclass(frozen=True)
+class EpilogueLayout:
+    """A matmul kernel's epilogue (replace_when's `epilogue`), its extra buffers in the roles
+    READS names (bias [n], residual [.., m, n], both of the result's type) and its scalar."""
+
+    name: str
+    buffers: tuple[Buffer, ...] = ()
+    scalar: str | None = None
+
+
+def split_epilogue(kernel: Kernel, where: str) -> tuple[Kernel, EpilogueLayout]:
+    """The kernel as a plain matmul (its epilogue's buffers and scalar set aside) and its
+    epilogue; a ManifestError where its params cannot be that epilogue's: after A and B, one
+    buffer per role READS names, of the result's type, then one f32 scalar without a value where
+    SCALAR names one."""
+    name = kernel.replaces.epilogue if kernel.replaces is not None else "none"
+    if name == "none":
+        return kernel, EpilogueLayout(name)
+    inputs = [b for b in kernel.buffers if b.is_argument]
+    results = [b for b in kernel.buffers if b.is_result]
+    roles = READS.get(name, ())
+    extra = tuple(inputs[2:2 + len(roles)])
+    result = results[0] if len(results) == 1 else None
+    shapes_ok = result is not None and len(extra) == len(roles) and all(
+        b.type.dtype == result.type.dtype and (b.type.shape == result.type.shape[-1:] if role == "bias" else b.type.shape == result.type.shape)
+        for role, b in zip(roles, extra)
+    )
+    expect(
+        shapes_ok and result.access == "out",
+        f"its epilogue {name} reads {', '.join(roles) or 'nothing'} after A and B "
+        f"(bias [n], residual shaped as the result, both of the result's type) and writes a new result (out)",
+        where,
+    )
+    scalars = [s for s in kernel.function_arguments if isinstance(s, Scalar)]
+    wanted = SCALAR.get(name)
+    expect(
+        [s.name for s in scalars] == ([wanted] if wanted else []) and all(s.dtype == "f32" for s in scalars),
+        f"its epilogue {name} takes " + (f"one f32 scalar {wanted} without a value" if wanted else "no scalar argument"),
+        where,
+    )
+    aside = {b.name for b in extra} | {s.name for s in scalars}
+    plain = dataclasses.replace(kernel, params=tuple(p for p in kernel.params if p.name not in aside))
+    return plain, EpilogueLayout(name, extra, wanted)
+
+
+def chosen(op: OpFacts, layout: Layout) -> Epilogue | str:
+    """The prefix of the op's chain the kernel replaces (its epilogue, into its result's type),
+    or why none."""
+    return op.detail.epilogue.choose(layout.epilogue.name, layout.result.type.dtype)
+
+
+def covered(op: OpFacts, layout: Layout) -> OpFacts:
+    """The op as the kernel replaces it with its epilogue: the epilogue's inputs after A and B,
+    the last covered op's result (sizes are checked on these)."""
+    form = chosen(op, layout)
+    if isinstance(form, str) or form.covers == 0:
+        return op
+    return dataclasses.replace(op, inputs=op.inputs + form.inputs, result=form.result)
+
+
+def epilogue_call(op: OpFacts, layout: Layout, call: Call) -> Call:
+    """The matmul's call (`call`, from the matmul) from the last covered op: its operands read
+    back through the chain, then the epilogue's bias / residual and its constant; marked there."""
+    form = chosen(op, layout)
+    if isinstance(form, str) or form.covers == 0:
+        return call
+    through = tuple(
+        dataclasses.replace(a, path=form.chain + a.path) if isinstance(a, Operand) else a for a in call.arguments
+    )
+    # A residual is shaped as the result: the kernel reads it as the result is reshaped.
+    extra = tuple(Operand(x[0], reshape) for x, reshape in ((form.bias, None), (form.residual, call.result)) if x is not None)
+    constant = (Constant("f32", form.constant_text),) if layout.epilogue.scalar else ()
+    return dataclasses.replace(call, arguments=through[:2] + extra + through[2:] + constant, marked=form.covers)
