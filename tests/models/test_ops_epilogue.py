@@ -4,7 +4,7 @@ ONNX models at the matching stage, and near misses with their reasons."""
 from __future__ import annotations
 
 import pytest
-from conftest import HAVE_IREE_COMPILE
+from conftest import HAVE_IREE_COMPILE, KERNEL_TOML, REPO, SOFTMAX_CU, only, ops_of, replaces_of
 
 from kitdispatch.models.ops.epilogue import read_chain
 
@@ -201,3 +201,152 @@ def test_chain_stops_at_a_second_user():
     """The matmul's result also returned: IREE keeps it in memory, so the chain is empty."""
     chain = chain_of(fused(RELU.format(pred="ugt")).replace("return %r :", "return %mm :"))
     assert len(chain.forms) == 1 and "2 users" in chain.stop
+
+
+# ------------------------------------------------------------------- matching (models/ops/matmul.py)
+
+GEMM = REPO / "kernels" / "matmul" / "gemm.toml"
+
+
+@pytest.fixture(scope="module")
+def gemm_kernels():
+    from kitdispatch.describe.manifest import load_manifest
+    from kitdispatch.models.replace import replacing_kernels
+
+    return replacing_kernels(load_manifest(GEMM))
+
+
+def decided(mlir: str, kernels):
+    from kitdispatch.models.replace import decide
+
+    return only(decide(ops_of(mlir, ("linalg.matmul",)), kernels))
+
+
+# kind -> kernel, ops replaced after the matmul, arguments from the marked op
+F16_MATCHES = [
+    ("none", "matmul_nn_f16_none", 1, [(0, 0), (0, 1)]),
+    ("bias", "matmul_nn_f16_bias", 2, [(0, 0, 0), (0, 0, 1), (1,)]),
+    ("gelu", "matmul_nn_f16_bias_gelu_erf", 2, [(0, 0, 0), (0, 0, 1), (1,)]),
+    ("gelu_tanh", "matmul_nn_f16_bias_gelu_tanh", 2, [(0, 0, 0), (0, 0, 1), (1,), ("f32", "0.797851562")]),
+    ("relu", "matmul_nn_f16_bias_relu", 2, [(0, 0, 0), (0, 0, 1), (1,)]),
+    ("silu", "matmul_nn_f16_bias_silu", 2, [(0, 0, 0), (0, 0, 1), (1,)]),
+    ("bias_residual", "matmul_nn_f16_bias_residual", 2, [(0, 0, 0), (0, 0, 1), (1,), (2,)]),
+    ("scale", "matmul_nn_f16_scale", 1, [(0, 0), (0, 1), ("f32", "0.125")]),
+    # No epilogue computes GELU times another tensor: matmul_nn_f16_none takes the matmul and its
+    # rounding to f16; the bias, GELU and product stay IREE's.
+    ("gelu_times_input", "matmul_nn_f16_none", 1, [(0, 0), (0, 1)]),
+]
+
+
+def _arguments(call):
+    from kitdispatch.models.ops.base import Constant
+
+    return [(a.type, a.value) if isinstance(a, Constant) else a.path for a in call.arguments]
+
+
+@needs_iree
+@pytest.mark.parametrize("kind, kernel, marked, arguments", F16_MATCHES, ids=[m[0] for m in F16_MATCHES])
+def test_f16_matmul_replaced_with_its_epilogue(staged, gemm_kernels, kind, kernel, marked, arguments):
+    d = decided(staged(kind, "f16"), gemm_kernels)
+    assert d.kernel is not None and d.kernel.name == kernel
+    assert d.call.marked == marked
+    assert _arguments(d.call) == arguments
+    report = d.to_json()
+    assert report["epilogue_replaced"] == {"epilogue": d.kernel.replaces.epilogue, "ops_after": marked}
+
+
+@needs_iree
+def test_f32_epilogue_without_an_f32_kernel_is_kept_with_reasons(staged, gemm_kernels):
+    """gemm.toml's f32 entries do not declare `replaces` (f32 matching is another item's): the
+    f32 model's matmul is kept, each f16 kernel saying why."""
+    d = decided(staged("gelu", "f32"), gemm_kernels)
+    assert d.kernel is None
+    assert "matmul_f16: element type: the op's input 0 is 64x128xf32, the kernel's a is f16[m,k]" in d.reasons
+    assert (
+        "matmul_nn_f16_bias_gelu_erf: epilogue: the kernel computes bias_gelu_erf -> f16; "
+        "the op and its users compute none -> f32 or bias_gelu_erf -> f32" in d.reasons
+    )
+
+
+def test_epilogue_kernel_refuses_another_epilogue():
+    """A bias kernel on a matmul + ReLU: the chain computes bias_relu, not bias."""
+    from kitdispatch.models.replace import decide
+
+    mlir = fused(RELU.format(pred="ugt"))
+    kernel = _epilogue_kernel("bias", "f32")
+    d = only(decide(ops_of(mlir, ("linalg.matmul",)), [kernel]))
+    assert d.kernel is None
+    assert "the kernel computes bias -> f32; the op and its users compute none -> f32 or bias_relu -> f32" in d.reasons[0]
+    d = only(decide(ops_of(mlir, ("linalg.matmul",)), [kernel, _epilogue_kernel("bias_relu", "f32")]))
+    assert d.kernel.name == "mm_bias_relu" and d.call.marked == 1
+
+
+def _epilogue_kernel(epilogue: str, dtype: str, *, extra=(), scalars=()):
+    from kitdispatch import Buffer, Kernel, Scalar
+    from kitdispatch.describe.types import TensorType
+
+    params = [Buffer("a", "in", TensorType.parse("f32[m,k]", "a")), Buffer("b", "in", TensorType.parse("f32[k,n]", "b"))]
+    params += [Buffer(name, "in", TensorType.parse(t, name)) for name, t in extra or (("bias", f"{dtype}[n]"),)]
+    params += [Buffer("c", "out", TensorType.parse(f"{dtype}[m,n]", "c"))]
+    params += [Scalar(s, "f32") for s in scalars] + [Scalar(x, "i32") for x in "mnk"]
+    return Kernel.create(
+        f"mm_{epilogue}", "mm.cu", params, workgroup_size=[128], workgroup_count=["ceildiv(n, 64)", "ceildiv(m, 64)"],
+        replaces=replaces_of("linalg.matmul", epilogue=epilogue),
+    )
+
+
+@pytest.mark.parametrize(
+    "epilogue, extra, scalars, message",
+    [
+        ("bias", (("residual", "f32[m,n]"),), (), "its epilogue bias reads bias after A and B"),
+        ("bias", (("bias", "f16[n]"),), (), "both of the result's type"),
+        ("bias", (("bias", "f32[m]"),), (), "bias [n]"),
+        ("bias_gelu_tanh", (), (), "takes one f32 scalar gelu_c without a value"),
+        ("bias", (), ("alpha",), "its epilogue bias takes no scalar argument"),
+    ],
+    ids=["residual-for-bias", "bias-type", "bias-shape", "no-gelu_c", "extra-scalar"],
+)
+def test_epilogue_contract_errors(epilogue, extra, scalars, message):
+    from kitdispatch import ManifestError
+    from kitdispatch.models.replace import check_kernel
+
+    with pytest.raises(ManifestError) as err:
+        check_kernel(_epilogue_kernel(epilogue, "f32", extra=extra, scalars=scalars), "linalg.matmul")
+    assert message in err.value.render()
+
+
+@pytest.mark.parametrize(
+    "when, message",
+    [
+        ('{ epilogue = "gelu" }', "unknown epilogue 'gelu'"),
+        ("{ epilogue = 3 }", "unknown epilogue 3"),
+    ],
+)
+def test_manifest_epilogue_errors(when, message):
+    from kitdispatch import ManifestError
+
+    with pytest.raises(ManifestError) as err:
+        _gemm_entry(when)
+    assert message in err.value.render() and "bias_gelu_tanh" in err.value.render()
+
+
+def test_manifest_epilogue_only_for_matmuls():
+    from kitdispatch import ManifestError
+
+    with pytest.raises(ManifestError) as err:
+        _gemm_entry('{ epilogue = "bias" }', op="linalg.softmax")
+    assert "an epilogue is for linalg.matmul and linalg.batch_matmul only, not linalg.softmax" in err.value.render()
+
+
+def test_manifest_epilogue_default_and_value():
+    assert _gemm_entry(None).kernels[0].replaces.epilogue == "none"
+    assert _gemm_entry('{ epilogue = "bias_gelu_tanh" }').kernels[0].replaces.epilogue == "bias_gelu_tanh"
+
+
+def _gemm_entry(when: str | None, op: str = "linalg.matmul"):
+    import tomllib
+
+    from kitdispatch.describe.manifest import parse_manifest
+
+    text = KERNEL_TOML.format(src=SOFTMAX_CU) + f'replaces = ["{op}"]\n' + (f"replace_when = {when}\n" if when else "")
+    return parse_manifest(tomllib.loads(text), root=REPO, where="kitdispatch.toml")
