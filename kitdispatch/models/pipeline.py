@@ -48,7 +48,7 @@ from kitdispatch.models.ops import OP_KINDS
 from kitdispatch.models.ops.base import OpFacts, Preparation, TensorFacts, tensor_facts
 from kitdispatch.models.projects import ModelProjects, Project, model_projects
 from kitdispatch.models.record import ModelFunction, ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
-from kitdispatch.models.replace import MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels
+from kitdispatch.models.replace import MARK_ATTRIBUTE, Decision, decide, drop_covered, read_ops, replacing_kernels
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec, top_ops
 from kitdispatch.describe.kernel import Kernel
 from kitdispatch.describe.names import as_identifier
@@ -218,7 +218,7 @@ def _match(kernels: tuple[Kernel, ...], target: _Target, options: BuildOptions, 
     found = read_ops(module, kinds)
     # Imported models are published beside the vmfb: their locations name that copy.
     found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(target.out_dir)))) for op, f in found]
-    decisions = decide([facts for _, facts in found], kernels)
+    decisions = drop_covered([op for op, _ in found], decide([facts for _, facts in found], kernels))
     return _Matched(imported, context, module, tuple(op for op, _ in found), tuple(decisions), kinds, prepared)
 
 

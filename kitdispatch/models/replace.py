@@ -136,4 +136,30 @@ def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
     return decisions
 
 
+def after(op: ir.Operation, steps: int) -> list:
+    """The ops `steps` down the chain of single users of `op`'s result 0 (those a call with
+    `marked = steps` replaces with it; the kind checked that each has one user)."""
+    chain = []
+    for _ in range(steps):
+        op = next(iter(op.results[0].uses)).owner.operation
+        chain.append(op)
+    return chain
+
+
+def drop_covered(ops: Sequence, decisions: Sequence[Decision]) -> list[Decision]:
+    """`decisions` (for `ops`, the ir.Operations in the same order), where an op that another
+    op's kernel replaces with it (a generic in a matmul's epilogue) is kept out of its own
+    decision: the longer replacement wins, as in `decide`."""
+    covered = [(o, d) for op, d in zip(ops, decisions) if d.kernel is not None for o in after(op, d.call.marked)]
+    out = []
+    for op, decision in zip(ops, decisions):
+        by = next((d for o, d in covered if o == op), None)
+        if by is None:
+            out.append(decision)
+        else:
+            why = f"replaced with the {by.op.kind} at {by.op.location} by {by.kernel.name} (its epilogue)"
+            out.append(Decision(decision.op, None, reasons=(why,)))
+    return out
+
+
 __all__ = ["MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "wrapper_name"]
