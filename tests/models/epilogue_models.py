@@ -117,3 +117,34 @@ def at_matching_stage(model: Path, tmp: Path) -> str:
     for argv in steps:
         subprocess.run(argv, check=True, capture_output=True, timeout=300)
     return fused.read_text()
+
+
+def ffn_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, activation: str = "Gelu", seed: int = 0) -> Path:
+    """A transformer FFN in f16 as exporters write it: `x + (act(x @ W1 + b1) @ W2 + b2)`."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+
+    def weight(name: str, shape: tuple, scale: float = 1.0):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float16), name)
+
+    inits = [weight("W1", (hidden, inner), hidden ** -0.5), weight("B1", (inner,)), weight("W2", (inner, hidden), inner ** -0.5),
+             weight("B2", (hidden,))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h0"]),
+        helper.make_node("Add", ["h0", "B1"], ["h1"]),
+        helper.make_node(activation, ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "W2"], ["y0"]),
+        helper.make_node("Add", ["y0", "B2"], ["y1"]),
+        helper.make_node("Add", ["y1", "x"], ["y"]),
+    ]
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes, "ffn", [helper.make_tensor_value_info("x", f16, [m, hidden])], [helper.make_tensor_value_info("y", f16, [m, hidden])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

@@ -3,8 +3,11 @@ ONNX models at the matching stage, and near misses with their reasons."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
-from conftest import HAVE_IREE_COMPILE, KERNEL_TOML, REPO, SOFTMAX_CU, only, ops_of, replaces_of
+from conftest import HAVE_IREE_COMPILE, KERNEL_TOML, REPO, SOFTMAX_CU, dump_module, only, ops_of, replaces_of
 
 from kitdispatch.models.ops.epilogue import read_chain
 
@@ -350,3 +353,69 @@ def _gemm_entry(when: str | None, op: str = "linalg.matmul"):
 
     text = KERNEL_TOML.format(src=SOFTMAX_CU) + f'replaces = ["{op}"]\n' + (f"replace_when = {when}\n" if when else "")
     return parse_manifest(tomllib.loads(text), root=REPO, where="kitdispatch.toml")
+
+
+# ------------------------------------------------------------------- whole builds
+
+
+def iree_own_dispatches(vmfb) -> list[str]:
+    """IREE's own dispatches in a module (`FUNC$async_dispatch_N_KIND_SHAPE`; the kit's
+    kernels keep their names)."""
+    return sorted(set(re.findall(r"\$async_dispatch_\d+_\w+", vmfb.read_bytes().decode("latin-1"))))
+
+
+def no_more_iree_dispatches(built) -> None:
+    """Issue 25's goal: the replaced module has no more IREE dispatches, and no more IREE
+    elementwise dispatches, than IREE alone."""
+    mine, alone = iree_own_dispatches(built.vmfb), iree_own_dispatches(built.baseline_vmfb)
+    assert len(mine) <= len(alone), (mine, alone)
+    elementwise = [d for d in mine if "elementwise" in d]
+    assert len(elementwise) <= len([d for d in alone if "elementwise" in d]), (mine, alone)
+
+
+@pytest.fixture(scope="module")
+def ffn_build(tmp_path_factory):
+    """A BERT-style f16 FFN (bias + GELU, then bias + residual) built with gemm.toml alone."""
+    pytest.importorskip("onnx")
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    from models.epilogue_models import ffn_onnx
+
+    from kitdispatch import BuildOptions
+    from kitdispatch.models.pipeline import build_model
+
+    tmp = tmp_path_factory.mktemp("ffn")
+    model = ffn_onnx(tmp / "ffn.onnx")
+    return build_model(GEMM, model, BuildOptions.create("sm_90a"), tmp / "out", library=False, with_baseline=True)
+
+
+def test_ffn_matmuls_replaced_with_their_epilogues(ffn_build):
+    report = json.loads(ffn_build.report.read_text())
+    assert [(r["kernel"], r["epilogue_replaced"]) for r in report["replaced"]] == [
+        ("matmul_nn_f16_bias_gelu_erf", {"epilogue": "bias_gelu_erf", "ops_after": 2}),
+        ("matmul_nn_f16_bias_residual", {"epilogue": "bias_residual", "ops_after": 2}),
+    ]
+    assert report["not_replaced"] == []
+    text = (ffn_build.out_dir / "ffn.replace.txt").read_text()
+    assert "with the 2 op(s) after it (epilogue bias_gelu_erf)" in text
+
+
+def test_ffn_build_leaves_iree_no_dispatch(ffn_build):
+    """IREE alone compiles each matmul with its bias, GELU, residual and rounding into one
+    dispatch; with the epilogues in the kernels nothing of the FFN is left to IREE."""
+    alone = iree_own_dispatches(ffn_build.baseline_vmfb)
+    assert len([d for d in alone if "matmul" in d]) == 2, alone
+    assert iree_own_dispatches(ffn_build.vmfb) == []
+    no_more_iree_dispatches(ffn_build)
+    names = dump_module(ffn_build.vmfb)
+    assert "matmul_nn_f16_bias_gelu_erf" in names and "matmul_nn_f16_bias_residual" in names
+
+
+@pytest.mark.gpu
+def test_ffn_with_epilogues_agrees_with_iree_on_gpu(ffn_build):
+    """The FFN with both matmuls and their epilogues in the kit's kernels agrees with IREE
+    alone (f16 tolerance: the kernel rounds once where the model rounds after each op)."""
+    from kitdispatch.models.compare import compare_model
+
+    result = compare_model(ffn_build.out_dir)
+    assert result.agree, result.worst
