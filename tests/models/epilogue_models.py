@@ -82,6 +82,8 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
         y = node("Mul", [y, const("alpha", 0.125)])
     elif kind == "scale_div":  # Q K^T / sqrt(d)
         y = node("Div", [y, const("d", 8.0)])
+    elif kind == "bias_2d":  # a bias [1, n], as some exporters keep it
+        y = bias(y, (1, n))
     elif kind == "bias_column":  # a bias [m, 1]: broadcast along the columns, not one per column
         y = bias(y, (m, 1))
     elif kind == "gelu_times_input":  # an extra op after GELU: a product with another input

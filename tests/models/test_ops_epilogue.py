@@ -68,6 +68,7 @@ HITS = [
     # f16 exports: the matmul's f32 result is rounded to f16 (its own generic), the rest in f16.
     ("none", "f16", "none", 1, None, None, None, 0),
     ("bias", "f16", "bias", 2, (1,), None, None, 1),
+    ("bias_2d", "f16", "bias", 2, (1,), None, None, 1),  # a [1, n] bias: IREE collapses it to [n]
     ("gelu", "f16", "bias_gelu_erf", 2, (1,), None, None, 7),
     ("gelu_tanh", "f16", "bias_gelu_tanh", 2, (1,), None, "0.797851562", 9),
     ("relu", "f16", "bias_relu", 2, (1,), None, None, 2),
@@ -255,6 +256,7 @@ def test_f16_matmul_replaced_with_its_epilogue(staged, gemm_kernels, kind, kerne
     assert d.call.marked == marked
     assert _arguments(d.call) == arguments
     report = d.to_json()
+    assert report["epilogue"] == d.kernel.replaces.epilogue and report["epilogue_generics"] == marked
     assert report["epilogue_replaced"] == {"epilogue": d.kernel.replaces.epilogue, "ops_after": marked}
 
 

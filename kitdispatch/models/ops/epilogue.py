@@ -80,7 +80,7 @@ class Epilogue:
         return f"{_round(self.constant, 'f32'):.9g}"
 
     def to_json(self) -> dict:
-        data = {"epilogue": self.name, "covers": self.covers, "epilogue_ops": list(self.ops)}
+        data = {"epilogue": self.name, "epilogue_generics": self.covers, "epilogue_ops": list(self.ops)}
         if self.constant is not None:
             data["epilogue_constant"] = self.constant_text
         if self.rounds:
