@@ -61,12 +61,12 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
         x = bias(y)
         e = node("Erf", [node("Div", [x, const("s2", 1.4142135623730951)])])
         y = node("Mul", [node("Mul", [x, const("half", 0.5)]), node("Add", [e, const("one", 1.0)])])
-    elif kind == "gelu_tanh_decomposed":  # HF's NewGELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    elif kind == "gelu_tanh_decomposed":  # x * ((1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) * 0.5), pre-opset-20 exports
         x = bias(y)
         cube = node("Pow", [x, const("three", 3.0)])
-        inner = node("Add", [x, node("Mul", [const("c1", 0.044715), cube])])
-        t = node("Tanh", [node("Mul", [const("c0", 0.7978845608028654), inner])])
-        y = node("Mul", [node("Mul", [const("half", 0.5), x]), node("Add", [const("one", 1.0), t])])
+        inner = node("Add", [x, node("Mul", [cube, const("c1", 0.044715)])])
+        t = node("Tanh", [node("Mul", [inner, const("c0", 0.7978845608028654)])])
+        y = node("Mul", [x, node("Mul", [node("Add", [t, const("one", 1.0)]), const("half", 0.5)])])
     elif kind == "relu":
         y = node("Relu", [bias(y)])
     elif kind == "silu":  # x * Sigmoid(x), as torch exports SiLU

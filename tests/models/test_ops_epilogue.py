@@ -421,3 +421,26 @@ def test_ffn_with_epilogues_agrees_with_iree_on_gpu(ffn_build):
 
     result = compare_model(ffn_build.out_dir)
     assert result.agree, result.worst
+
+
+@needs_iree
+def test_generic_in_a_matmul_epilogue_is_not_replaced_on_its_own(staged):
+    """The library's bias_gelu (a linalg.generic by pattern) fits the fused bias + GELU of an f32
+    model, and so does a matmul kernel with that epilogue: the matmul's kernel takes both ops,
+    the generic is kept out of its own replacement, saying by what."""
+    from iree.compiler import ir
+
+    from kitdispatch.describe.manifest import load_manifest
+    from kitdispatch.models.replace import decide, drop_covered, read_ops
+
+    module = ir.Module.parse(staged("gelu_tanh_decomposed", "f32"), ir.Context())
+    found = read_ops(module, ("linalg.matmul", "linalg.generic"))
+    kernels = [_epilogue_kernel("bias_gelu_tanh", "f32", scalars=("gelu_c",)), *load_manifest(REPO / "kernels" / "elementwise").kernels]
+    kernels = [k for k in kernels if k.replaces is not None]
+    decisions = decide([f for _, f in found], kernels)
+    assert {d.op.kind: d.kernel.name for d in decisions if d.kernel} == {"linalg.matmul": "mm_bias_gelu_tanh", "linalg.generic": "bias_gelu"}
+    kept = drop_covered([op for op, _ in found], decisions)
+    assert [d.kernel.name for d in kept if d.kernel] == ["mm_bias_gelu_tanh"]
+    [generic] = [d for d in kept if d.op.kind == "linalg.generic" and d.op.detail.summary.startswith("addf, fpowi")]
+    assert generic.kernel is None
+    assert "replaced with the linalg.matmul at" in generic.reasons[0] and "by mm_bias_gelu_tanh (its epilogue)" in generic.reasons[0]
