@@ -15,7 +15,7 @@ from kitdispatch.models.replace import decide
 
 def test_matmul_hit_with_zero_fill():
     d = only(decide(ops_of(matmul_model()), [matmul_kernel(multiple_of={"k": 16})]))
-    assert d.kernel is not None and d.operands == (0, 1)
+    assert d.kernel is not None and d.paths == ((0,), (1,))
 
 
 @pytest.mark.parametrize(
@@ -37,4 +37,4 @@ def test_matmul_near_misses(model, kernel, reason):
 
 def test_accumulating_kernel_takes_any_accumulator():
     d = only(decide(ops_of(matmul_model(init="1.0")), [matmul_kernel(access="inout")]))
-    assert d.kernel is not None and d.operands == (0, 1, 2)
+    assert d.kernel is not None and d.paths == ((0,), (1,), (2,))
