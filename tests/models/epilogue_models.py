@@ -150,3 +150,30 @@ def ffn_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, activat
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def mlp_onnx(path: Path, *, m: int = M, width: int = K, seed: int = 0) -> Path:
+    """An f16 MLP of three layers as exporters write them: `Relu(x W1 + b1)`, then SiLU as
+    `h * Sigmoid(h)` of `h = . W2 + b2`, then `(. W3) * 0.125`."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((width, width)) * width ** -0.5).astype(np.float16), f"W{i}") for i in (1, 2, 3)]
+    inits += [numpy_helper.from_array(rng.standard_normal((width,)).astype(np.float16), f"B{i}") for i in (1, 2)]
+    inits.append(numpy_helper.from_array(np.array(0.125, np.float16), "alpha"))
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["a0"]), helper.make_node("Add", ["a0", "B1"], ["a1"]), helper.make_node("Relu", ["a1"], ["a"]),
+        helper.make_node("MatMul", ["a", "W2"], ["b0"]), helper.make_node("Add", ["b0", "B2"], ["b1"]),
+        helper.make_node("Sigmoid", ["b1"], ["b2"]), helper.make_node("Mul", ["b1", "b2"], ["b"]),
+        helper.make_node("MatMul", ["b", "W3"], ["c0"]), helper.make_node("Mul", ["c0", "alpha"], ["y"]),
+    ]
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", f16, [m, width])], [helper.make_tensor_value_info("y", f16, [m, width])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

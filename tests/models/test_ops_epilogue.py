@@ -375,20 +375,33 @@ def no_more_iree_dispatches(built) -> None:
     assert len(elementwise) <= len([d for d in alone if "elementwise" in d]), (mine, alone)
 
 
-@pytest.fixture(scope="module")
-def ffn_build(tmp_path_factory):
-    """A BERT-style f16 FFN (bias + GELU, then bias + residual) built with gemm.toml alone."""
+def _gemm_build(tmp_path_factory, make, name: str):
+    """The model `make` writes, built with gemm.toml alone (and IREE alone, the baseline)."""
     pytest.importorskip("onnx")
     if not HAVE_IREE_COMPILE:
         pytest.skip("iree-compile is not installed")
-    from models.epilogue_models import ffn_onnx
-
     from kitdispatch import BuildOptions
     from kitdispatch.models.pipeline import build_model
 
-    tmp = tmp_path_factory.mktemp("ffn")
-    model = ffn_onnx(tmp / "ffn.onnx")
+    tmp = tmp_path_factory.mktemp(name)
+    model = make(tmp / f"{name}.onnx")
     return build_model(GEMM, model, BuildOptions.create("sm_90a"), tmp / "out", library=False, with_baseline=True)
+
+
+@pytest.fixture(scope="module")
+def ffn_build(tmp_path_factory):
+    """A BERT-style f16 FFN (bias + GELU, then bias + residual)."""
+    from models.epilogue_models import ffn_onnx
+
+    return _gemm_build(tmp_path_factory, ffn_onnx, "ffn")
+
+
+@pytest.fixture(scope="module")
+def mlp_build(tmp_path_factory):
+    """An f16 MLP: bias + ReLU, bias + SiLU, a scale."""
+    from models.epilogue_models import mlp_onnx
+
+    return _gemm_build(tmp_path_factory, mlp_onnx, "mlp")
 
 
 def test_ffn_matmuls_replaced_with_their_epilogues(ffn_build):
@@ -444,3 +457,21 @@ def test_generic_in_a_matmul_epilogue_is_not_replaced_on_its_own(staged):
     [generic] = [d for d in kept if d.op.kind == "linalg.generic" and d.op.detail.summary.startswith("addf, fpowi")]
     assert generic.kernel is None
     assert "replaced with the linalg.matmul at" in generic.reasons[0] and "by mm_bias_gelu_tanh (its epilogue)" in generic.reasons[0]
+
+
+def test_mlp_matmuls_replaced_with_relu_silu_and_scale(mlp_build):
+    report = json.loads(mlp_build.report.read_text())
+    assert [(r["kernel"], r["epilogue_replaced"]["ops_after"]) for r in report["replaced"]] == [
+        ("matmul_nn_f16_bias_relu", 2), ("matmul_nn_f16_bias_silu", 2), ("matmul_nn_f16_scale", 1),
+    ]
+    assert iree_own_dispatches(mlp_build.vmfb) == []
+    no_more_iree_dispatches(mlp_build)
+    assert "\"epilogue_constant\": \"0.125\"" in json.dumps(report)
+
+
+@pytest.mark.gpu
+def test_mlp_with_epilogues_agrees_with_iree_on_gpu(mlp_build):
+    from kitdispatch.models.compare import compare_model
+
+    result = compare_model(mlp_build.out_dir)
+    assert result.agree, result.worst
