@@ -37,6 +37,9 @@ MODELS = {
     "onnx_matmul_model": ((ROOT / "samples" / "onnx_matmul" / "make_model.py",), ROOT / "kernels" / "matmul"),
     "onnx_bias_gelu_model": ((ROOT / "samples" / "onnx_bias_gelu" / "make_model.py",), ROOT / "kernels" / "elementwise"),
     "llama_layer_model": ((ROOT / "tests" / "data" / "llama_layer" / "make_model.py", "--f16"), ROOT / "kernels" / "matmul"),
+    # tests/models/test_ops_epilogue.py: matmuls replaced with their epilogues by the GEMM family.
+    "epilogue_ffn_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "ffn"), ROOT / "kernels" / "matmul" / "gemm.toml"),
+    "epilogue_mlp_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "mlp"), ROOT / "kernels" / "matmul" / "gemm.toml"),
 }
 
 

@@ -132,7 +132,7 @@ def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
             layout = check_kernel(kernel, op.kind)
             why = kind.mismatch(op, kernel, layout)
             if why is None:
-                fits.append(Decision(op, kernel, kind.call(op, layout)))
+                fits.append(Decision(kind.replaced(op, layout), kernel, kind.call(op, layout)))
             else:
                 reasons.append(f"{kernel.name}: {why}")
         if fits:

@@ -177,3 +177,7 @@ def mlp_onnx(path: Path, *, m: int = M, width: int = K, seed: int = 0) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+if __name__ == "__main__":  # tools/prebuild.py: python tests/models/epilogue_models.py OUT.onnx {ffn|mlp}
+    {"ffn": ffn_onnx, "mlp": mlp_onnx}[sys.argv[2]](Path(sys.argv[1]))

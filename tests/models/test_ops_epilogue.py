@@ -411,6 +411,8 @@ def test_ffn_matmuls_replaced_with_their_epilogues(ffn_build):
         ("matmul_nn_f16_bias_residual", {"epilogue": "bias_residual", "ops_after": 2}),
     ]
     assert report["not_replaced"] == []
+    first = report["replaced"][0]  # what the kernel reads and writes: A, B, the bias; the GELU's f16 result
+    assert [t["shape"] for t in first["inputs"]] == [[64, 128], [128, 256], [256]] and first["result"] == {"dtype": "f16", "shape": [64, 256]}
     text = (ffn_build.out_dir / "ffn.replace.txt").read_text()
     assert "with the 2 op(s) after it (epilogue bias_gelu_erf)" in text
 
@@ -426,14 +428,28 @@ def test_ffn_build_leaves_iree_no_dispatch(ffn_build):
     assert "matmul_nn_f16_bias_gelu_erf" in names and "matmul_nn_f16_bias_residual" in names
 
 
+def _built(request, prebuilt_dir, name: str):
+    """The build folder of `name`: prebuilt (tools/prebuild.py's epilogue_NAME_model) on a GPU
+    machine without iree-compile, else built here."""
+    if prebuilt_dir is not None:
+        built = prebuilt_dir / f"epilogue_{name}_model"
+        if not built.is_dir():
+            pytest.skip(f"{built} was not prebuilt")
+        return built
+    return request.getfixturevalue(f"{name}_build").out_dir
+
+
 @pytest.mark.gpu
-def test_ffn_with_epilogues_agrees_with_iree_on_gpu(ffn_build):
-    """The FFN with both matmuls and their epilogues in the kit's kernels agrees with IREE
-    alone (f16 tolerance: the kernel rounds once where the model rounds after each op)."""
+@pytest.mark.parametrize("name", ["ffn", "mlp"])
+def test_epilogues_agree_with_iree_on_gpu(request, prebuilt_dir, name):
+    """The FFN (bias + GELU, bias + residual) and the MLP (bias + ReLU, bias + SiLU, scale) with
+    their matmuls and epilogues in the kit's kernels agree with IREE alone (f16 tolerance: the
+    kernel rounds once where the model rounds after each op), and the kit's kernels ran."""
     from kitdispatch.models.compare import compare_model
 
-    result = compare_model(ffn_build.out_dir)
+    result = compare_model(_built(request, prebuilt_dir, name))
     assert result.agree, result.worst
+    assert all(n.startswith("matmul_nn_f16_") for n in result.kernel_names), result.kernel_names
 
 
 @needs_iree
@@ -467,11 +483,3 @@ def test_mlp_matmuls_replaced_with_relu_silu_and_scale(mlp_build):
     assert iree_own_dispatches(mlp_build.vmfb) == []
     no_more_iree_dispatches(mlp_build)
     assert "\"epilogue_constant\": \"0.125\"" in json.dumps(report)
-
-
-@pytest.mark.gpu
-def test_mlp_with_epilogues_agrees_with_iree_on_gpu(mlp_build):
-    from kitdispatch.models.compare import compare_model
-
-    result = compare_model(mlp_build.out_dir)
-    assert result.agree, result.worst

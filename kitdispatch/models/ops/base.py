@@ -211,6 +211,12 @@ class OpKind(ABC):
         """How the spec calls the kernel in the op's place: its inputs, then the accumulator."""
         return plain_call(len(op.inputs) + layout.accumulates)
 
+    def replaced(self, op: OpFacts, layout: Layout) -> OpFacts:
+        """What the kernel replaces, as one op: the tensors its call reads (in its order) and the
+        result of the op it marks. The op itself, unless the call reaches past it (a matmul's
+        epilogue: the bias it adds, the f16 result of the last op it covers)."""
+        return op
+
 
 # ------------------------------------------------------------------- shared contract checks
 

@@ -77,6 +77,9 @@ class Matmul(OpKind):
     def call(self, op: OpFacts, layout: Layout) -> Call:
         return epilogue.epilogue_call(op, layout, super().call(op, layout))
 
+    def replaced(self, op: OpFacts, layout: Layout) -> OpFacts:
+        return epilogue.covered(op, layout)
+
 
 def init_source(value: ir.Value) -> str:
     """'zero fill' when the value is all zeros by construction: a linalg.fill of a zero
