@@ -31,6 +31,10 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
     inits: list = [numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_t), "W")]
     inputs = [helper.make_tensor_value_info("x", et, [m, k])]
     nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
+    if kind == "bmm_scale":  # attention's Q K^T / sqrt(d): two activations [4, m, k] x [4, k, n]
+        inits, kind = [], "scale_div"
+        inputs = [helper.make_tensor_value_info("q", et, [4, m, k]), helper.make_tensor_value_info("kt", et, [4, k, n])]
+        nodes = [helper.make_node("MatMul", ["q", "kt"], ["mm"])]
     y = "mm"
     if dtype == "f16cast":
         nodes.append(helper.make_node("Cast", ["mm"], ["mm32"], to=TensorProto.FLOAT))
@@ -95,7 +99,8 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
         raise ValueError(kind)
     if dtype == "f16cast":
         y = node("Cast", [y], to=TensorProto.FLOAT16)
-    graph = helper.make_graph(nodes, "layer", inputs, [helper.make_tensor_value_info(y, et, [m, n])], inits)
+    out_shape = [4, m, n] if len(inputs[0].type.tensor_type.shape.dim) == 3 else [m, n]
+    graph = helper.make_graph(nodes, "layer", inputs, [helper.make_tensor_value_info(y, et, out_shape)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     model.ir_version = 9
     onnx.checker.check_model(model)

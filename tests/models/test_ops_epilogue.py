@@ -75,6 +75,7 @@ HITS = [
     ("silu", "f16", "bias_silu", 2, (1,), None, None, 6),
     ("bias_residual", "f16", "bias_residual", 2, (1,), (2,), None, 2),
     ("scale", "f16", "scale", 1, None, None, "0.125", 1),
+    ("bmm_scale", "f16", "scale", 1, None, None, "0.125", 1),  # a batch_matmul / 8: attention's scores
 ]
 
 
@@ -85,6 +86,7 @@ def test_epilogue_of_exported_model(staged, kind, dtype, name, covers, bias, res
     best = chain.longest
     assert (best.name, best.covers) == (name, covers), [(f.name, f.why) for f in chain.forms]
     assert best.result.dtype == ("f16" if dtype == "f16" else "f32")
+    assert len(best.result.shape) == (3 if kind.startswith("bmm") else 2)
     assert (best.bias[0] if best.bias else None) == bias
     assert (best.residual[0] if best.residual else None) == residual
     assert (best.constant_text if best.constant is not None else None) == constant
@@ -258,6 +260,15 @@ def test_f16_matmul_replaced_with_its_epilogue(staged, gemm_kernels, kind, kerne
     report = d.to_json()
     assert report["epilogue"] == d.kernel.replaces.epilogue and report["epilogue_generics"] == marked
     assert report["epilogue_replaced"] == {"epilogue": d.kernel.replaces.epilogue, "ops_after": marked}
+
+
+@needs_iree
+def test_batch_matmul_replaced_with_its_scale(staged, gemm_kernels):
+    from kitdispatch.models.replace import decide
+
+    d = only(decide(ops_of(staged("bmm_scale", "f16"), ("linalg.batch_matmul",)), gemm_kernels))
+    assert d.kernel.name == "bmm_nn_f16_scale" and d.call.marked == 1
+    assert _arguments(d.call) == [(0, 0), (0, 1), ("f32", "0.125")]
 
 
 @needs_iree
