@@ -71,8 +71,8 @@ HITS = [
     ("bias_2d", "f16", "bias", 2, (1,), None, None, 1),  # a [1, n] bias: IREE collapses it to [n]
     ("gelu", "f16", "bias_gelu_erf", 2, (1,), None, None, 7),
     ("gelu_tanh", "f16", "bias_gelu_tanh", 2, (1,), None, "0.797851562", 9),
-    ("relu", "f16", "bias_relu", 2, (1,), None, None, 2),
-    ("silu", "f16", "bias_silu", 2, (1,), None, None, 6),
+    ("relu", "f16", "bias_relu", 2, (1,), None, None, 1),
+    ("silu", "f16", "bias_silu", 2, (1,), None, None, 5),
     ("bias_residual", "f16", "bias_residual", 2, (1,), (2,), None, 2),
     ("scale", "f16", "scale", 1, None, None, "0.125", 1),
     ("bmm_scale", "f16", "scale", 1, None, None, "0.125", 1),  # a batch_matmul / 8: attention's scores
@@ -157,6 +157,12 @@ RELU = """    %x = arith.addf %in, %b : f32
     %y = arith.select %p, %x, %c0 : f32
     linalg.yield %y : f32"""
 
+RELU_LT = """    %x = arith.addf %in, %b : f32
+    %c0 = arith.constant 0.0 : f32
+    %p = arith.cmpf {pred}, %x, %c0 : f32
+    %y = arith.select %p, %c0, %x : f32
+    linalg.yield %y : f32"""
+
 GELU = """    %x = arith.addf %in, %b : f32
     %c = arith.constant {c} : f32
     %h = arith.constant 0.5 : f32
@@ -174,9 +180,12 @@ GELU = """    %x = arith.addf %in, %b : f32
     [
         (fused(RELU.format(pred="ugt")), "bias_relu", None),
         (fused(RELU.format(pred="uge")), "bias_relu", None),
-        (fused(RELU.format(pred="ogt")), None, "ReLU by ogt gives 0 for NaN, the kernel NaN"),
+        (fused(RELU.format(pred="ogt")), None, "ReLU by a select by cmpf ogt gives 0 for NaN, the kernel NaN"),
+        (fused(RELU_LT.format(pred="olt")), "bias_relu", None),
+        (fused(RELU_LT.format(pred="ult")), None, "ReLU by a select by cmpf ult gives 0 for NaN, the kernel NaN"),
+        (fused(RELU_LT.format(pred="ogt")), None, "a select by cmpf ogt that is not max(x, 0)"),
         (fused("    %x = arith.addf %in, %b : f32\n    %c0 = arith.constant 0.0 : f32\n    %y = arith.maxnumf %x, %c0 : f32\n    linalg.yield %y : f32"),
-         None, "ReLU by maxnumf gives 0 for NaN"),
+         None, "ReLU by arith.maxnumf gives 0 for NaN"),
         (fused("    %x = arith.addf %in, %b : f32\n    %c0 = arith.constant 0.0 : f32\n    %y = arith.maximumf %x, %c0 : f32\n    linalg.yield %y : f32"),
          "bias_relu", None),
         (fused(GELU.format(c="0.707106769")), "bias_gelu_erf", None),
@@ -191,7 +200,7 @@ GELU = """    %x = arith.addf %in, %b : f32
         (fused("    %x = arith.extf %b : f16 to f32\n    %y = arith.addf %in, %x : f32\n    linalg.yield %y : f32",
                bias_dtype="f16", args="%in: f32, %b: f16"), None, "the bias is 256xf16, the result f32"),
     ],
-    ids=["relu-ugt", "relu-uge", "relu-ogt", "relu-maxnumf", "relu-maximumf", "gelu-mul-constant", "gelu-wrong-constant",
+    ids=["relu-ugt", "relu-uge", "relu-ogt", "relu-lt-olt", "relu-lt-ult", "select-not-relu", "relu-maxnumf", "relu-maximumf", "gelu-mul-constant", "gelu-wrong-constant",
          "reads-output", "square", "sub-bias", "f16-in-f32-graph", "f16-bias-f32-result"],
 )
 def test_fused_forms(mlir, name, reason):

@@ -17,9 +17,10 @@ prefix's ops, read as one expression of the accumulator `acc`, a row-broadcast `
   (`x / 1.41421354` and `x * 0.707106769` both match GELU's `x * 0.70710678f`; an f16 model's
   0.04471 matches 0.044715); GELU-tanh's outer constant and `scale`'s factor are passed to the
   kernel as the model carries them (`gelu_c`, `alpha`, as f32);
-- NaN and infinity propagate as in the kernel: ReLU as `select(x ugt 0, x, 0)`, `x uge 0`, or
-  `maximumf(x, 0)` (NaN stays NaN, as the kernel's `x < 0 ? 0 : x`); the ordered compares and
-  `maxnumf` turn NaN into 0 and are refused;
+- NaN propagates as in the kernel: ReLU as a select that keeps NaN (`x ugt 0 ? x : 0`,
+  `x olt 0 ? 0 : x`, ... see _RELU_SELECTS) or `maximumf(x, 0)`, as the kernel's `x < 0 ? 0 : x`;
+  the selects that give 0 for NaN and `maxnumf` are refused (the sign of a zero result may
+  differ: -0 stays -0 in the kernel);
 - every op computes in f32 or in the result type: the model's own roundings to the result type
   before the last op (an f16 graph rounds the matmul's f32 result to f16, then adds the bias in
   f16) are ACCEPTED: the kernel computes the same formula in f32 and rounds once, so its result
@@ -309,39 +310,44 @@ def _const_matches(model: tuple, kernel: float) -> bool:
 # ------------------------------------------------------------------- reading the bodies
 
 
-_TYPES = {"f32": "f32", "f16": "f16", "bf16": "bf16"}
+# select(compare, a, b) as max(x, 0), by where x and the zero stand in the compare and which
+# value the select takes when it holds: predicate -> whether NaN stays NaN (as in the kernel).
+_RELU_SELECTS = {
+    ("x0", "x"): {"ugt": True, "uge": True, "ogt": False, "oge": False},  # x > 0 ? x : 0
+    ("0x", "x"): {"ult": True, "ule": True, "olt": False, "ole": False},  # 0 < x ? x : 0
+    ("x0", "0"): {"olt": True, "ole": True, "ult": False, "ule": False},  # x < 0 ? 0 : x
+    ("0x", "0"): {"ogt": True, "oge": True, "ugt": False, "uge": False},  # 0 > x ? 0 : x
+}
+
+
+# Ops whose result is one of their operands (or its negation): no rounding.
+_EXACT = ("arith.select", "arith.maximumf", "arith.maxnumf", "arith.negf")
 
 
 @dataclass
 class _Reader:
-    """Reads covered generics' bodies into one expression, noting roundings and inputs."""
+    """Reads covered generics' bodies into one expression, noting roundings and ops."""
 
     result_dtype: str
     rounds: int = 0
-    ops: list = None
+    ops: list[str] = dataclasses.field(default_factory=list)
 
     def body(self, op: ir.Operation, chain: int, incoming: tuple, inputs: dict[int, tuple]) -> tuple:
+        """The generic's yielded value: its chain operand is `incoming`, its others `inputs`."""
         block = op.regions[0].blocks[0]
         n_in = len(op.operands) - len(op.results)
-        values = {}
-        for i, arg in enumerate(block.arguments):
-            if i >= n_in:
-                values[arg] = None  # the output: no epilogue reads it
-            else:
-                values[arg] = incoming if i == chain else inputs[i]
+        values = {arg: None if i >= n_in else incoming if i == chain else inputs[i] for i, arg in enumerate(block.arguments)}
         for inner in block.operations:
             inner = inner.operation
             if inner.name == "linalg.yield":
-                out = self.value(inner.operands[0], values)
-                return out
-            if inner.name == "arith.constant":
-                continue
-            values[inner.results[0]] = self.op(inner, [self.value(v, values, inner) for v in inner.operands] if inner.name != "arith.select" else None, values)
+                return self.value(inner.operands[0], values)
+            if inner.name != "arith.constant":  # a constant is read where it is used
+                values[inner.results[0]] = self.op(inner, [self.value(v, values) for v in inner.operands])
         raise NotEpilogue("a body without linalg.yield")
 
-    def value(self, v: ir.Value, values: dict, user: ir.Operation | None = None) -> tuple:
+    def value(self, v: ir.Value, values: dict) -> tuple:
         if v in values:
-            if values[v] is None:
+            if values[v] is None:  # the output (None in `values`): no epilogue reads it
                 raise NotEpilogue("the body reads its output")
             return values[v]
         owner = v.owner
@@ -354,32 +360,32 @@ class _Reader:
 
         attr = op.attributes["value"]
         if isinstance(attr, ir.FloatAttr):
-            return _const(attr.value, _TYPES.get(str(attr.type), str(attr.type)))
+            return _const(attr.value, str(attr.type))
         if isinstance(attr, ir.IntegerAttr):
             return ("int", attr.value)
         raise NotEpilogue(f"a constant {attr}")
 
     def typed(self, op: ir.Operation) -> str:
+        """The op's result type: f32, or the result's (then one of the model's own roundings,
+        unless the op is exact)."""
         dtype = str(op.results[0].type)
         if dtype not in ("f32", self.result_dtype):
             raise NotEpilogue(f"{op.name} computes in {dtype}, neither f32 nor the result's {self.result_dtype}")
-        if dtype != "f32":
+        if dtype != "f32" and op.name not in _EXACT:
             self.rounds += 1
         return dtype
 
-    def op(self, op: ir.Operation, args: list | None, values: dict) -> tuple:
+    def op(self, op: ir.Operation, args: list[tuple]) -> tuple:
         name = op.name
         self.ops.append(name.split(".")[-1])
-        if name == "arith.select":
-            return self.select(op, values)
-        if name in ("arith.truncf", "arith.extf"):
-            if name == "arith.truncf":
-                self.typed(op)
+        if name == "arith.extf":  # exact
             return args[0]
         if name == "arith.cmpf":
-            return ("cmp", str(op.attributes["predicate"]), args[0], args[1])
+            return ("cmp", _predicate_name(str(op.attributes["predicate"])), args[0], args[1])
         dtype = self.typed(op)
         unary = {"math.erf": "erf", "math.tanh": "tanh", "math.exp": "exp"}
+        if name == "arith.truncf":
+            return args[0]
         if name in unary:
             return ("fn", unary[name], args[0])
         if name == "arith.addf":
@@ -396,32 +402,34 @@ class _Reader:
             return _const(_round(math.sqrt(args[0][1]), dtype), dtype)
         if name in ("math.fpowi", "math.powf") and _is_three(args[1]):
             return _mul(args[0], args[0], args[0])
-        if name in ("arith.maximumf", "arith.maxnumf"):
-            return self.relu(args[0], args[1], "ugt" if name == "arith.maximumf" else "maxnumf")
+        if name in ("arith.maximumf", "arith.maxnumf"):  # maximumf propagates NaN, maxnumf gives the other
+            x = args[1] if _is_zero(args[0]) else args[0]
+            if not (_is_zero(args[0]) or _is_zero(args[1])):
+                raise NotEpilogue(f"{name} of two values, not max(x, 0)")
+            return _relu(x, name == "arith.maximumf", name)
+        if name == "arith.select":
+            return _select(*args)
         raise NotEpilogue(f"{name} is in no epilogue")
 
-    def select(self, op: ir.Operation, values: dict) -> tuple:
-        self.typed(op)
-        cond, a, b = (self.value(v, values) for v in op.operands)
-        if cond[0] != "cmp":
-            raise NotEpilogue("a select on something else than a compare")
-        predicate, x, y = _predicate_name(cond[1]), cond[2], cond[3]
-        if _is_zero(y) and x == a and _is_zero(b):  # x > 0 ? x : 0
-            return self.relu(x, y, predicate)
-        if _is_zero(x) and y == a and _is_zero(b):  # 0 < y ? y : 0
-            return self.relu(y, x, {"ult": "ugt", "ule": "uge", "olt": "ogt", "ole": "oge"}.get(predicate, predicate))
-        if _is_zero(y) and x == b and _is_zero(a):  # x < 0 ? 0 : x
-            return self.relu(x, y, {"ult": "uge", "ule": "ugt", "olt": "oge", "ole": "ogt"}.get(predicate, "?" + predicate))
-        raise NotEpilogue("a select that is not max(x, 0)")
 
-    def relu(self, x: tuple, zero: tuple, predicate: str) -> tuple:
-        if not _is_zero(zero):
-            raise NotEpilogue("a max with another value than 0")
-        if predicate in ("ogt", "oge", "maxnumf"):
-            raise NotEpilogue(f"ReLU by {predicate} gives 0 for NaN, the kernel NaN")
-        if predicate not in ("ugt", "uge"):
-            raise NotEpilogue(f"a select by {predicate} that is not max(x, 0)")
-        return ("fn", "relu", x)
+def _select(cond: tuple, a: tuple, b: tuple) -> tuple:
+    """select(cond, a, b) as max(x, 0), or why it is not."""
+    if cond[0] != "cmp":
+        raise NotEpilogue("a select on something else than a compare")
+    _, predicate, left, right = cond
+    where = "x0" if _is_zero(right) else "0x" if _is_zero(left) else None
+    x = left if where == "x0" else right
+    takes = "x" if (a == x and _is_zero(b)) else "0" if (_is_zero(a) and b == x) else None
+    nan_stays = _RELU_SELECTS.get((where, takes), {}).get(predicate) if where and takes else None
+    if nan_stays is None:
+        raise NotEpilogue(f"a select by cmpf {predicate} that is not max(x, 0)")
+    return _relu(x, nan_stays, f"a select by cmpf {predicate}")
+
+
+def _relu(x: tuple, nan_stays: bool, how: str) -> tuple:
+    if not nan_stays:
+        raise NotEpilogue(f"ReLU by {how} gives 0 for NaN, the kernel NaN")
+    return ("fn", "relu", x)
 
 
 def _predicate_name(attr_text: str) -> str:
@@ -445,7 +453,7 @@ def _recognise(generics: list[tuple[ir.Operation, int]]) -> Epilogue:
     last = generics[-1][0]
     result = tensor_facts(last.results[0].type)
     chain = tuple(index for _, index in reversed(generics))
-    reader = _Reader(result.dtype, ops=[])
+    reader = _Reader(result.dtype)
     expr, found = ACC, {}
     try:
         for step, (op, index) in enumerate(generics):
