@@ -69,7 +69,8 @@ class Matmul(OpKind):
         if not layout.accumulates and not op.detail.zero_init:
             return f"the op accumulates into {op.detail.init_source}, not a zero fill, and the kernel does not accumulate"
         form = epilogue.chosen(op, layout)
-        return form if isinstance(form, str) else None
+        same_inputs = all(t.dtype == b.type.dtype for t, b in zip(op.inputs, layout.inputs))  # else: the types' reason
+        return form if isinstance(form, str) and same_inputs else None
 
     def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
         return super().sizes_mismatch(epilogue.covered(op, layout), kernel, layout, sizes)
