@@ -591,10 +591,16 @@ def split_epilogue(kernel: Kernel, where: str) -> tuple[Kernel, EpilogueLayout]:
     return plain, EpilogueLayout(name, extra, wanted)
 
 
+def with_chain(facts: OpFacts, op: ir.Operation) -> OpFacts:
+    """A matmul's facts with its chain of elementwise users (the kind's facts' `chain` field)."""
+    return dataclasses.replace(facts, detail=dataclasses.replace(facts.detail, chain=read_chain(op)))
+
+
 def chosen(op: OpFacts, layout: Layout) -> Epilogue | str:
-    """The prefix of the op's chain the kernel replaces (its epilogue, into its result's type),
-    or why none."""
-    return op.detail.epilogue.choose(layout.epilogue.name, layout.result.type.dtype)
+    """The prefix of the op's chain (its facts' `chain`) the kernel replaces (its epilogue,
+    into its result's type), or why none."""
+    ending = layout.epilogue or EpilogueLayout("none")
+    return op.detail.chain.choose(ending.name, layout.result.type.dtype)
 
 
 def covered(op: OpFacts, layout: Layout) -> OpFacts:
@@ -617,5 +623,5 @@ def epilogue_call(op: OpFacts, layout: Layout, call: Call) -> Call:
     )
     # A residual is shaped as the result: the kernel reads it as the result is reshaped.
     extra = tuple(Operand(x[0], reshape) for x, reshape in ((form.bias, None), (form.residual, call.result)) if x is not None)
-    constant = (Constant("f32", form.constant_text),) if layout.epilogue.scalar else ()
+    constant = (Constant("f32", form.constant_text),) if form.constant is not None else ()
     return dataclasses.replace(call, arguments=through[:2] + extra + through[2:] + constant, marked=form.covers)

@@ -21,18 +21,18 @@ if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded wher
 class MatmulFacts:
     plain_maps: bool  # no transposed, broadcast or cast operand
     init_source: str  # what makes the `outs` operand ("zero fill", "linalg.fill of 1.0", ...)
-    epilogue: epilogue.EpilogueChain  # the elementwise ops after it (epilogue.py)
+    chain: epilogue.EpilogueChain | None = None  # the elementwise ops after it (epilogue.with_chain)
 
     @property
     def summary(self) -> str | None:
-        return self.epilogue.summary
+        return self.chain.summary if self.chain else None
 
     @property
     def zero_init(self) -> bool:
         return self.init_source == "zero fill"
 
     def to_json(self) -> dict:
-        return {"init": self.init_source, **self.epilogue.to_json()}
+        return {"init": self.init_source, **(self.chain.to_json() if self.chain else {})}
 
 
 class Matmul(OpKind):
@@ -50,7 +50,7 @@ class Matmul(OpKind):
     def facts(self, op: ir.Operation) -> OpFacts:
         attrs = op.attributes
         plain = ("indexing_maps" not in attrs or str(attrs["indexing_maps"]) == self.plain_maps) and "cast" not in attrs
-        return destination_facts(op, MatmulFacts(plain, init_source(init_operand(op)), epilogue.read_chain(op)))
+        return epilogue.with_chain(destination_facts(op, MatmulFacts(plain, init_source(init_operand(op)))), op)
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         kernel, ending = epilogue.split_epilogue(kernel, where)
