@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import HAVE_IREE_COMPILE, KERNEL_TOML, REPO, SOFTMAX_CU, dump_module, only, ops_of, replaces_of
+from conftest import HAVE_IREE_COMPILE, KERNEL_TOML, REPO, SOFTMAX_CU, dump_module, matmul_kernel, matmul_model, only, ops_of, replaces_of
 
 from kitdispatch.models.ops.epilogue import read_chain
 
@@ -506,3 +506,20 @@ def test_mlp_matmuls_replaced_with_relu_silu_and_scale(mlp_build):
     assert iree_own_dispatches(mlp_build.vmfb) == []
     no_more_iree_dispatches(mlp_build)
     assert "\"epilogue_constant\": \"0.125\"" in json.dumps(report)
+
+
+def test_a_matmul_accumulating_in_f16_is_kept():
+    """A linalg.matmul with an f16 result accumulates in f16; the family accumulates in f32."""
+    mlir = matmul_model(dtype="f16").replace("tensor<512x1000xf32>", "tensor<512x1000xf16>").replace("0.0 : f32", "0.0 : f16").replace(
+        "ins(%cst : f32)", "ins(%cst : f16)")
+    chain = chain_of(mlir)
+    assert chain.longest.name is None and "accumulates in f16" in chain.longest.why
+    kernel = matmul_kernel(c="f16[m,n]")
+    d = only(decide_on(mlir, [kernel]))
+    assert d.kernel is None and "the op accumulates in f16 (its result's type); the kernels accumulate in f32" in d.reasons[0]
+
+
+def decide_on(mlir: str, kernels):
+    from kitdispatch.models.replace import decide
+
+    return decide(ops_of(mlir, ("linalg.matmul",)), kernels)

@@ -98,8 +98,8 @@ class EpilogueChain:
 
     @property
     def longest(self) -> Epilogue:
-        """The longest prefix that is an epilogue (the bare matmul, `none`, at least)."""
-        return next(f for f in reversed(self.forms) if f.name is not None)
+        """The longest prefix that is an epilogue (the bare matmul, `none`, where it accumulates in f32)."""
+        return next((f for f in reversed(self.forms) if f.name is not None), self.forms[0])
 
     @property
     def summary(self) -> str | None:
@@ -123,6 +123,8 @@ class EpilogueChain:
         fits = [f for f in self.forms if f.name == epilogue and f.result.dtype == result_dtype]
         if fits:
             return fits[-1]
+        if self.forms[0].name is None:
+            return self.forms[0].why
         found = [f"{f.name} -> {f.result.dtype}" for f in self.forms if f.name is not None]
         refused = self.refused()
         return (
@@ -137,6 +139,9 @@ class EpilogueChain:
 def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
     """The matmul's chain of elementwise single users, each prefix recognised."""
     result = tensor_facts(matmul.results[0].type)
+    if result.dtype != "f32":  # an f16 result is an f16 accumulator: the kernels accumulate in f32
+        why = f"the op accumulates in {result.dtype} (its result's type); the kernels accumulate in f32"
+        return EpilogueChain((Epilogue(0, None, result, why=why),), f"the op accumulates in {result.dtype}")
     forms = [Epilogue(0, "none", result, ops=())]
     generics: list[tuple[ir.Operation, int]] = []
     value, stop = matmul.results[0], "the chain ends"
