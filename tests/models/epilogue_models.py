@@ -31,6 +31,10 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
     inits: list = [numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_t), "W")]
     inputs = [helper.make_tensor_value_info("x", et, [m, k])]
     nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
+    if kind == "batch1_bias_residual":  # torch's batch-1 Linear: x [1, m, k] -> a batch_matmul of batch 1
+        inputs = [helper.make_tensor_value_info("x", et, [1, m, k]), helper.make_tensor_value_info("r", et, [1, m, n])]
+        nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
+        kind = "batch1"
     if kind == "bmm_scale":  # attention's Q K^T / sqrt(d): two activations [4, m, k] x [4, k, n]
         inits, kind = [], "scale_div"
         inputs = [helper.make_tensor_value_info("q", et, [4, m, k]), helper.make_tensor_value_info("kt", et, [4, k, n])]
@@ -79,6 +83,8 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
     elif kind == "residual":
         inputs.append(helper.make_tensor_value_info("r", et, [m, n]))
         y = node("Add", [y, "r"])
+    elif kind == "batch1":
+        y = node("Add", [bias(y), "r"])
     elif kind == "bias_residual":
         inputs.append(helper.make_tensor_value_info("r", et, [m, n]))
         y = node("Add", [bias(y), "r"])
@@ -99,7 +105,7 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
         raise ValueError(kind)
     if dtype == "f16cast":
         y = node("Cast", [y], to=TensorProto.FLOAT16)
-    out_shape = [4, m, n] if len(inputs[0].type.tensor_type.shape.dim) == 3 else [m, n]
+    out_shape = [d.dim_value for d in inputs[0].type.tensor_type.shape.dim][:-2] + [m, n]  # A's batch dims, if any
     graph = helper.make_graph(nodes, "layer", inputs, [helper.make_tensor_value_info(y, et, out_shape)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     model.ir_version = 9

@@ -76,6 +76,8 @@ HITS = [
     ("bias_residual", "f16", "bias_residual", 2, (1,), (2,), None, 2),
     ("scale", "f16", "scale", 1, None, None, "0.125", 1),
     ("bmm_scale", "f16", "scale", 1, None, None, "0.125", 1),  # a batch_matmul / 8: attention's scores
+    # torch's batch-1 Linear: a batch_matmul of batch 1, its unit dim collapsed, then the 2-D ops.
+    ("batch1_bias_residual", "f16", "bias_residual", 3, (1,), (2,), None, 2),
 ]
 
 
@@ -86,7 +88,7 @@ def test_epilogue_of_exported_model(staged, kind, dtype, name, covers, bias, res
     best = chain.longest
     assert (best.name, best.covers) == (name, covers), [(f.name, f.why) for f in chain.forms]
     assert best.result.dtype == ("f16" if dtype == "f16" else "f32")
-    assert len(best.result.shape) == (3 if kind.startswith("bmm") else 2)
+    assert len(best.result.shape) == (3 if kind.startswith("bmm") else 2)  # batch 1: the collapsed result
     assert (best.bias[0] if best.bias else None) == bias
     assert (best.residual[0] if best.residual else None) == residual
     assert (best.constant_text if best.constant is not None else None) == constant
@@ -273,7 +275,7 @@ def test_f16_matmul_replaced_with_its_epilogue(staged, gemm_kernels, kind, kerne
     assert d.call.marked == marked
     assert _arguments(d.call) == arguments
     report = d.to_json()
-    assert report["epilogue"] == d.kernel.replaces.epilogue and report["epilogue_generics"] == marked
+    assert report["epilogue"] == d.kernel.replaces.epilogue and report["epilogue_ops_after"] == marked
     assert report["epilogue_replaced"] == {"epilogue": d.kernel.replaces.epilogue, "ops_after": marked}
 
 

@@ -47,13 +47,15 @@ if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded wher
     from iree.compiler import ir  # annotations
 
 GENERIC = "linalg.generic"
+COLLAPSE = "tensor.collapse_shape"
 SQRT1_2 = 0.70710678118654752  # the kernels' constants (gemm.cuh's epilogues)
 GELU_CUBE = 0.044715
 
 
 @dataclass(frozen=True)
 class Epilogue:
-    """One way of replacing a matmul: the matmul and the first `covers` generics of its chain.
+    """One way of replacing a matmul: the matmul and the first `covers` ops of its chain (its
+    single users: generics, and a collapse of unit dims), the last a generic.
 
     `name` is the epilogue they compute (None: not one the family computes; `why` says why).
     Operand paths are from the last covered generic (the op the spec marks and replaces):
@@ -81,7 +83,7 @@ class Epilogue:
         return f"{_round(self.constant, 'f32'):.9g}"
 
     def to_json(self) -> dict:
-        data = {"epilogue": self.name, "epilogue_generics": self.covers, "epilogue_ops": list(self.ops)}
+        data = {"epilogue": self.name, "epilogue_ops_after": self.covers, "epilogue_ops": list(self.ops)}
         if self.constant is not None:
             data["epilogue_constant"] = self.constant_text
         if self.rounds:
@@ -91,7 +93,8 @@ class Epilogue:
 
 @dataclass(frozen=True)
 class EpilogueChain:
-    """Every prefix of a matmul's chain of elementwise users, as an Epilogue (index: covers)."""
+    """Every prefix of a matmul's chain of elementwise users that ends in a generic, as an
+    Epilogue: the bare matmul first."""
 
     forms: tuple[Epilogue, ...]
     stop: str  # why the chain ends where it does
@@ -143,20 +146,24 @@ def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
         why = f"the op accumulates in {result.dtype} (its result's type); the kernels accumulate in f32"
         return EpilogueChain((Epilogue(0, None, result, why=why),), f"the op accumulates in {result.dtype}")
     forms = [Epilogue(0, "none", result, ops=())]
-    generics: list[tuple[ir.Operation, int]] = []
-    value, stop = matmul.results[0], "the chain ends"
-    while len(generics) < limit:
-        user, stop = _elementwise_user(value, result.shape)
+    chain: list[tuple[ir.Operation, int]] = []
+    value, shape, stop = matmul.results[0], result.shape, "the chain ends"
+    while len(forms) <= limit:
+        user, stop = _elementwise_user(value, shape)
         if user is None:
             break
-        generics.append(user)
-        forms.append(_recognise(generics))
+        chain.append(user)
         value = user[0].results[0]
+        shape = tensor_facts(value.type).shape
+        if user[0].name == GENERIC:  # a collapse alone is no way of replacing the matmul
+            forms.append(_recognise(chain))
     return EpilogueChain(tuple(forms), stop)
 
 
 def _elementwise_user(value: ir.Value, shape: tuple) -> tuple[tuple[ir.Operation, int] | None, str]:
-    """(the generic that is the one user of `value`, the operand it reads it as), or why not."""
+    """(the op that is the one user of `value`, the operand it reads it as), or why not: an
+    elementwise generic, or a `tensor.collapse_shape` that only drops unit dims (IREE's form of
+    a batch-1 batch_matmul followed by 2-D elementwise ops)."""
     from iree.compiler import ir
 
     uses = list(value.uses)
@@ -169,6 +176,8 @@ def _elementwise_user(value: ir.Value, shape: tuple) -> tuple[tuple[ir.Operation
     if len(owners) != 1:
         return None, f"the result has {len(owners)} users (IREE keeps it in memory)"
     owner = uses[0].owner.operation
+    if owner.name == COLLAPSE and [d for d in shape if d != 1] == list(tensor_facts(owner.results[0].type).shape):
+        return (owner, 0), ""
     if owner.name != GENERIC:
         return None, f"its user is {owner.name}"
     inputs = len(owner.operands) - len(owner.results)
@@ -451,17 +460,19 @@ def _is_three(x: tuple) -> bool:
     return (x[0] == "int" and x[1] == 3) or (x[0] == "const" and x[1] == 3.0 and not x[3])
 
 
-def _recognise(generics: list[tuple[ir.Operation, int]]) -> Epilogue:
-    """The matmul and `generics` (its chain, in order) as one epilogue, or why not."""
+def _recognise(ops: list[tuple[ir.Operation, int]]) -> Epilogue:
+    """The matmul and `ops` (its chain, in order, the last a generic) as one epilogue, or why not."""
     from iree.compiler import ir
 
-    last = generics[-1][0]
+    last = ops[-1][0]
     result = tensor_facts(last.results[0].type)
-    chain = tuple(index for _, index in reversed(generics))
+    chain = tuple(index for _, index in reversed(ops))
     reader = _Reader(result.dtype)
     expr, found = ACC, {}
     try:
-        for step, (op, index) in enumerate(generics):
+        for step, (op, index) in enumerate(ops):
+            if op.name == COLLAPSE:  # unit dims dropped: the values are the same
+                continue
             inputs = {}
             maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
             rank = len(result.shape)
@@ -469,12 +480,12 @@ def _recognise(generics: list[tuple[ir.Operation, int]]) -> Epilogue:
                 if i == index:
                     continue
                 # Its path from the last covered generic: the chain back to this one, then i.
-                path = chain[: len(generics) - 1 - step] + (i,)
+                path = chain[: len(ops) - 1 - step] + (i,)
                 inputs[i] = _side_input(op.operands[i], maps[i], rank, path, result, found)
             expr = reader.body(op, index, expr, inputs)
     except NotEpilogue as exc:
-        return Epilogue(len(generics), None, result, chain, why=str(exc))
-    return _named(len(generics), expr, result, chain, found, reader)
+        return Epilogue(len(ops), None, result, chain, why=str(exc))
+    return _named(len(ops), expr, result, chain, found, reader)
 
 
 def _side_input(value: ir.Value, dims: tuple | None, rank: int, path: tuple, result: TensorFacts, found: dict) -> tuple:
@@ -626,7 +637,9 @@ def epilogue_call(op: OpFacts, layout: Layout, call: Call) -> Call:
     through = tuple(
         dataclasses.replace(a, path=form.chain + a.path) if isinstance(a, Operand) else a for a in call.arguments
     )
-    # A residual is shaped as the result: the kernel reads it as the result is reshaped.
-    extra = tuple(Operand(x[0], reshape) for x, reshape in ((form.bias, None), (form.residual, call.result)) if x is not None)
+    # The result (and a residual, shaped as it) as the kernel's: reshaped as the matmul's result
+    # is, unless the chain already dropped the unit dims (a batch-1 batch_matmul's collapse).
+    result = None if len(form.result.shape) == len(layout.result.type.shape) else call.result
+    extra = tuple(Operand(x[0], reshape) for x, reshape in ((form.bias, None), (form.residual, result)) if x is not None)
     constant = (Constant("f32", form.constant_text),) if form.constant is not None else ()
-    return dataclasses.replace(call, arguments=through[:2] + extra + through[2:] + constant, marked=form.covers)
+    return dataclasses.replace(call, arguments=through[:2] + extra + through[2:] + constant, result=result, marked=form.covers)
