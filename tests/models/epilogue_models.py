@@ -142,8 +142,8 @@ def ffn_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, activat
     def weight(name: str, shape: tuple, scale: float = 1.0):
         return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float16), name)
 
-    inits = [weight("W1", (hidden, inner), hidden ** -0.5), weight("B1", (inner,)), weight("W2", (inner, hidden), inner ** -0.5),
-             weight("B2", (hidden,))]
+    inits = [weight("W1", (hidden, inner), hidden ** -0.5), weight("B1", (inner,), 0.5), weight("W2", (inner, hidden), inner ** -0.5),
+             weight("B2", (hidden,), 0.5)]
     nodes = [
         helper.make_node("MatMul", ["x", "W1"], ["h0"]),
         helper.make_node("Add", ["h0", "B1"], ["h1"]),
