@@ -40,6 +40,18 @@ MODELS = {
     # tests/models/test_ops_epilogue.py: matmuls replaced with their epilogues by the GEMM family.
     "epilogue_ffn_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "ffn"), ROOT / "kernels" / "matmul" / "gemm.toml"),
     "epilogue_mlp_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "mlp"), ROOT / "kernels" / "matmul" / "gemm.toml"),
+    # tests/models/test_ops_norm.py's NORM_MODELS: norms replaced by kernels/norm.
+    **{
+        f"norm_{name}_model": ((ROOT / "tests" / "data" / "norms" / "make_model.py", *args), ROOT / "kernels" / "norm")
+        for name, args in {
+            "layernorm_f16": ("--form", "layernorm", "--f16"),
+            "layernorm_f32": ("--form", "layernorm"),
+            "decomposed_f32": ("--form", "decomposed", "--no-bias"),
+            "rms_f16": ("--form", "rms", "--f16", "--eps", "1e-6"),
+            "rms_f32": ("--form", "rms"),
+            "rms_f16_wide": ("--form", "rms", "--f16", "--batch", "2", "--seq", "64", "--hidden", "4096"),
+        }.items()
+    },
 }
 
 

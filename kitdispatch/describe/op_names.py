@@ -7,8 +7,11 @@ names are listed here, and tests/models/test_registry.py checks this list agains
 
 from __future__ import annotations
 
-# In the registry's order.
-REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic", "iree_linalg_ext.attention")
+# In the registry's order. Most are IREE's op names; `layer_norm` and `rms_norm` are kinds that
+# read a chain of linalg.generics (models/ops/norm.py), ahead of linalg.generic, which reads them one by one.
+REPLACEABLE_OPS = (
+    "linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "layer_norm", "rms_norm", "linalg.generic", "iree_linalg_ext.attention",
+)
 # The ops a kernel matches through a pattern file (replace_when's `pattern`), and only they.
 PATTERN_OPS = ("linalg.generic",)
 # The epilogues a matmul kernel may compute after the product (replace_when's `epilogue`; default

@@ -104,19 +104,24 @@ def check_kernel(kernel: Kernel, kind: str) -> Layout:
 
 
 def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFacts]]:
-    """Every op of `kinds` in the model (an `iree.compiler.ir.Module`), with its facts."""
+    """Every op of `kinds` in the model (an `iree.compiler.ir.Module`), with its facts. An op
+    that several kinds read (a linalg.generic that ends a norm) goes to the first in the
+    registry's order that takes it as a candidate; an op a candidate covers (a norm's
+    reductions) is no candidate of its own."""
     from iree.compiler import ir
 
     found: list[tuple[object, OpFacts]] = []
+    readers = [kind for name, kind in OP_KINDS.items() if name in kinds]
 
     def visit(op: ir.Operation):
-        kind = OP_KINDS.get(op.name) if op.name in kinds else None
-        if kind is not None and kind.candidate(op):
+        kind = next((k for k in readers if k.op == op.name and k.candidate(op)), None)
+        if kind is not None:
             found.append((op, kind.facts(op)))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    return found
+    covered = [c for op, facts in found for c in OP_KINDS[facts.kind].covers(op)]
+    return [(op, facts) for op, facts in found if all(op != c for c in covered)]
 
 
 def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:

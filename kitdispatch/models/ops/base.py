@@ -160,7 +160,7 @@ class OpKind(ABC):
     """One replaceable op kind. Subclasses set `name` (IREE's op name) and implement the
     abstract methods; the defaults serve kinds whose ops take and give plain tensors."""
 
-    name: str  # IREE's op name, the key of the registry
+    name: str  # the key of the registry: IREE's op name, or the kind's own where it reads ops of another (`op`)
     # What runs on the model before its ops are read (IREE's elementwise fusion for generics).
     prepare: ClassVar[Preparation | None] = None
     # Named in the hint of a build that found no candidate (a kind most models hold, such as
@@ -169,9 +169,20 @@ class OpKind(ABC):
     # Whether its kernels name a pattern file (replace_when's `pattern`): describe/op_names.py's PATTERN_OPS.
     takes_pattern: ClassVar[bool] = False
 
+    @property
+    def op(self) -> str:
+        """The IREE op this kind reads: its name, unless it says otherwise (a norm reads the
+        linalg.generic that ends it)."""
+        return self.name
+
     def candidate(self, op: ir.Operation) -> bool:
         """Whether an op of this kind is one a kernel could replace at all."""
         return takes_tensors(op)
+
+    def covers(self, op: ir.Operation) -> list:
+        """Other ops that this kind reads as part of `op` (a norm's reductions): no kind reads
+        them as ops of their own."""
+        return []
 
     @abstractmethod
     def facts(self, op: ir.Operation) -> OpFacts:
