@@ -16,7 +16,7 @@ from kitdispatch.describe.limits import DEFAULT_DYNAMIC_SHARED_MEMORY_MAX, MAX_D
 from kitdispatch.describe.choices import ObjectFormat
 from kitdispatch.describe.names import WIDE_HALVES, _IDENT_RE, _shown, check_identifier, check_kernel_name, default_function_name
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
-from kitdispatch.describe.op_names import ATTENTION_MASKS, PATTERN_OPS, REPLACEABLE_OPS  # `replaces`; models/ops decides per op
+from kitdispatch.describe.op_names import ATTENTION_MASKS, EPILOGUE_OPS, EPILOGUES, PATTERN_OPS, REPLACEABLE_OPS  # `replaces`; models/ops decides per op
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,9 @@ class Replaces:
     """Which ops of an imported model a kernel may stand in for, and the limits its params
     cannot say: a dimension's divisor or largest size, for a softmax the dimension it
     normalizes (None: the last), and for a linalg.generic the MLIR file whose one generic the
-    op must match. Each op is still checked against the params (replace.py)."""
+    op must match; for a matmul the epilogue the kernel computes after the product (the
+    elementwise ops it replaces with the op, describe/op_names.py's EPILOGUES). Each op is still
+    checked against the params (replace.py)."""
 
     ops: tuple[str, ...]
     multiple_of: tuple[tuple[str, int], ...] = ()
@@ -91,6 +93,7 @@ class Replaces:
     dimension: int | None = None
     pattern: Path | None = None
     mask: str | None = None  # an attention kernel's mask (ATTENTION_MASKS); None: it applies none
+    epilogue: str = "none"
 
     @classmethod
     def create(
@@ -102,6 +105,7 @@ class Replaces:
         dimension: int | None = None,
         pattern: str | Path | None = None,
         mask: str | None = None,
+        epilogue: str | None = None,
         where: str = "replaces",
     ) -> "Replaces":
         if isinstance(ops, str) or not ops or not all(isinstance(o, str) for o in ops):
@@ -138,11 +142,30 @@ class Replaces:
             dimension,
             Path(pattern) if pattern is not None else None,
             mask,
+            _epilogue(epilogue, ops, where),
         )
 
     @property
     def limited_symbols(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s for s, _ in self.multiple_of + self.max_size))
+
+
+def _epilogue(epilogue: object, ops: Sequence[str], where: str) -> str:
+    """replace_when's `epilogue`: one of EPILOGUES, for matmul kinds only; None is "none"."""
+    if epilogue is None:
+        return "none"
+    if not isinstance(epilogue, str) or epilogue not in EPILOGUES:
+        raise ManifestError(
+            f"unknown epilogue {epilogue!r}", where=where, fix=f"use one of {', '.join(EPILOGUES)} (kernels/matmul/README.md: their formulas)"
+        )
+    others = [op for op in ops if op not in EPILOGUE_OPS]
+    if epilogue != "none" and others:
+        raise ManifestError(
+            f"an epilogue is for {' and '.join(EPILOGUE_OPS)} only, not {', '.join(others)}",
+            where=where,
+            fix=f'replaces = ["linalg.matmul"] with replace_when = {{ epilogue = "{epilogue}" }}',
+        )
+    return epilogue
 
 
 def _positive_sizes(table: object, key: str, where: str) -> tuple[tuple[str, int], ...]:

@@ -17,3 +17,9 @@ PATTERN_OPS = ("linalg.generic",)
 # What an attention kernel may say of the mask it applies (replace_when's `mask`): "causal"
 # (key j attends to query i where j <= i); without it, no mask (an op whose mask masks nothing).
 ATTENTION_MASKS = ("causal",)
+# The epilogues a matmul kernel may compute after the product (replace_when's `epilogue`; default
+# "none"), in f32 on the f32 accumulator, then one rounding to the result type:
+# kernels/matmul/README.md gives each formula, models/ops/epilogue.py recognises them in a model.
+EPILOGUES = ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bias_silu", "residual", "bias_residual", "scale")
+# The ops whose kernels may declare an epilogue.
+EPILOGUE_OPS = ("linalg.matmul", "linalg.batch_matmul")

@@ -457,11 +457,16 @@ def format_report(model: str, decisions: Sequence[Decision]) -> str:
     replaced = [d for d in decisions if d.kernel is not None]
     kept = [d for d in decisions if d.kernel is None]
     lines = [f"{model}: {len(replaced)} of {len(decisions)} candidate op(s) replaced"]
-    lines += [f"  replaced  {d.op.describe()}\n            by {d.kernel.name}" for d in replaced]
+    lines += [f"  replaced  {d.op.describe()}\n            by {d.kernel.name}{_with_epilogue(d)}" for d in replaced]
     for d in kept:
         lines.append(f"  kept      {d.op.describe()}")
         lines += [f"            {r}" for r in d.reasons or ("no kernel declares this op",)]
     return "\n".join(lines)
+
+
+def _with_epilogue(d: Decision) -> str:
+    """How many ops after the matched one its kernel replaces with it (a matmul's epilogue)."""
+    return f" with the {d.call.marked} op(s) after it (epilogue {d.kernel.replaces.epilogue})" if d.call.marked else ""
 
 
 def _no_match_fix(decisions: Sequence[Decision], kinds: Sequence[str], module: ir.Module) -> str:

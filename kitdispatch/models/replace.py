@@ -66,6 +66,8 @@ class Decision:
             data["kernel"] = self.kernel.name
             data["kernel_entry"] = self.kernel.entry  # its export: the dispatch's name in profiles
             data["function_called"] = self.function
+            if self.kernel.replaces.epilogue != "none" or self.call.marked:  # the ops after it, replaced with it
+                data["epilogue_replaced"] = {"epilogue": self.kernel.replaces.epilogue, "ops_after": self.call.marked}
         else:
             data["reasons"] = list(self.reasons)
         return data
@@ -130,32 +132,47 @@ def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFa
 
 
 def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
-    """Per op, the first kernel (in manifest order) that computes exactly what it computes."""
+    """Per op, the kernel that computes exactly what it computes and replaces the most ops
+    with it (a matmul with its epilogue before a bare matmul: its call's `marked`), the first
+    in manifest order among those."""
     decisions = []
     for op in ops:
-        kind, reasons = OP_KINDS[op.kind], []
+        kind, reasons, fits = OP_KINDS[op.kind], [], []
         for kernel in kernels:
             if op.kind not in kernel.replaces.ops:
                 continue
             layout = check_kernel(kernel, op.kind)
             why = kind.mismatch(op, kernel, layout)
             if why is None:
-                decisions.append(Decision(op, kernel, kind.call(op, layout)))
-                break
-            reasons.append(f"{kernel.name}: {why}")
+                fits.append(Decision(kind.replaced(op, layout), kernel, kind.call(op, layout)))
+            else:
+                reasons.append(f"{kernel.name}: {why}")
+        if fits:
+            decisions.append(max(fits, key=lambda d: d.call.marked))  # the first of the longest
         else:
             decisions.append(Decision(op, None, reasons=tuple(reasons)))
     return decisions
 
 
+def after(op: ir.Operation, steps: int) -> list:
+    """The ops `steps` down the chain of single users of `op`'s result 0 (those a call with
+    `marked = steps` replaces with it; the kind checked that each has one user)."""
+    chain = []
+    for _ in range(steps):
+        op = next(iter(op.results[0].uses)).owner.operation
+        chain.append(op)
+    return chain
+
+
 def settle(found: Sequence[tuple[object, OpFacts]], decisions: Sequence[Decision]) -> list[Decision]:
-    """Decisions in the order of `found`, where a replacement that removes other ops (its kind's
-    `claims`: decomposed attention takes the chain up from its last matmul) wins over those
-    ops' own decisions: they are kept, saying which kernel computes them."""
+    """Decisions in the order of `found`, where a replacement that removes other ops wins over
+    those ops' own decisions (they are kept, saying which kernel computes them): the ops its
+    kind `claims` (decomposed attention's chain up from its last matmul, a mask made for the
+    op alone) and those down to the op its call marks (a matmul's epilogue generics)."""
     claimed: dict = {}
     for (op, _), decision in zip(found, decisions):
         if decision.kernel is not None:
-            for other in OP_KINDS[decision.op.kind].claims(op):
+            for other in (*OP_KINDS[decision.op.kind].claims(op), *after(op, decision.call.marked)):
                 claimed.setdefault(other, decision)
     settled = []
     for (op, facts), decision in zip(found, decisions):
@@ -167,4 +184,7 @@ def settle(found: Sequence[tuple[object, OpFacts]], decisions: Sequence[Decision
     return settled
 
 
-__all__ = ["COVERED_ATTRIBUTE", "MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "settle", "wrapper_name"]
+__all__ = [
+    "COVERED_ATTRIBUTE", "MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels",
+    "settle", "wrapper_name",
+]

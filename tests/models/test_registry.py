@@ -76,8 +76,9 @@ def test_the_registry_holds_every_name_the_manifest_accepts_in_its_order():
 
 def test_every_kind_module_is_registered():
     """Adding an op kind is adding a module of models/ops: one left out of OP_KINDS is an error here
-    (private modules, `_masks.py`, are helpers of kinds; so is norm.py, what layer_norm and rms_norm share)."""
-    modules = {m.name for m in pkgutil.iter_modules(ops.__path__) if not m.name.startswith("_")} - {"base", "norm"}
+    (private modules, `_masks.py`, are helpers of kinds; so are norm.py, what layer_norm and rms_norm
+    share, and epilogue.py, a matmul's)."""
+    modules = {m.name for m in pkgutil.iter_modules(ops.__path__) if not m.name.startswith("_")} - {"base", "norm", "epilogue"}
     kinds = {m: importlib.import_module(f"kitdispatch.models.ops.{m}").KIND for m in modules}
     assert sorted(kinds) == ["attention", "batch_matmul", "generic", "layer_norm", "matmul", "rms_norm", "softmax"]
     assert sorted(k.name for k in kinds.values()) == sorted(OP_KINDS)

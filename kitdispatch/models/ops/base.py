@@ -82,6 +82,7 @@ class Layout:
     result: Buffer
     accumulates: bool  # the result is an inout buffer that starts as the op's `outs`
     pattern: object | None = None  # the kind's own part of the contract (a generic's pattern)
+    epilogue: object | None = None  # a matmul kernel's epilogue (epilogue.py's EpilogueLayout)
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,12 @@ class OpKind(ABC):
     def call(self, op: OpFacts, layout: Layout) -> Call:
         """How the spec calls the kernel in the op's place: its inputs, then the accumulator."""
         return plain_call(len(op.inputs) + layout.accumulates)
+
+    def replaced(self, op: OpFacts, layout: Layout) -> OpFacts:
+        """What the kernel replaces, as one op: the tensors its call reads (in its order) and the
+        result of the op it marks. The op itself, unless the call reaches past it (a matmul's
+        epilogue: the bias it adds, the f16 result of the last op it covers)."""
+        return op
 
 
 # ------------------------------------------------------------------- shared contract checks
