@@ -191,12 +191,13 @@ def run(build_dir: Path, out: Path) -> None:
 def compare_model_output_std(folder: Path, inputs: Path, irpa: Path) -> tuple[float, int]:
     """The baseline's first output's spread and NaNs: outputs that agree must also be something."""
     import kitdispatch as kd
+    from kitdispatch.describe.model_record import read_model_record
 
+    _, record = read_model_record(folder)
     model = kd.load_module(folder, baseline=True, parameters=irpa)
     data = np.load(inputs)
-    name = next(iter(model.functions)) if hasattr(model, "functions") else None
-    result = getattr(model, name)(*[data[k] for k in data.files]) if name else None
-    first = np.asarray(result[0] if isinstance(result, tuple) else result, np.float64)
+    result = model.function(record.function(None).name)(*[data[k] for k in data.files])
+    first = np.asarray(result[0] if isinstance(result, (tuple, list)) else result, np.float64)
     return float(np.std(first)), int(np.isnan(first).sum())
 
 
