@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kitdispatch.describe.kernel import Kernel
+from kitdispatch.describe.kernel import ARITHMETICS, Kernel
 from kitdispatch.describe.module import ModuleSpec
 from kitdispatch.errors import ManifestError
 from kitdispatch.models.ops import OP_KINDS
@@ -65,6 +65,8 @@ class Decision:
             data["kernel"] = self.kernel.name
             data["kernel_entry"] = self.kernel.entry  # its export: the dispatch's name in profiles
             data["function_called"] = self.function
+            if self.kernel.replaces.arithmetic is not None:
+                data["arithmetic"] = ARITHMETICS[self.kernel.replaces.arithmetic]
         else:
             data["reasons"] = list(self.reasons)
         return data
@@ -111,13 +113,14 @@ def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFa
     return found
 
 
-def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
-    """Per op, the first kernel (in manifest order) that computes exactly what it computes."""
+def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel], *, tf32: bool = False) -> list[Decision]:
+    """Per op, the first kernel (in manifest order) that computes exactly what it computes.
+    Kernels that compute in plain TF32 (replace_when.arithmetic) take part only with `tf32`."""
     decisions = []
     for op in ops:
         kind, reasons = OP_KINDS[op.kind], []
         for kernel in kernels:
-            if op.kind not in kernel.replaces.ops:
+            if op.kind not in kernel.replaces.ops or (kernel.replaces.arithmetic == "tf32" and not tf32):
                 continue
             layout = check_kernel(kernel, op.kind)
             why = kind.mismatch(op, kernel, layout)

@@ -1,6 +1,9 @@
-"""linalg.matmul: C = A B on plain operands ([m,k] x [k,n] -> [m,n]), into a zero fill unless
-the kernel accumulates (its result inout, taking the op's `outs`). batch_matmul.py is the same
-contract with a leading batch dim."""
+"""linalg.matmul: C = A B ([m,k] x [k,n] -> [m,n]) or, with indexing maps reading B transposed,
+C = A W^T (W [n,k]: nn.Linear's weight, as IREE's global optimization leaves `A @ W^T`), into a
+zero fill unless the kernel accumulates (its result inout, taking the op's `outs`). A kernel
+whose B is [k,n] takes the first, one whose B is [n,k] the second. batch_matmul.py is the same
+contract with a leading batch dim; a batch_matmul of batch 1 also runs a 2-D kernel, through a
+reshape that drops the unit batch dim."""
 
 from __future__ import annotations
 
@@ -9,15 +12,32 @@ from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
 from kitdispatch.describe.kernel import Kernel
-from kitdispatch.models.ops.base import Layout, OpFacts, OpKind, destination_facts, expect, init_operand, kernel_buffers, op_name
+from kitdispatch.models.ops.base import (
+    Call,
+    Layout,
+    OpFacts,
+    OpKind,
+    Operand,
+    Reshape,
+    TensorFacts,
+    destination_facts,
+    expect,
+    init_operand,
+    kernel_buffers,
+    op_name,
+)
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
 
+# How B is read: [k,n] ("nn") or [n,k] ("nt", C = A W^T), as the kernels' entry names say.
+B_LAYOUTS = {"nn": "B [k,n]", "nt": "B transposed, W [n,k]"}
+
 
 @dataclass(frozen=True)
 class MatmulFacts:
-    plain_maps: bool  # no transposed, broadcast or cast operand
+    b_layout: str | None  # "nn" or "nt"; None: other maps (broadcast, A transposed) or a cast
+    maps: str  # the op's indexing maps as IREE prints them ("plain" where it has none)
     init_source: str  # what makes the `outs` operand ("zero fill", "linalg.fill of 1.0", ...)
 
     summary = None
@@ -27,38 +47,83 @@ class MatmulFacts:
         return self.init_source == "zero fill"
 
     def to_json(self) -> dict:
-        return {"init": self.init_source}
+        return {"init": self.init_source, "b_layout": self.b_layout}
 
 
 class Matmul(OpKind):
-    """A named matmul op of `rank`-D operands whose plain operand maps are `plain_maps`: any
-    other `indexing_maps` (transposed or broadcast operands, which newer linalg spells on the
-    same op) is not a plain matmul."""
+    """A named matmul op of `rank`-D operands. Its `indexing_maps` (newer linalg spells
+    transposed and broadcast operands on the same op) must be the plain ones or the ones
+    reading B transposed (`maps`: layout -> IREE's text of them); anything else is not a
+    matmul a kernel computes."""
 
-    def __init__(self, name: str, rank: int, plain_maps: str, shapes: str) -> None:
-        self.name, self.rank, self.plain_maps, self.shapes = name, rank, plain_maps, shapes
+    def __init__(self, name: str, rank: int, maps: dict[str, str], shapes: str) -> None:
+        self.name, self.rank, self.maps, self.shapes = name, rank, maps, shapes
 
     def facts(self, op: ir.Operation) -> OpFacts:
         attrs = op.attributes
-        plain = ("indexing_maps" not in attrs or str(attrs["indexing_maps"]) == self.plain_maps) and "cast" not in attrs
-        return destination_facts(op, MatmulFacts(plain, init_source(init_operand(op))))
+        maps = str(attrs["indexing_maps"]) if "indexing_maps" in attrs else self.maps["nn"]
+        layout = next((name for name, text in self.maps.items() if text == maps), None)
+        if "cast" in attrs:  # a cast on the operands (linalg's `cast` attribute): not a plain product
+            layout = None
+        shown = "plain" if "indexing_maps" not in attrs else maps
+        return destination_facts(op, MatmulFacts(layout, shown, init_source(init_operand(op))))
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
+        """A, B (or W), [the accumulator]; the kernel's rank is the op's, or 2 for a batched op
+        (its batch-1 ops run the 2-D kernel)."""
         args, result = kernel_buffers(kernel, self.name, where)
         accumulates = result.access == "inout"
         wanted = 3 if accumulates else 2
         expect(len(args) == wanted, f"it must take A and B{' and the accumulator' if accumulates else ''} in that order", where)
         a, b, c = args[0].type.shape, args[1].type.shape, result.type.shape
-        ok = all(len(s) == self.rank for s in (a, b, c)) and a[-1] == b[-2] and a[-2] == c[-2] and b[-1] == c[-1]
-        expect(ok and (self.rank == 2 or a[0] == b[0] == c[0]), f"its shapes must read {self.shapes} (same names where sizes agree)", where)
-        return Layout(tuple(args[:2]), result, accumulates)
+        rank = len(c)
+        ok = rank in {self.rank, 2} and all(len(s) == rank for s in (a, b, c)) and a[-2] == c[-2]
+        layout = _b_layout(a, b, c) if ok else None
+        expect(
+            layout is not None and (rank == 2 or a[0] == b[0] == c[0]),
+            f"its shapes must read {self.shapes} (same names where sizes agree; B may be [n,k]: C = A W^T)",
+            where,
+        )
+        return Layout(tuple(args[:2]), result, accumulates, pattern=layout)
 
     def semantic_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout) -> str | None:
-        if not op.detail.plain_maps:
-            return "the op's operands are transposed, broadcast or cast (not a plain matmul)"
-        if not layout.accumulates and not op.detail.zero_init:
-            return f"the op accumulates into {op.detail.init_source}, not a zero fill, and the kernel does not accumulate"
+        facts = op.detail
+        if facts.b_layout is None:
+            return f"the op's operands are broadcast, cast or transposed in a way no kernel reads (indexing maps {facts.maps})"
+        if facts.b_layout != layout.pattern:
+            return f"the op reads {B_LAYOUTS[facts.b_layout]}; the kernel's {layout.inputs[1].name} is {B_LAYOUTS[layout.pattern]}"
+        if not layout.accumulates and not facts.zero_init:
+            return f"the op accumulates into {facts.init_source}, not a zero fill, and the kernel does not accumulate"
+        if self._drops_batch(layout) and op.result.shape[0] != 1:
+            given = "dynamic" if op.result.shape[0] is None else str(op.result.shape[0])
+            return f"batch: the op's batch is {given}; the kernel is 2-D (it takes batch 1 only)"
         return None
+
+    def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
+        """As for any op; a batch-1 op against a 2-D kernel without its unit batch dim."""
+        if self._drops_batch(layout):
+            drop = lambda t: TensorFacts(t.dtype, t.shape[1:])  # noqa: E731
+            op = OpFacts(op.kind, op.function, op.location, tuple(map(drop, op.inputs)), drop(op.init), drop(op.result), op.detail)
+        return super().sizes_mismatch(op, kernel, layout, sizes)
+
+    def call(self, op: OpFacts, layout: Layout) -> Call:
+        """A and B (and the accumulator); a batch-1 op through reshapes that drop its batch dim."""
+        count = len(op.inputs) + layout.accumulates
+        if not self._drops_batch(layout):
+            return Call(tuple(Operand((i,)) for i in range(count)))
+        drop = Reshape(((0, 1), (2,)))
+        return Call(tuple(Operand((i,), drop) for i in range(count)), result=drop, variant="_batch1")
+
+    def _drops_batch(self, layout: Layout) -> bool:
+        return len(layout.result.type.shape) < self.rank
+
+
+def _b_layout(a: tuple, b: tuple, c: tuple) -> str | None:
+    """"nn" where B is [..., k, n], "nt" where it is [..., n, k], by the kernel's names."""
+    k, n = a[-1], c[-1]
+    if b[-2:] == (k, n):
+        return "nn"
+    return "nt" if b[-2:] == (n, k) else None
 
 
 def init_source(value: ir.Value) -> str:
@@ -87,6 +152,9 @@ def _is_zero(attr: ir.Attribute) -> bool:
 KIND = Matmul(
     "linalg.matmul",
     rank=2,
-    plain_maps="[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>]",
+    maps={
+        "nn": "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>]",
+        "nt": "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1)>]",
+    },
     shapes="[m,k] x [k,n] -> [m,n]",
 )
