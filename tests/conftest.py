@@ -380,3 +380,46 @@ LLAMA = REPO / "tests" / "data" / "llama_layer" / "make_model.py"
 def make_llama_layer(path, *args) -> None:
     pytest.importorskip("onnx")
     subprocess.run([sys.executable, str(LLAMA), str(path), *map(str, args)], check=True, timeout=120)
+
+
+MATMUL_FORMS = REPO / "tests" / "data" / "matmul_forms" / "make_model.py"
+
+
+def make_matmul_form(path, form: str, *args) -> None:
+    """One ONNX matmul as exporters write it (tests/data/matmul_forms/make_model.py FORM)."""
+    pytest.importorskip("onnx")
+    subprocess.run([sys.executable, str(MATMUL_FORMS), str(path), form, *map(str, args)], check=True, timeout=120)
+
+
+def ops_at_matching_stage(model, tmp, kinds=("linalg.matmul", "linalg.batch_matmul")):
+    """The facts of a model's ops of `kinds` where the kit matches them: imported (an .onnx
+    through iree-import-onnx), then iree-compile to the pipeline's stage, as a model build does."""
+    from kitdispatch.iree.tools import find_tool
+    from kitdispatch.models.pipeline import STAGE, import_model
+
+    imported = import_model(Path(model), Path(tmp) / "imported.mlir")
+    staged = Path(tmp) / "staged.mlir"
+    subprocess.run(
+        [find_tool("iree-compile"), str(imported), "--iree-hal-target-device=cuda", "--iree-cuda-target=sm_89",
+         f"--compile-to={STAGE}", "-o", str(staged)],
+        check=True, timeout=300, capture_output=True,
+    )
+    return ops_of(staged.read_text(), kinds)
+
+
+def library_matmul_kernels():
+    """The kernels of kernels/matmul that replace model ops, in manifest order."""
+    from kitdispatch import load_manifest
+    from kitdispatch.models.replace import replacing_kernels
+
+    return replacing_kernels(load_manifest(REPO / "kernels" / "matmul"))
+
+
+def choose_config(*shape):
+    """kernels/matmul/configs.py's choose_config(m, n, k, dtype, batch)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernels_matmul_configs", REPO / "kernels" / "matmul" / "configs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.choose_config(*shape)
