@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kitdispatch.describe.kernel import ARITHMETICS, Kernel
+from kitdispatch.describe.kernel import Kernel
 from kitdispatch.describe.module import ModuleSpec
 from kitdispatch.errors import ManifestError
 from kitdispatch.models.ops import OP_KINDS
@@ -65,8 +65,8 @@ class Decision:
             data["kernel"] = self.kernel.name
             data["kernel_entry"] = self.kernel.entry  # its export: the dispatch's name in profiles
             data["function_called"] = self.function
-            if self.kernel.replaces.arithmetic is not None:
-                data["arithmetic"] = ARITHMETICS[self.kernel.replaces.arithmetic]
+            if self.kernel.replaces.arithmetic is not None:  # ARITHMETICS says what each means
+                data["arithmetic"] = self.kernel.replaces.arithmetic
         else:
             data["reasons"] = list(self.reasons)
         return data
