@@ -42,7 +42,8 @@ class Decision:
 
     @property
     def operands(self) -> tuple[int, ...]:
-        return self.call.operands
+        # PROVISIONAL until the Call API lands: plain operands as their indices
+        return tuple(getattr(a, "path", (a,))[0] for a in self.call.operands)
 
     @property
     def through(self) -> tuple[int, ...]:
@@ -127,10 +128,19 @@ def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel], *, tf32: bool = Fa
             if why is None:
                 decisions.append(Decision(op, kernel, kind.call(op, layout)))
                 break
-            reasons.append(f"{kernel.name}: {why}")
+            reasons.append((kernel.name, why))
         else:
-            decisions.append(Decision(op, None, reasons=tuple(reasons)))
+            decisions.append(Decision(op, None, reasons=_grouped(reasons)))
     return decisions
+
+
+def _grouped(reasons: list[tuple[str, str]]) -> tuple[str, ...]:
+    """'kernel: why' per distinct reason, the kernels that give the same one named together (a
+    family's tile configs fail alike), in the order first given."""
+    by_why: dict[str, list[str]] = {}
+    for name, why in reasons:
+        by_why.setdefault(why, []).append(name)
+    return tuple(f"{', '.join(names)}: {why}" for why, names in by_why.items())
 
 
 __all__ = ["MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "wrapper_name"]
