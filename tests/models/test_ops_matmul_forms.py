@@ -103,7 +103,7 @@ def _build(tmp_path, case, *, with_baseline=False):
     form, dtype, tf32, _ = BUILDS[case]
     model = tmp_path / f"{case}.onnx"
     make_matmul_form(model, form, "--dtype", dtype)
-    return build_model(None, model, BuildOptions.create("sm_90a,sm_80"), tmp_path / "out", tf32=tf32, with_baseline=with_baseline)
+    return build_model(None, model, BuildOptions.create("sm_90"), tmp_path / "out", tf32=tf32, with_baseline=with_baseline)
 
 
 @needs_iree_compile
