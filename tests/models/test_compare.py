@@ -73,7 +73,7 @@ def test_llama_layer_with_the_library_matmul_agrees_on_gpu(tmp_path, prebuilt_di
         pytest.skip(f"{built} was not prebuilt")
     result = compare_model(built)
     assert result.agree, result.worst
-    assert result.kernel_names == ("matmul_f16",)
+    assert result.kernel_names == ("matmul_nn_f16_f32_none_t128x128",)
 
 
 @needs_iree_compile
