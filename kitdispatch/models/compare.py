@@ -17,7 +17,7 @@ import re
 import shutil
 import statistics
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,7 +221,7 @@ def _call(vmfb: Path, function: str, args: Sequence[np.ndarray], device: str) ->
 ARITHMETIC_TOLERANCE = {"tf32": (1e-2, 1e-2), "3xtf32": (1e-5, 1e-5)}
 
 
-def loosest_arithmetic(arithmetics) -> str | None:
+def loosest_arithmetic(arithmetics: Iterable[str | None]) -> str | None:
     """The arithmetic among the replaced ops' whose tolerance is loosest (None: none named)."""
     named = [a for a in arithmetics if a in ARITHMETIC_TOLERANCE]
     return max(named, key=lambda a: ARITHMETIC_TOLERANCE[a][0], default=None)
