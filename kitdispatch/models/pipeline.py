@@ -48,7 +48,7 @@ from kitdispatch.models.ops import OP_KINDS
 from kitdispatch.models.ops.base import OpFacts, Preparation, TensorFacts, tensor_facts
 from kitdispatch.models.projects import ModelProjects, Project, model_projects
 from kitdispatch.models.record import ModelFunction, ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
-from kitdispatch.models.replace import MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels
+from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec, top_ops
 from kitdispatch.describe.kernel import ARITHMETICS, Kernel
 from kitdispatch.describe.names import as_identifier
@@ -241,7 +241,7 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
     check_symbols_free(module, symbols, model)
     for op, decision in zip(matched.ops, decisions):
         if decision.kernel is not None:
-            op.attributes[MARK_ATTRIBUTE] = _string_attr(matched.context, decision.mark)
+            _mark(op, decision, matched.context)
     marked = stage / f"{name}.marked.mlir"
     write_atomic(marked, module.operation.get_asm(enable_debug_info=True))
     spec_name = f"{name}.spec.mlir"
@@ -429,6 +429,22 @@ def _run_iree(argv: list[str], *, what: str, stage: Path, timeout: float) -> Pat
 def _trim(log: str, limit: int = 80) -> str:
     lines = log.splitlines()
     return log if len(lines) <= limit else "\n".join(lines[:limit] + [f"... ({len(lines) - limit} more lines)"])
+
+
+def _mark(anchor: ir.Operation, decision: Decision, context: ir.Context) -> None:
+    """Marks the op the spec replaces, `call.marked` single users down from the op the kind
+    read; the ops before it are marked as covered: they must be gone once the spec ran."""
+    op = anchor
+    for _ in range(decision.call.marked):
+        op.attributes[COVERED_ATTRIBUTE] = _string_attr(context, decision.mark)
+        users = list(op.results[0].uses)
+        if len(users) != 1:
+            raise KitError(
+                f"{decision.op.describe()}: its result has {len(users)} users where its kind read one",
+                fix="report it as a kitdispatch bug with the model",
+            )
+        op = users[0].owner
+    op.attributes[MARK_ATTRIBUTE] = _string_attr(context, decision.mark)
 
 
 def _string_attr(context: ir.Context, text: str):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from collections.abc import Sequence
+import hashlib
 from dataclasses import dataclass
 
 from kitdispatch.describe.kernel import Kernel
@@ -28,6 +29,8 @@ if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded wher
 KIT_PREFIX = "kitdispatch_"
 # The discardable attribute that marks an op for the spec: its value is the wrapper to call.
 MARK_ATTRIBUTE = "kitdispatch.replace"
+# Marks the ops a replacement takes in beyond the marked one (a matmul before its epilogue).
+COVERED_ATTRIBUTE = "kitdispatch.covered"
 
 
 @dataclass(frozen=True)
@@ -41,24 +44,21 @@ class Decision:
     reasons: tuple[str, ...] = ()
 
     @property
-    def operands(self) -> tuple[int, ...]:
-        # PROVISIONAL until the Call API lands: plain operands as their indices
-        return tuple(getattr(a, "path", (a,))[0] for a in self.call.operands)
-
-    @property
-    def through(self) -> tuple[int, ...]:
-        """Operands whose producer (a plain transpose) is skipped: its input is passed."""
-        return self.call.through
+    def paths(self) -> tuple[tuple[int, ...], ...]:
+        """Where the tensors the kernel reads come from (Operand.path), in argument order."""
+        return tuple(o.path for o in self.call.operands)
 
     @property
     def function(self) -> str:
-        """The `util.func` the spec calls in place of the op (an adapter's, where it has one)."""
-        return wrapper_name(self.kernel) + self.call.variant
+        """The `util.func` the spec calls in place of the op: the kernel's wrapper, or an
+        adapter of this op's types (reshapes, constants) named by what it adds."""
+        name = wrapper_name(self.kernel) + self.call.variant
+        return f"{name}_{_digest(self.op.inputs, self.op.result, self.call)}" if self.call.needs_adapter else name
 
     @property
     def mark(self) -> str:
-        """MARK_ATTRIBUTE's value: one per way of calling (function, skipped producers)."""
-        return self.function + "".join(f"_through{i}" for i in self.through)
+        """MARK_ATTRIBUTE's value: one per way of calling (function, operand paths)."""
+        return self.function + "".join("_via" + "_".join(map(str, o.path)) for o in self.call.operands if len(o.path) > 1)
 
     def to_json(self) -> dict:
         data = self.op.to_json()
@@ -71,6 +71,11 @@ class Decision:
         else:
             data["reasons"] = list(self.reasons)
         return data
+
+
+def _digest(*parts: object) -> str:
+    """A short name part that tells adapters of different types, reshapes or constants apart."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:8]
 
 
 def wrapper_name(kernel: Kernel) -> str:
@@ -143,4 +148,4 @@ def _grouped(reasons: list[tuple[str, str]]) -> tuple[str, ...]:
     return tuple(f"{', '.join(names)}: {why}" for why, names in by_why.items())
 
 
-__all__ = ["MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "wrapper_name"]
+__all__ = ["COVERED_ATTRIBUTE", "MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "wrapper_name"]

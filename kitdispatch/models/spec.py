@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import dataclasses
+import math
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ from kitdispatch.emit.mlir_text import mlir_comment, mlir_string
 from kitdispatch.emit.render import render_template
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.errors import KitError, ManifestError
-from kitdispatch.models.replace import KIT_PREFIX, MARK_ATTRIBUTE, Decision, wrapper_name
+from kitdispatch.models.ops.base import Call, Constant, OpFacts, Reshape, TensorFacts
+from kitdispatch.models.replace import COVERED_ATTRIBUTE, KIT_PREFIX, MARK_ATTRIBUTE, Decision, wrapper_name
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -161,8 +163,8 @@ def check_symbols_free(module: ir.Module, symbols: SpecSymbols, model: Path) -> 
 
 def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequence[Decision], symbols: SpecSymbols) -> str:
     """One match-and-call block per way of calling a kernel (its mark); the ops themselves were
-    chosen in Python and carry MARK_ATTRIBUTE naming it. Ops with fewer dims than the kernel
-    (their kind's `call` says how many) call an adapter that adds leading unit dims."""
+    chosen in Python and carry MARK_ATTRIBUTE naming it. Where a call passes constants or
+    reshapes tensors (the kinds' `call`), the block calls an adapter of the op's types."""
     blocks, adapters = [], {}
     for kernel in kernels:
         for kind in kernel.replaces.ops:
@@ -170,17 +172,15 @@ def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequ
             for mark in dict.fromkeys(d.mark for d in mine):
                 ops = [d for d in mine if d.mark == mark]
                 first = ops[0]
-                if first.call.unit_dims:
-                    adapters[first.function] = _adapter(first)
+                if first.call.needs_adapter:
+                    adapters[first.function] = adapter_lines(first)
                 blocks.append(
                     {
                         "doc": mlir_comment(f"{kind} -> {kernel.name} ({len(ops)} op{'s' if len(ops) > 1 else ''})"),
-                        "op": kind,
                         "mark": mlir_string(mark),
                         "function": first.function,
-                        "imports": list(symbols.executables) + ([wrapper_name(kernel)] if first.call.unit_dims else []),
-                        "operands": ", ".join(str(i) for i in first.operands),
-                        "through": [{"index": i, "through": i in first.through} for i in first.operands] if first.through else [],
+                        "imports": list(symbols.executables) + ([wrapper_name(kernel)] if first.call.needs_adapter else []),
+                        "operands": [_operand_steps(n, o.path) for n, o in enumerate(first.call.operands)],
                     }
                 )
     return render_template(
@@ -190,23 +190,119 @@ def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequ
     )
 
 
-def _adapter(decision: Decision) -> dict:
-    """What the template needs for a `util.func` that takes the op's tensors (rank r), expands
-    each with leading unit dims to the kernel's rank, calls the kernel's wrapper, collapses back."""
-    rank = len(decision.op.result.shape)
-    pad = decision.call.unit_dims
-    dtype = decision.op.result.dtype
-    return {
-        "name": decision.function,
-        "wrapper": wrapper_name(decision.kernel),
-        "inputs": [f"x{i}" for i in decision.operands],
-        "type": f"tensor<{'?x' * rank}{dtype}>",
-        "expanded": f"tensor<{'1x' * pad}{'?x' * rank}{dtype}>",
-        "kernel_type": f"tensor<{'?x' * (rank + pad)}{dtype}>",
-        "dims": list(range(rank)),
-        "ones": ", ".join(["1"] * pad),
-        "reassociation": "[" + ", ".join([f"[{', '.join(str(i) for i in range(pad + 1))}]"] + [f"[{i + pad}]" for i in range(1, rank)]) + "]",
-    }
+def _operand_steps(n: int, path: tuple[int, ...]) -> dict:
+    """Operand `n` of a call as the transform reaches it from `%op`: the producers of
+    operands up the path, then the operand of the last one."""
+    of, producers = "%op", []
+    for depth, index in enumerate(path[:-1]):
+        name = f"%producer_{n}_{depth}"
+        producers.append({"name": name, "of": of, "index": index})
+        of = name
+    return {"producers": producers, "name": f"%operand_{n}", "of": of, "index": path[-1]}
+
+
+# ------------------------------------------------------------------------- adapters
+
+
+def tensor_text(t: TensorFacts) -> str:
+    return f"tensor<{''.join(('?' if d is None else str(d)) + 'x' for d in t.shape)}{t.dtype}>"
+
+
+def reshaped_facts(t: TensorFacts, reshape: Reshape) -> TensorFacts:
+    """`t`, an op tensor, as the kernel sees it through `reshape` (see Reshape)."""
+    if reshape.collapses(len(t.shape)):
+        sizes = [[t.shape[i] for i in group] for group in reshape.groups]
+        return TensorFacts(t.dtype, tuple(None if None in g else math.prod(g) for g in sizes))
+    shape: list[int | None] = [1] * sum(len(g) for g in reshape.groups)
+    for size, group in zip(t.shape, reshape.groups):
+        shape[group[-1]] = size  # the unit dims lead their group
+    return TensorFacts(t.dtype, tuple(shape))
+
+
+class _Body:
+    """The body of an adapter, one statement at a time, with fresh SSA names."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.count = 0
+
+    def add(self, text: str) -> str:
+        name = f"%v{self.count}"
+        self.count += 1
+        self.lines.append(f"{name} = {text}")
+        return name
+
+    def dim(self, value: str, facts: TensorFacts, axis: int) -> str:
+        index = self.add(f"arith.constant {axis} : index")
+        return self.add(f"tensor.dim {value}, {index} : {tensor_text(facts)}")
+
+    def cast(self, value: str, have: str, want: str) -> str:
+        return value if have == want else self.add(f"tensor.cast {value} : {have} to {want}")
+
+    def collapse(self, value: str, src: TensorFacts, dst: TensorFacts, groups: tuple[tuple[int, ...], ...]) -> str:
+        return self.add(f"tensor.collapse_shape {value} {_reassociation(groups)} : {tensor_text(src)} into {tensor_text(dst)}")
+
+    def expand(self, value: str, src: TensorFacts, dst: TensorFacts, groups: tuple[tuple[int, ...], ...], sizes: str, sizes_facts: TensorFacts, axes: list[int]) -> str:
+        """`value` expanded to `dst`; dynamic dim d of `dst` is dim axes[d] of `sizes`."""
+        dims = [str(n) if n is not None else self.dim(sizes, sizes_facts, axes[d]) for d, n in enumerate(dst.shape)]
+        return self.add(
+            f"tensor.expand_shape {value} {_reassociation(groups)} output_shape [{', '.join(dims)}] : {tensor_text(src)} into {tensor_text(dst)}"
+        )
+
+
+def _reassociation(groups: tuple[tuple[int, ...], ...]) -> str:
+    return "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]"
+
+
+def _expanded_axes(groups: tuple[tuple[int, ...], ...]) -> list[int]:
+    """For each dim of an expansion, the dim of the smaller tensor it comes from."""
+    return [i for i, group in enumerate(groups) for _ in group]
+
+
+def adapter_lines(decision: Decision) -> dict:
+    """A `util.func` of the op's tensor types that reshapes them to the kernel's buffers, adds
+    the constants, calls the kernel's wrapper and reshapes its result back to the op's."""
+    call, op, kernel = decision.call, decision.op, decision.kernel
+    signature = kernel.signature()
+    body, params, arguments = _Body(), [], []
+    tensors = iter(enumerate(op.inputs))
+    for argument, kernel_type in zip(call.arguments, (t.mlir_types[0] for t in signature.args)):
+        if isinstance(argument, Constant):
+            arguments.append((body.add(f"arith.constant {argument.value} : {argument.type}"), kernel_type))
+            continue
+        i, facts = next(tensors)
+        value = f"%x{i}"
+        params.append(f"{value}: {tensor_text(facts)}")
+        if argument.reshape is not None:
+            groups, reshaped = argument.reshape.groups, reshaped_facts(facts, argument.reshape)
+            if argument.reshape.collapses(len(facts.shape)):
+                value = body.collapse(value, facts, reshaped, groups)
+            else:
+                value = body.expand(value, facts, reshaped, groups, value, facts, _expanded_axes(groups))
+            facts = reshaped
+        arguments.append((body.cast(value, tensor_text(facts), kernel_type), kernel_type))
+    result_type = signature.results[0].mlir
+    types = ", ".join(t for _, t in arguments)
+    result = body.add(f"util.call @{wrapper_name(kernel)}({', '.join(v for v, _ in arguments)}) : ({types}) -> {result_type}")
+    return {"name": decision.function, "params": ", ".join(params), "type": tensor_text(op.result), "body": body.lines,
+            "result": _result_back(body, result, result_type, op, call)}
+
+
+def _result_back(body: _Body, value: str, kernel_type: str, op: OpFacts, call: Call) -> str:
+    """The kernel's result as the op's: cast to the op's sizes, then the result's reshape undone."""
+    reshape = call.result
+    if reshape is None:
+        return body.cast(value, kernel_type, tensor_text(op.result))
+    kernel_side = reshaped_facts(op.result, reshape)
+    value = body.cast(value, kernel_type, tensor_text(kernel_side))
+    if not reshape.collapses(len(op.result.shape)):  # the kernel added unit dims: drop them
+        return body.collapse(value, kernel_side, op.result, reshape.groups)
+    # The kernel's result has fewer dims: expand it back, reading dynamic sizes off an argument of the result's shape.
+    source = reshape.sizes_from
+    if source is None and None in op.result.shape:
+        raise KitError(f"kitdispatch cannot expand the dynamic result {op.result.text} back", fix="report it as a kitdispatch bug")
+    sizes, sizes_facts = (f"%x{source}", op.inputs[source]) if source is not None else ("", op.result)
+    return body.expand(value, kernel_side, op.result, reshape.groups, sizes, sizes_facts, list(range(len(op.result.shape))))
 
 
 def check_all_replaced(replaced: Path, decisions: Sequence[Decision], executables: Sequence[str], stage: Path) -> None:
@@ -218,7 +314,7 @@ def check_all_replaced(replaced: Path, decisions: Sequence[Decision], executable
 
     def visit(op: ir.Operation):
         nonlocal dispatches
-        if MARK_ATTRIBUTE in op.attributes:
+        if MARK_ATTRIBUTE in op.attributes or COVERED_ATTRIBUTE in op.attributes:
             marked.append(op.name)
         if op.name == "flow.dispatch" and any(f"@{e}::" in str(op.attributes["entry_points"]) for e in executables):
             dispatches += 1

@@ -20,6 +20,7 @@ from conftest import (
 from kitdispatch import BuildOptions, Kernel, KitError
 from kitdispatch.describe.manifest import load_manifest
 from kitdispatch.models.pipeline import build_model
+from kitdispatch.models.ops.base import Reshape
 from kitdispatch.models.replace import decide, replacing_kernels
 
 _D = "affine_map<(d0, d1, d2, d3, d4) -> "
@@ -82,9 +83,10 @@ def attention_ops(mlir: str):
 @pytest.mark.parametrize("v_transposed, v_map", [(True, "(d0, d2, d4)"), (False, PLAIN_V)], ids=["v-through-transpose", "plain-v"])
 def test_attention_hit(v_transposed, v_map):
     d = decide(attention_ops(attention_model(v_transposed=v_transposed, v_map=v_map)), attention_kernels())[0]
-    assert d.kernel is not None and d.kernel.name == "attention_f16" and d.operands == (0, 1, 2)
-    assert d.through == ((2,) if v_transposed else ())  # the transpose's input is passed as V
-    assert d.call.unit_dims == 1 and d.function == "kitdispatch_attention_f16_batch1"  # [8, s, d] runs as [1, 8, s, d]
+    assert d.kernel is not None and d.kernel.name == "attention_f16"
+    assert d.paths == ((0,), (1,), (2, 0) if v_transposed else (2,))  # the transpose's input is passed as V
+    assert d.call.result == Reshape(((0, 1), (2,), (3,)))  # [8, s, d] runs as [1, 8, s, d]
+    assert d.function.startswith("kitdispatch_attention_f16_batch1_")
     assert d.to_json()["attention"] == {"scale": "1.250000e-01 : f32", "mask": None, "v_through_transpose": v_transposed}
 
 
@@ -94,7 +96,7 @@ def test_attention_hits_bf16_head_dim_128_and_four_dims():
     four = attention_model().replace("tensor<8x", "tensor<2x4x").replace("(d0, d1, d2, d3, d4) -> (d0,", "(d5, d0, d1, d2, d3, d4) -> (d5, d0,")
     four = four.replace("(d0, d1, d2, d3, d4) -> ()", "(d5, d0, d1, d2, d3, d4) -> ()")
     d = decide(attention_ops(four), attention_kernels())[0]
-    assert d.kernel.name == "attention_f16" and d.call.unit_dims == 0 and d.function == "kitdispatch_attention_f16"  # [b, h, s, d] as the kernel: no adapter
+    assert d.kernel.name == "attention_f16" and not d.call.needs_adapter and d.function == "kitdispatch_attention_f16"  # [b, h, s, d] as the kernel: no adapter
 
 
 @pytest.mark.parametrize(
@@ -133,9 +135,9 @@ def test_attention_build_dispatches_the_library_kernel(tmp_path):
     # fusion) runs first and V reaches the op without the transpose.
     result = build_model(ATTENTION, model, BuildOptions.create("sm_90a,sm_80"), tmp_path / "out", library=False, with_baseline=True)
     [replaced] = result.replaced
-    assert replaced.kernel.name == "attention_f16" and replaced.through == (2,) and replaced.call.unit_dims == 1
+    assert replaced.kernel.name == "attention_f16" and replaced.paths[2] == (2, 0) and replaced.call.result is not None
     spec = result.spec.read_text()
-    assert "transform.get_producer_of_operand %op[2]" in spec and "util.func private @kitdispatch_attention_f16_batch1" in spec
+    assert "transform.get_producer_of_operand %op[2]" in spec and f"util.func private @{replaced.function}(" in spec
     assert "attention_f16" in dump_module(result.vmfb) and "attention_f16" not in dump_module(result.baseline_vmfb)
     assert iree_dispatches(result.baseline_vmfb, "attention") and not iree_dispatches(result.vmfb, "attention")
     assert not iree_dispatches(result.vmfb, "transpose")
@@ -172,5 +174,5 @@ def test_torch_attention_sample_exports_and_builds(tmp_path):
     result = build_model(ATTENTION, mlir, BuildOptions.create("sm_90a,sm_80"), tmp_path / "out", with_baseline=True)
     [replaced] = result.replaced
     assert replaced.kernel.name == "attention_f16" and replaced.op.result.shape == (6, 300, 128)
-    assert replaced.op.detail.scale_text == "0.0883883461 : f32" and replaced.through == (2,)
+    assert replaced.op.detail.scale_text == "0.0883883461 : f32" and replaced.paths[2] == (2, 0)
     assert iree_dispatches(result.baseline_vmfb, "attention") and not iree_dispatches(result.vmfb, "attention")

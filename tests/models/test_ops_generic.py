@@ -73,7 +73,7 @@ def generics_of(mlir: str):
 @pytest.mark.parametrize("constants_inside", [False, True], ids=["hoisted-constants", "constants-in-body"])
 def test_generic_hit_by_pattern(constants_inside):
     d = only(decide(generics_of(bias_gelu_model(constants_inside=constants_inside)), [bias_gelu_kernel()]))
-    assert d.kernel is not None and d.kernel.name == "bias_gelu" and d.operands == (0, 1)
+    assert d.kernel is not None and d.kernel.name == "bias_gelu" and d.paths == ((0,), (1,))
     assert d.op.detail.summary == "addf, fpowi, mulf, addf, mulf, tanh, addf, mulf, mulf"
     assert d.to_json()["body"] == d.op.detail.summary
 
@@ -146,7 +146,7 @@ def test_generic_that_reads_its_output_takes_an_inout_kernel(tmp_path):
     pattern.write_text(ACCUMULATE_PATTERN)
     model = ACCUMULATE_PATTERN.replace("?", "4096").replace("@acc", "@forward")
     d = only(decide(generics_of(model), [accumulate_kernel(pattern)]))
-    assert d.kernel is not None and d.operands == (0, 1)  # x, then the accumulator it reads
+    assert d.kernel is not None and d.paths == ((0,), (1,))  # x, then the accumulator it reads
 
 
 @pytest.mark.parametrize(

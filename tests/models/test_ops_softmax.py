@@ -15,7 +15,7 @@ from kitdispatch.models.replace import decide
 
 def test_softmax_hit():
     d = only(decide(ops_of(softmax_model()), [softmax_kernel()]))
-    assert d.kernel is not None and d.operands == (0,)
+    assert d.kernel is not None and d.paths == ((0,),)
     assert d.op.function == "forward" and d.op.result.shape == (512, 1000)
 
 

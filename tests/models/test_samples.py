@@ -113,7 +113,7 @@ def test_onnx_bias_gelu_sample_takes_the_library_bias_gelu(tmp_path):
     assert replaced["inputs"] == [{"dtype": "f32", "shape": [64, 256]}, {"dtype": "f32", "shape": [256]}]
     record = json.loads((tmp_path / "out" / "model.model.json").read_text())
     assert record["matched_after"] == ["global-optimization", "iree-dispatch-creation-elementwise-op-fusion"]
-    assert 'ops{["linalg.generic"]}' in (tmp_path / "out" / "model.spec.mlir").read_text()
+    assert 'match attributes{kitdispatch.replace = "kitdispatch_bias_gelu"}' in (tmp_path / "out" / "model.spec.mlir").read_text()
     vmfb, baseline = tmp_path / "out" / "model.vmfb", tmp_path / "out" / "model.baseline.vmfb"
     assert "bias_gelu" in dump_module(vmfb) and "bias_gelu" not in dump_module(baseline)
     # IREE fuses the bias and GELU into its matmul's one dispatch; the replaced module runs its

@@ -17,7 +17,7 @@ import numpy as np
 
 from kitdispatch.describe.kernel import Kernel
 from kitdispatch.models.ops.base import (
-    Call, Layout, OpFacts, OpKind, TensorFacts, expect, function_of, kernel_buffers, location, map_dims, op_name,
+    Call, Layout, OpFacts, OpKind, Operand, Reshape, TensorFacts, expect, function_of, kernel_buffers, location, map_dims, op_name,
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
@@ -115,12 +115,10 @@ class Attention(OpKind):
         """Q, K and V (V through its transpose where the op reads it so); an op with fewer batch
         dims than the kernel through an adapter that adds them as unit dims."""
         batch = len(op.detail.maps[0]) - 2
-        return Call(
-            tuple(range(len(op.inputs))),
-            through=(2,) if op.detail.v_transposed else (),
-            unit_dims=max(0, BATCH_DIMS - batch),
-            variant=f"_batch{batch}" if batch < BATCH_DIMS else "",
-        )
+        pad = BATCH_DIMS - batch
+        reshape = Reshape(((*range(pad + 1),), *((i + pad,) for i in range(1, batch + 2)))) if pad > 0 else None
+        paths = [(0,), (1,), (2, 0) if op.detail.v_transposed else (2,)]
+        return Call(tuple(Operand(p, reshape) for p in paths), result=reshape, variant=f"_batch{batch}" if pad > 0 else "")
 
 
 def _attention_facts(op: ir.Operation) -> OpFacts:

@@ -94,27 +94,65 @@ class Preparation:
 
 
 @dataclass(frozen=True)
-class Reshape:  # PROVISIONAL: the lead's Call API (replaced by main's on merge)
+class Reshape:
+    """How one of the op's tensors becomes a kernel buffer (and the kernel's result the op's):
+    a reassociation. Where the kernel's rank is lower, kernel dim i is the op dims `groups[i]`
+    collapsed (a [b, h, s, c] softmax input as [b*h*s, c]: ((0, 1, 2), (3,))); where it is
+    higher, op dim i is the kernel dims `groups[i]`, all but one of them unit dims ([8, s, d]
+    as [1, 8, s, d]: ((0, 1), (2,), (3,))). Expanding a dynamic op dim takes its size from
+    the op tensor itself, or for the result from argument `sizes_from` (of the result's shape)."""
+
     groups: tuple[tuple[int, ...], ...]
+    sizes_from: int | None = None
+
+    def collapses(self, rank: int) -> bool:
+        """Whether an op tensor of `rank` dims is collapsed (else: expanded)."""
+        return rank != len(self.groups)
 
 
 @dataclass(frozen=True)
-class Operand:  # PROVISIONAL: the lead's Call API (replaced by main's on merge)
+class Operand:
+    """A tensor the kernel reads, found from the marked op: (i,) is its operand i, (i, j)
+    operand j of the producer of its operand i, and so on up the producers."""
+
     path: tuple[int, ...]
     reshape: Reshape | None = None
 
 
 @dataclass(frozen=True)
-class Call:
-    """How the spec calls the kernel in one op's place: the op operands passed (those in
-    `through` read through their producer, a plain transpose), and where the op has fewer dims
-    than the kernel, the leading unit dims an adapter adds (`unit_dims`), named by `variant`."""
+class Constant:
+    """A 32-bit scalar argument the op fixes (a GELU's constant, a norm's eps), as MLIR."""
 
-    operands: tuple[int, ...]
-    through: tuple[int, ...] = ()
-    unit_dims: int = 0
-    variant: str = ""  # suffix of the adapter's name ("_batch1")
-    result: Reshape | None = None  # PROVISIONAL
+    type: str  # "f32", "i32"
+    value: str  # the literal: "0.797884583"
+
+
+@dataclass(frozen=True)
+class Call:
+    """How the spec calls the kernel in one op's place. `arguments` in the kernel function's
+    argument order. `marked`: the op replaced, 0 for the op the kind read (its anchor), N for
+    N steps down the chain of single users of its result 0 (an epilogue after a matmul); the
+    ops between, and the producers the operand paths pass, die with it. Where an argument is a
+    Constant or anything is reshaped, the spec calls an adapter of the op's types (`variant`
+    names it in reports)."""
+
+    arguments: tuple[Operand | Constant, ...]
+    result: Reshape | None = None
+    marked: int = 0
+    variant: str = ""
+
+    @property
+    def needs_adapter(self) -> bool:
+        return self.result is not None or any(isinstance(a, Constant) or a.reshape is not None for a in self.arguments)
+
+    @property
+    def operands(self) -> tuple[Operand, ...]:
+        return tuple(a for a in self.arguments if isinstance(a, Operand))
+
+
+def plain_call(count: int) -> Call:
+    """The op's first `count` operands, as they are."""
+    return Call(tuple(Operand((i,)) for i in range(count)))
 
 
 class OpKind(ABC):
@@ -170,7 +208,7 @@ class OpKind(ABC):
 
     def call(self, op: OpFacts, layout: Layout) -> Call:
         """How the spec calls the kernel in the op's place: its inputs, then the accumulator."""
-        return Call(tuple(range(len(op.inputs) + layout.accumulates)))
+        return plain_call(len(op.inputs) + layout.accumulates)
 
 
 # ------------------------------------------------------------------- shared contract checks
