@@ -40,7 +40,7 @@ MODELS = {
     # tests/models/test_ops_matmul_forms.py: OUT/matmul_CASE_model (the library alone)
     **{
         f"matmul_{case}_model": ((ROOT / "tests" / "data" / "matmul_forms" / "make_model.py", form, "--dtype", dtype), None)
-        for case, form, dtype in [("nt", "wt", "f16"), ("batch1", "batch1", "f16"), ("bmm", "bmm", "f16"),
+        for case, form, dtype in [("nt", "wt", "f16"), ("batch1", "batch1", "f16"), ("bmm", "bmm", "f16"), ("qkt", "qkt", "f16"),
                                   ("f32", "gemm_tb", "f32"), ("tf32", "gemm_tb", "f32")]
     },
 }

@@ -82,3 +82,42 @@ def test_a_batch_matmul_with_an_accumulator_is_kept():
     model = _batch_matmul(1).replace("arith.constant 0.0 : f32", "arith.constant 2.0 : f32")
     d = only(decide(ops_of(model), [TWO_D]))
     assert "the op accumulates into linalg.fill of 2.000000e+00 : f32, not a zero fill" in d.reasons[0]
+
+
+def _through_transpose(perm: str, k_shape: str, kt_shape: str) -> str:
+    """A batch_matmul whose B is a plain transpose generic of `k` (attention's Q K^T)."""
+    c = "tensor<6x64x48xf32>"
+    return f"""
+func.func @f(%a: tensor<6x64x32xf16>, %k: tensor<{k_shape}xf16>) -> {c} {{
+  %z = arith.constant 0.0 : f32
+  %t0 = tensor.empty() : tensor<{kt_shape}xf16>
+  %kt = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> {perm}>, affine_map<(d0, d1, d2) -> (d0, d1, d2)>],
+                        iterator_types = ["parallel", "parallel", "parallel"]}}
+        ins(%k : tensor<{k_shape}xf16>) outs(%t0 : tensor<{kt_shape}xf16>) {{
+  ^bb0(%in: f16, %out: f16):
+    linalg.yield %in : f16
+  }} -> tensor<{kt_shape}xf16>
+  %e = tensor.empty() : {c}
+  %acc = linalg.fill ins(%z : f32) outs(%e : {c}) -> {c}
+  %r = linalg.batch_matmul ins(%a, %kt : tensor<6x64x32xf16>, tensor<{kt_shape}xf16>) outs(%acc : {c}) -> {c}
+  return %r : {c}
+}}"""
+
+
+BMM_NN = _kernel("f16[batch,m,k]", "f16[batch,k,n]", "f32[batch,m,n]", ("linalg.batch_matmul",))
+
+
+def test_b_through_a_transpose_of_its_last_dims_is_read_as_it_is_stored():
+    """K [6,48,32] transposed to [6,32,48] for the op: the nt kernel reads K itself (path (1, 0))."""
+    d = only(decide(ops_of(_through_transpose("(d0, d2, d1)", "6x48x32", "6x32x48")), [BMM_NN, BMM_NT]))
+    assert d.kernel is BMM_NT and d.call.operands == (Operand((0,)), Operand((1, 0)))
+    assert d.op.inputs[1].shape == (6, 48, 32) and d.to_json()["b_through_transpose"] == [1, 0]
+
+
+def test_a_transpose_of_other_dims_is_an_ordinary_b():
+    """A transpose that swaps the batch dim is no W^T: B is the transposed tensor, [k,n] as usual."""
+    model = _through_transpose("(d1, d0, d2)", "32x6x48", "6x32x48")
+    d = only(decide(ops_of(model), [BMM_NT, BMM_NN]))
+    assert d.kernel is BMM_NN and d.call.operands == (Operand((0,)), Operand((1,)))
+    kept = only(decide(ops_of(model), [BMM_NT]))
+    assert "the op reads B [k,n]; the kernel's b is B transposed, W [n,k]" in kept.reasons[0]

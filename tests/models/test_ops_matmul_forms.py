@@ -49,6 +49,7 @@ def _suffix(*shape):
         ("batch1", "linalg.batch_matmul", "matmul_nn_f16_f32_none" + _suffix(M, N, K)),
         ("bmm", "linalg.batch_matmul", "bmm_nn_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),
         ("bmm4d", "linalg.batch_matmul", "bmm_nn_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),  # [2,3,...] folded to 6
+        ("qkt", "linalg.batch_matmul", "bmm_nt_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),  # K read through its transpose
     ],
 )
 def test_each_f16_form_gets_its_entry(tmp_path, form, op, kernel):
@@ -59,6 +60,9 @@ def test_each_f16_form_gets_its_entry(tmp_path, form, op, kernel):
     if form == "batch1":  # the 2-D kernel, through reshapes that drop the unit batch dim
         assert d.call.variant == "_batch1" and d.call.result == DROP_BATCH
         assert all(a == Operand((i,), DROP_BATCH) for i, a in enumerate(d.call.operands))
+    if form == "qkt":  # K [2,3,n,k] itself (the transpose's input), collapsed to [6,n,k] for bmm_nt's w
+        assert d.call.operands == (Operand((0,)), Operand((1, 0, 0), Reshape(((0, 1), (2,), (3,)))))
+        assert d.to_json()["b_through_transpose"] == [1, 0, 0]
 
 
 @needs_iree_compile
@@ -94,6 +98,7 @@ BUILDS = {
     "nt": ("wt", "f16", False, "matmul_nt_f16_f32_none" + _suffix(M, N, K)),
     "batch1": ("batch1", "f16", False, "matmul_nn_f16_f32_none" + _suffix(M, N, K)),
     "bmm": ("bmm", "f16", False, "bmm_nn_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),
+    "qkt": ("qkt", "f16", False, "bmm_nt_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),
     "f32": ("gemm_tb", "f32", False, "matmul_nt_f32_none"),
     "tf32": ("gemm_tb", "f32", True, "matmul_nt_f32_tf32_none"),
 }
@@ -110,7 +115,8 @@ def _build(tmp_path, case, *, with_baseline=False):
 @pytest.mark.parametrize("case", sorted(BUILDS))
 def test_build_model_replaces_each_form(tmp_path, case):
     """`build --model` with the library, real iree-compile: the kit's entry is in the .vmfb
-    and IREE's own matmul dispatch is gone; the report names the arithmetic of f32 ones."""
+    and IREE's own matmul dispatch is gone (Q K^T: the transpose too); the report names the
+    arithmetic of f32 ones."""
     *_, kernel = BUILDS[case]
     built = _build(tmp_path, case)
     [replaced] = [d for d in built.decisions if d.op.kind in ("linalg.matmul", "linalg.batch_matmul")]
@@ -118,6 +124,8 @@ def test_build_model_replaces_each_form(tmp_path, case):
     text = built.vmfb.read_bytes().decode("latin-1")
     assert kernel in text and not iree_dispatches(built.vmfb, "matmul") | iree_dispatches(built.vmfb, "batch_matmul")
     report = built.report.read_text()
+    if case == "qkt":  # the kernel reads K as it is: IREE's transpose dispatch died with the op
+        assert not iree_dispatches(built.vmfb, "transpose")
     assert ('"arithmetic": "tf32"' in report) == (case == "tf32") and ('"arithmetic": "3xtf32"' in report) == (case == "f32")
 
 

@@ -25,7 +25,9 @@ from kitdispatch.models.ops.base import (
     init_operand,
     kernel_buffers,
     op_name,
+    tensor_facts,
 )
+from kitdispatch.models.ops.generic import plain_transpose
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -35,10 +37,22 @@ B_LAYOUTS = {"nn": "B [k,n]", "nt": "B transposed, W [n,k]"}
 
 
 @dataclass(frozen=True)
+class BSource:
+    """Where the kernel reads B when the op's B is a transpose of the last two dims (a plain
+    transpose generic, IREE's Q K^T), maybe collapsed (`tensor.collapse_shape` of the leading
+    dims, the 4-D [b,h,n,k] K of attention as [b*h,k,n]): the transpose's input, as W [.., n, k]."""
+
+    path: tuple[int, ...]  # Operand.path from the matmul
+    reshape: Reshape | None  # the collapse, now of the transpose's input
+    view: TensorFacts  # that input as the op's B would be, W [.., n, k] (the op's inputs hold it as it is)
+
+
+@dataclass(frozen=True)
 class MatmulFacts:
     b_layout: str | None  # "nn" or "nt"; None: other maps (broadcast, A transposed) or a cast
     maps: str  # the op's indexing maps as IREE prints them ("plain" where it has none)
     init_source: str  # what makes the `outs` operand ("zero fill", "linalg.fill of 1.0", ...)
+    b_source: BSource | None = None  # B read through its transpose (then b_layout is "nt")
 
     summary = None
 
@@ -47,7 +61,8 @@ class MatmulFacts:
         return self.init_source == "zero fill"
 
     def to_json(self) -> dict:
-        return {"init": self.init_source, "b_layout": self.b_layout}
+        through = {"b_through_transpose": list(self.b_source.path)} if self.b_source else {}
+        return {"init": self.init_source, "b_layout": self.b_layout, **through}
 
 
 class Matmul(OpKind):
@@ -66,7 +81,13 @@ class Matmul(OpKind):
         if "cast" in attrs:  # a cast on the operands (linalg's `cast` attribute): not a plain product
             layout = None
         shown = "plain" if "indexing_maps" not in attrs else maps
-        return destination_facts(op, MatmulFacts(layout, shown, init_source(init_operand(op))))
+        facts = destination_facts(op, MatmulFacts(layout, shown, init_source(init_operand(op))))
+        through = _transposed_b(op.operands[1]) if layout == "nn" else None
+        if through is None:
+            return facts
+        source, w = through
+        detail = MatmulFacts("nt", shown, facts.detail.init_source, source)
+        return OpFacts(facts.kind, facts.function, facts.location, (facts.inputs[0], w, *facts.inputs[2:]), facts.init, facts.result, detail)
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         """A, B (or W), [the accumulator]; the kernel's rank is the op's, or 2 for a batched op
@@ -100,22 +121,69 @@ class Matmul(OpKind):
         return None
 
     def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
-        """As for any op; a batch-1 op against a 2-D kernel without its unit batch dim."""
+        """As for any op, B as the op reads it where it comes through a transpose; a batch-1 op
+        against a 2-D kernel without its unit batch dim."""
+        b = op.detail.b_source
+        if b is not None:
+            op = OpFacts(op.kind, op.function, op.location, (op.inputs[0], b.view, *op.inputs[2:]), op.init, op.result, op.detail)
         if self._drops_batch(layout):
             drop = lambda t: TensorFacts(t.dtype, t.shape[1:])  # noqa: E731
             op = OpFacts(op.kind, op.function, op.location, tuple(map(drop, op.inputs)), drop(op.init), drop(op.result), op.detail)
         return super().sizes_mismatch(op, kernel, layout, sizes)
 
     def call(self, op: OpFacts, layout: Layout) -> Call:
-        """A and B (and the accumulator); a batch-1 op through reshapes that drop its batch dim."""
+        """A and B (B through its transpose where the facts found one) and the accumulator; a
+        batch-1 op through reshapes that drop its batch dim."""
         count = len(op.inputs) + layout.accumulates
-        if not self._drops_batch(layout):
-            return Call(tuple(Operand((i,)) for i in range(count)))
-        drop = Reshape(((0, 1), (2,)))
-        return Call(tuple(Operand((i,), drop) for i in range(count)), result=drop, variant="_batch1")
+        drop = Reshape(((0, 1), (2,))) if self._drops_batch(layout) else None
+        operands = [Operand((i,), drop) for i in range(count)]
+        b = op.detail.b_source
+        if b is not None:
+            operands[1] = Operand(b.path, _then(b.reshape, drop))
+        return Call(tuple(operands), result=drop, variant="_batch1" if drop else "")
 
     def _drops_batch(self, layout: Layout) -> bool:
         return len(layout.result.type.shape) < self.rank
+
+
+def _transposed_b(b: ir.Value) -> tuple[BSource, TensorFacts] | None:
+    """B as a transpose of the last two dims of a tensor W [.., n, k] (maybe collapsed after):
+    where to read W and its facts as the op's B would be [.., n, k]; None where B is not that."""
+    from iree.compiler import ir
+
+    path, groups, owner = (1,), None, b.owner
+    if op_name(owner) == "tensor.collapse_shape":
+        groups = tuple(tuple(ir.IntegerAttr(i).value for i in g) for g in ir.ArrayAttr(owner.attributes["reassociation"]))
+        rank = sum(map(len, groups))
+        if groups[-2:] != ((rank - 2,), (rank - 1,)):  # n and k must stay dims of their own
+            return None
+        path, owner = path + (0,), owner.operands[0].owner
+    permutation = plain_transpose(owner)
+    if permutation is None or len(permutation) < 2:
+        return None
+    rank = len(permutation)
+    if permutation != (*range(rank - 2), rank - 1, rank - 2):
+        return None
+    w = tensor_facts(owner.operands[0].type)
+    view = TensorFacts(w.dtype, tuple(_product([w.shape[i] for i in g]) for g in groups)) if groups else w
+    return BSource(path + (0,), Reshape(groups) if groups else None, view), w
+
+
+def _product(sizes: list[int | None]) -> int | None:
+    total = 1
+    for size in sizes:
+        if size is None:
+            return None
+        total *= size
+    return total
+
+
+def _then(first: Reshape | None, second: Reshape | None) -> Reshape | None:
+    """Collapse `first` (the source's dims into the op's), then `second` (the op's into the
+    kernel's), as one collapse of the source."""
+    if first is None or second is None:
+        return first or second
+    return Reshape(tuple(tuple(d for j in group for d in first.groups[j]) for group in second.groups))
 
 
 def _b_layout(a: tuple, b: tuple, c: tuple) -> str | None:

@@ -11,6 +11,8 @@ FORM (what IREE 3.13 makes of it at global optimization, tests/models/test_ops_m
   bmm        MatMul x[batch,m,k] @ y[batch,k,n] (two inputs)      -> linalg.batch_matmul
   bmm4d      MatMul x[2,batch/2,m,k] @ y[2,batch/2,k,n]           -> linalg.batch_matmul over the folded batch
   bcast      MatMul x[batch,m,k] @ y[1,k,n] (B broadcast)         -> A collapsed to [batch*m,k], linalg.matmul
+  qkt        MatMul q[2,batch/2,m,k] @ Transpose(kk[2,batch/2,n,k]) (attention's Q K^T)
+                                                                  -> a transpose generic, collapsed, into linalg.batch_matmul
 The f16/bf16 products come out of IREE as an f32-result matmul followed by a truncf.
 """
 
@@ -22,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-FORMS = ("plain", "wt", "gemm_tb", "linear3d", "batch1", "bmm", "bmm4d", "bcast")
+FORMS = ("plain", "wt", "gemm_tb", "linear3d", "batch1", "bmm", "bmm4d", "bcast", "qkt")
 ELEMENT = {"f16": TensorProto.FLOAT16, "f32": TensorProto.FLOAT}
 NUMPY = {"f16": np.float16, "f32": np.float32}
 
@@ -56,6 +58,10 @@ def make_model(form: str, dtype: str = "f16", m: int = 128, k: int = 256, n: int
         nodes, inputs, out = [node("MatMul", ["x", "b"], ["y"])], [io("x", (*lead, m, k)), io("b", (*lead, k, n))], (*lead, m, n)
     elif form == "bcast":
         nodes, inputs, out = [node("MatMul", ["x", "b"], ["y"])], [io("x", (batch, m, k)), io("b", (1, k, n))], (batch, m, n)
+    elif form == "qkt":
+        lead = (2, batch // 2)
+        nodes = [node("Transpose", ["kk"], ["kt"], perm=[0, 1, 3, 2]), node("MatMul", ["x", "kt"], ["y"])]
+        inputs, out = [io("x", (*lead, m, k)), io("kk", (*lead, n, k))], (*lead, m, n)
     else:
         raise SystemExit(f"unknown form {form!r}; one of {', '.join(FORMS)}")
     graph = helper.make_graph(nodes, f"matmul_{form}", inputs, [io("y", out)], initializer=inits)
