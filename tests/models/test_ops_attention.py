@@ -121,7 +121,8 @@ def test_attention_near_misses(model, reason):
     d = only(decide(attention_ops(model), attention_kernels()))
     assert d.kernel is None
     assert reason in d.reasons[0], d.reasons
-    assert len(d.reasons) == 2  # both library kernels say why
+    # both library kernels say why (named together where they say the same)
+    assert len(d.reasons) == 2 or d.reasons[0].startswith("attention_f16, attention_bf16: ")
 
 
 @needs_iree_compile
