@@ -121,3 +121,33 @@ def test_a_transpose_of_other_dims_is_an_ordinary_b():
     assert d.kernel is BMM_NN and d.call.operands == (Operand((0,)), Operand((1,)))
     kept = only(decide(ops_of(model), [BMM_NT]))
     assert "the op reads B [k,n]; the kernel's b is B transposed, W [n,k]" in kept.reasons[0]
+
+
+def _linear_batch1() -> str:
+    """torch's batch-1 nn.Linear after IREE: W [48,1,32] (expanded [n,k]) transposed to [1,32,48]."""
+    c = "tensor<1x64x48xf32>"
+    return f"""
+func.func @f(%a: tensor<1x64x32xf16>, %w: tensor<48x1x32xf16>) -> {c} {{
+  %z = arith.constant 0.0 : f32
+  %t0 = tensor.empty() : tensor<1x32x48xf16>
+  %wt = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d2, d0, d1)>, affine_map<(d0, d1, d2) -> (d0, d1, d2)>],
+                        iterator_types = ["parallel", "parallel", "parallel"]}}
+        ins(%w : tensor<48x1x32xf16>) outs(%t0 : tensor<1x32x48xf16>) {{
+  ^bb0(%in: f16, %out: f16):
+    linalg.yield %in : f16
+  }} -> tensor<1x32x48xf16>
+  %e = tensor.empty() : {c}
+  %acc = linalg.fill ins(%z : f32) outs(%e : {c}) -> {c}
+  %r = linalg.batch_matmul ins(%a, %wt : tensor<1x64x32xf16>, tensor<1x32x48xf16>) outs(%acc : {c}) -> {c}
+  return %r : {c}
+}}"""
+
+
+def test_a_batch_1_linear_reads_its_weight_flat_with_the_2d_nt_kernel():
+    two_d_nt = _kernel("f16[m,k]", "f16[n,k]", "f32[m,n]")
+    d = only(decide(ops_of(_linear_batch1()), [BMM_NT, two_d_nt]))
+    assert d.kernel is two_d_nt and d.call.operands == (Operand((0,), DROP_BATCH), Operand((1, 0), Reshape(((0,), (1, 2)))))
+    kept = only(decide(ops_of(_linear_batch1()), [BMM_NT]))
+    assert kept.reasons == (
+        "matmul_f16: B is a weight [n,k] transposed with its unit batch dim moved; a 2-D kernel reads it, a batched one does not",
+    )

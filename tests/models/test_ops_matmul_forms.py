@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from conftest import (
     HAVE_IREE_COMPILE,
+    REPO,
     choose_config,
     iree_dispatches,
     library_matmul_kernels,
@@ -91,6 +92,21 @@ def test_an_f32_batch_matmul_is_kept_with_the_reasons(tmp_path):
     assert any("bmm_nn_f16_f32_none: element type: the op's input 0 is 6x128x256xf32" in r for r in d.reasons), d.reasons
 
 
+LINEAR_TORCH = REPO / "tests" / "data" / "matmul_forms" / "linear_torch.mlir"
+
+
+@needs_iree_compile
+def test_nn_linear_as_torch_mlir_writes_it(tmp_path):
+    """torch.aten.linear: 3-D f16 -> the nt entry on A collapsed; f32 at batch 1 -> a
+    batch_matmul whose B is W [384,1,256] transposed to [1,256,384], read as W [384,256] by the
+    2-D nt entry (the transpose is not run)."""
+    linear, batch1 = decide(ops_at_matching_stage(LINEAR_TORCH, tmp_path), library_matmul_kernels())
+    assert linear.kernel.name == "matmul_nt_f16_f32_none" + _suffix(128, N, K)
+    assert batch1.op.kind == "linalg.batch_matmul" and batch1.kernel.name == "matmul_nt_f32_none"
+    assert batch1.call.operands == (Operand((0,), DROP_BATCH), Operand((1, 0), Reshape(((0,), (1, 2)))))
+    assert batch1.op.inputs[1].shape == (N, 1, K) and batch1.call.variant == "_batch1"
+
+
 # ------------------------------------------------------------------ whole builds (CPU side)
 
 # form, dtype, tf32 -> the kit kernel in the .vmfb (default sizes)
@@ -102,6 +118,15 @@ BUILDS = {
     "f32": ("gemm_tb", "f32", False, "matmul_nt_f32_none"),
     "tf32": ("gemm_tb", "f32", True, "matmul_nt_f32_tf32_none"),
 }
+
+
+@needs_iree_compile
+def test_build_model_of_torch_linear_runs_no_iree_matmul_or_transpose(tmp_path):
+    built = build_model(None, LINEAR_TORCH, BuildOptions.create("sm_90"), tmp_path / "out")
+    kernels = sorted(d.kernel.name for d in built.decisions if d.kernel is not None)
+    assert kernels == sorted(["matmul_nt_f16_f32_none" + _suffix(128, N, K), "matmul_nt_f32_none"])
+    left = {kind: iree_dispatches(built.vmfb, kind) for kind in ("matmul", "batch_matmul", "transpose")}
+    assert not any(left.values()), left
 
 
 def _build(tmp_path, case, *, with_baseline=False):

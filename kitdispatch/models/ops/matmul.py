@@ -40,11 +40,14 @@ B_LAYOUTS = {"nn": "B [k,n]", "nt": "B transposed, W [n,k]"}
 class BSource:
     """Where the kernel reads B when the op's B is a transpose of the last two dims (a plain
     transpose generic, IREE's Q K^T), maybe collapsed (`tensor.collapse_shape` of the leading
-    dims, the 4-D [b,h,n,k] K of attention as [b*h,k,n]): the transpose's input, as W [.., n, k]."""
+    dims, the 4-D [b,h,n,k] K of attention as [b*h,k,n]): the transpose's input, as W [.., n, k].
+    Also the batch-1 nn.Linear of torch exports, whose [n,k] weight IREE expands to [n,1,k] and
+    transposes to [1,k,n]: `flat`, W read as [n,k] by a 2-D kernel only."""
 
     path: tuple[int, ...]  # Operand.path from the matmul
     reshape: Reshape | None  # the collapse, now of the transpose's input
     view: TensorFacts  # that input as the op's B would be, W [.., n, k] (the op's inputs hold it as it is)
+    flat: bool = False  # unit dims moved by the transpose: `reshape` makes it [n,k] for a 2-D kernel
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ class Matmul(OpKind):
         if self._drops_batch(layout) and op.result.shape[0] != 1:
             given = "dynamic" if op.result.shape[0] is None else str(op.result.shape[0])
             return f"batch: the op's batch is {given}; the kernel is 2-D (it takes batch 1 only)"
+        if facts.b_source is not None and facts.b_source.flat and not self._drops_batch(layout):
+            return "B is a weight [n,k] transposed with its unit batch dim moved; a 2-D kernel reads it, a batched one does not"
         return None
 
     def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
@@ -139,7 +144,7 @@ class Matmul(OpKind):
         operands = [Operand((i,), drop) for i in range(count)]
         b = op.detail.b_source
         if b is not None:
-            operands[1] = Operand(b.path, _then(b.reshape, drop))
+            operands[1] = Operand(b.path, b.reshape if b.flat else _then(b.reshape, drop))
         return Call(tuple(operands), result=drop, variant="_batch1" if drop else "")
 
     def _drops_batch(self, layout: Layout) -> bool:
@@ -161,12 +166,26 @@ def _transposed_b(b: ir.Value) -> tuple[BSource, TensorFacts] | None:
     permutation = plain_transpose(owner)
     if permutation is None or len(permutation) < 2:
         return None
+    rank, w = len(permutation), tensor_facts(owner.operands[0].type)
+    if permutation == (*range(rank - 2), rank - 1, rank - 2):
+        view = TensorFacts(w.dtype, tuple(_product([w.shape[i] for i in g]) for g in groups)) if groups else w
+        return BSource(path + (0,), Reshape(groups) if groups else None, view), w
+    return _flat_weight(path + (0,), permutation, w, tensor_facts(owner.results[0].type)) if groups is None else None
+
+
+def _flat_weight(path: tuple[int, ...], permutation: tuple[int, ...], w: TensorFacts, b: TensorFacts) -> tuple[BSource, TensorFacts] | None:
+    """B [1,..,1,k,n] made by transposing W whose dims, unit dims aside, are [n, k] (torch's
+    batch-1 nn.Linear: W [n,1,k] to [1,k,n]): W as [n,k] (a collapse), else None."""
     rank = len(permutation)
-    if permutation != (*range(rank - 2), rank - 1, rank - 2):
+    if any(size != 1 for size in b.shape[:-2]):
         return None
-    w = tensor_facts(owner.operands[0].type)
-    view = TensorFacts(w.dtype, tuple(_product([w.shape[i] for i in g]) for g in groups)) if groups else w
-    return BSource(path + (0,), Reshape(groups) if groups else None, view), w
+    kept = [j for j in range(rank) if w.shape[j] != 1 or permutation[j] >= rank - 2]
+    if [permutation[j] for j in kept] != [rank - 1, rank - 2]:
+        return None
+    n_at = kept[0]
+    groups = (tuple(range(n_at + 1)), tuple(range(n_at + 1, rank)))
+    view = TensorFacts(w.dtype, (1,) * (rank - 2) + (b.shape[-1], b.shape[-2]))
+    return BSource(path, Reshape(groups), view, flat=True), w
 
 
 def _product(sizes: list[int | None]) -> int | None:
