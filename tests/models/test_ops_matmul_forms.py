@@ -171,3 +171,13 @@ def test_each_form_agrees_with_iree_alone_on_gpu(tmp_path, prebuilt_dir, case):
     result = compare_model(built)
     assert result.agree, (result.tolerance, result.worst)
     assert result.kernel_names == (BUILDS[case][3],)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
+def test_torch_linear_agrees_with_iree_alone_on_gpu(tmp_path):
+    """Both functions of linear_torch.mlir (the f16 nt matmul; the f32 batch-1 one reading W flat)."""
+    built = build_model(None, LINEAR_TORCH, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    for function in ("linear_f16", "linear_f32_batch1"):
+        result = compare_model(built, function=function)
+        assert result.agree, (function, result.tolerance, result.worst)
