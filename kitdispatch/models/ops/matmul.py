@@ -121,6 +121,8 @@ class Matmul(OpKind):
         if self._drops_batch(layout) and op.result.shape[0] != 1:
             given = "dynamic" if op.result.shape[0] is None else str(op.result.shape[0])
             return f"batch: the op's batch is {given}; the kernel is 2-D (it takes batch 1 only)"
+        if self._drops_batch(layout) and layout.accumulates:
+            return "batch: a batched op's accumulator does not reach a 2-D kernel that accumulates (only a zero-filled result)"
         if facts.b_source is not None and facts.b_source.flat and not self._drops_batch(layout):
             return "B is a weight [n,k] transposed with its unit batch dim moved; a 2-D kernel reads it, a batched one does not"
         return None
