@@ -1,0 +1,277 @@
+"""HF transformer models, whole: IREE alone against IREE with the kit's kernels (by rule), beside
+torch eager and torch.compile, on the GPU machine. Two steps, because the GPU machine has no
+iree-compile and a model's weights would not fit the trip there twice (replaced and baseline):
+
+1. Where iree-compile is (the build machine), from ONNX files that
+   benchmarks/investigations/export_hf_models.py wrote (on a machine with torch):
+
+       python benchmarks/hf_models.py build ONNX_DIR BUILD_DIR [--arch sm_90a]
+
+   Each model is imported with its weights as parameters (`iree-import-onnx --externalize-params`),
+   built with the whole library and a baseline (`kitdispatch build --model M.mlir --with-baseline`),
+   and its parameters described in NAME.params.npz: the shape and type of every float weight,
+   and the values of the others (position ids and other integer constants).
+
+2. On the GPU machine (iree-base-runtime, torch, transformers):
+
+       python benchmarks/hf_models.py run BUILD_DIR OUT.json
+
+   The float weights are drawn as transformers initialises them (normal, std 0.02; norm weights
+   1, biases 0) into one parameter archive both modules read, so both compute with the same
+   weights. Per model: outputs of the kit's build against IREE's own (the dtype's tolerance),
+   the whole call of each by iree-benchmark-module (median, the two interleaved), device time
+   per dispatch by Nsight Compute, and the same HF model in torch (random weights of the same
+   shapes, not the same values: only its times are read), eager and torch.compile, CUDA events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME_RE = re.compile(r"^(?P<model>bert|gpt2|llama|vit)-(?P<dtype>f16|bf16|f32)-b(?P<batch>\d+)s(?P<seq>\d+)$")
+PARAMETER_RE = re.compile(r'#stream\.parameter\.named<"(?P<scope>[^"]+)"::"(?P<key>[^"]+)"> : tensor<(?P<type>[^>]+)>')
+NUMPY = {"f16": np.float16, "bf16": np.uint16, "f32": np.float32, "f64": np.float64, "i64": np.int64, "i32": np.int32,
+         "i8": np.int8, "i1": np.bool_, "ui8": np.uint8}
+
+
+# --------------------------------------------------------------------------- build side
+
+
+def parameters_of(mlir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """key -> (shape, element type) of every parameter the imported model reads."""
+    found = {}
+    for m in PARAMETER_RE.finditer(mlir.read_text()):
+        *dims, dtype = m["type"].split("x")
+        found[m["key"]] = (tuple(int(d) for d in dims), dtype)
+    return found
+
+
+def describe_parameters(mlir: Path, irpa: Path, dest: Path) -> None:
+    """NAME.params.npz: float weights by shape and type only, every other parameter's values."""
+    import iree.runtime as rt
+
+    index = rt.ParameterIndex()
+    index.load(str(irpa))
+    entries = dict(index.items())
+    kept: dict[str, np.ndarray] = {}
+    for key, (shape, dtype) in parameters_of(mlir).items():
+        if dtype in ("f16", "bf16", "f32", "f64"):
+            kept[f"float:{key}"] = np.array([*shape], np.int64)
+            kept[f"dtype:{key}"] = np.array(dtype)
+        else:
+            data = np.frombuffer(bytes(entries[key].file_view), NUMPY[dtype]).reshape(shape)
+            kept[f"value:{key}"] = data
+    np.savez(dest, **kept)
+
+
+def build(onnx_dir: Path, out: Path, archs: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tools = Path(sys.executable).parent
+    for onnx in sorted(onnx_dir.glob("*.onnx")):
+        name = onnx.stem
+        if not NAME_RE.match(name):
+            continue
+        mlir, irpa = out / f"{name}.mlir", out / f"{name}.irpa"
+        subprocess.run([str(tools / "iree-import-onnx"), str(onnx), "--externalize-params", "--save-params-to", str(irpa), "-o", str(mlir)],
+                       check=True, timeout=900)
+        describe_parameters(mlir, irpa, out / f"{name}.params.npz")
+        irpa.unlink()  # the GPU machine draws its own
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "kitdispatch", "build", "--model", str(mlir), "--arch", archs, "--with-baseline",
+                               "-o", str(out / name), "--json"], capture_output=True, text=True, timeout=3600)
+        (out / f"{name}.build.log").write_text(done.stdout + done.stderr)
+        mlir.unlink()
+        print(f"{name}: build exit {done.returncode} in {time.monotonic() - started:.0f} s", flush=True)
+
+
+# ----------------------------------------------------------------------------- GPU side
+
+
+def draw_parameters(spec: Path, irpa: Path, seed: int = 0) -> None:
+    """The archive both modules read: weights drawn as transformers initialises them."""
+    import iree.runtime as rt
+
+    rng = np.random.default_rng(seed)
+    data = np.load(spec)
+    entries = {}
+    for item in data.files:
+        kind, key = item.split(":", 1)
+        if kind == "value":
+            entries[key] = np.ascontiguousarray(data[item])
+        elif kind == "float":
+            shape, dtype = tuple(int(d) for d in data[item]), str(data[f"dtype:{key}"])
+            lower = key.lower()
+            if "norm" in lower and lower.endswith("weight"):
+                values = np.ones(shape)
+            elif lower.endswith("bias"):
+                values = np.zeros(shape)
+            else:
+                values = rng.normal(0.0, 0.02, shape)
+            entries[key] = values.astype(np.float32 if dtype == "f32" else np.float16)
+    rt.save_archive_file({k: v.view(np.uint8).reshape(-1) for k, v in entries.items()}, irpa)
+
+
+class Loaded:
+    """One module with the parameter archive, on the CUDA device."""
+
+    def __init__(self, vmfb: Path, irpa: Path) -> None:
+        import iree.runtime as rt
+
+        self.config = rt.Config("cuda")
+        index = rt.ParameterIndex()
+        index.load(str(irpa))
+        instance = self.config.vm_instance
+        params = rt.create_io_parameters_module(instance, index.create_provider(scope="model"))
+        hal = rt.create_hal_module(instance, self.config.device)
+        main = rt.VmModule.mmap(instance, str(vmfb))
+        self.context = rt.SystemContext(vm_modules=[params, hal, main], config=self.config)
+        self.module = self.context.modules[main.name]
+
+    def call(self, function: str, *args: np.ndarray) -> list[np.ndarray]:
+        result = self.module[function](*args)
+        results = result if isinstance(result, (tuple, list)) else [result]
+        return [np.asarray(r.to_host()) for r in results]
+
+
+def benchmark(vmfb: Path, function: str, flags: list[str], calls: int = 50) -> float:
+    from kitdispatch.models.compare import benchmark_call
+
+    return benchmark_call(vmfb, function, flags, repetitions=calls)
+
+
+def torch_times(model: str, batch: int, seq: int, dtype: str, rounds: int = 3, calls: int = 50) -> dict[str, float]:
+    """Median call (us) of the HF model in torch: eager, torch.compile default, interleaved."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "investigations"))
+    from export_hf_models import LastHidden, models
+
+    net, key, example = models(1, batch, seq)[model]
+    torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dtype]
+    net = LastHidden(net.to(torch_dtype).cuda().eval(), key).eval()
+    x = (example.to(torch_dtype) if example.is_floating_point() else example).cuda()
+    variants = {"torch eager": net, "torch.compile": torch.compile(net)}
+    results: dict[str, list[float]] = {k: [] for k in variants}
+    with torch.inference_mode():
+        for fn in variants.values():
+            for _ in range(5):
+                fn(x)
+        torch.cuda.synchronize()
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                times = []
+                for _ in range(calls):
+                    start.record()
+                    fn(x)
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end) * 1000)
+                results[name].append(statistics.median(times))
+    return {k: statistics.median(v) for k, v in results.items()}
+
+
+def model_inputs(model: str, batch: int, seq: int, dtype: str) -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    if model == "vit":
+        return [rng.standard_normal((batch, 3, 224, 224)).astype(np.float16 if dtype == "f16" else np.float32)]
+    return [rng.integers(0, 1000, (batch, seq), dtype=np.int64)]  # within the vocabulary of 1000
+
+
+def run(build_dir: Path, out: Path) -> None:
+    from kitdispatch.models.compare import check_agreement, profile_dispatches
+    from kitdispatch.models.record import read_model_record
+
+    results = []
+    for spec in sorted(build_dir.glob("*.params.npz")):
+        name = spec.name[: -len(".params.npz")]
+        m = NAME_RE.match(name)
+        folder = build_dir / name
+        entry: dict = {"model": name}
+        results.append(entry)
+        if not (folder / "kitdispatch.model.json").exists() and not list(folder.glob("*.model.json")):
+            entry["error"] = "no build (see its build log)"
+            print(name, entry["error"], flush=True)
+            continue
+        try:
+            _, record = read_model_record(folder)
+            entry["replaced_ops"] = [f"{r.op} -> {r.kernel_entry}" for r in record.replaced]
+            with tempfile.TemporaryDirectory() as tmp:
+                irpa = Path(tmp) / "weights.irpa"
+                draw_parameters(spec, irpa)
+                sig = record.function(None)
+                args = model_inputs(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"])
+                vmfbs = {"replaced": folder / record.vmfb, "baseline": folder / record.baseline_vmfb}
+                outputs = {k: Loaded(v, irpa).call(sig.name, *args) for k, v in vmfbs.items()}
+                agree, err, tol, worst = check_agreement(outputs["replaced"], outputs["baseline"], sig)
+                entry.update(agree=agree, max_abs_error=err, tolerance=tol, worst=list(worst),
+                             # outputs that agree must also be something: their spread and NaNs
+                             output_std=float(np.std(outputs["baseline"][0].astype(np.float64))),
+                             output_nans=int(np.isnan(outputs["baseline"][0].astype(np.float64)).sum()))
+                flags = [f"--parameters=model={irpa}"]
+                for i, a in enumerate(args):
+                    np.save(Path(tmp) / f"in{i}.npy", a)
+                    flags.append(f"--input=@{Path(tmp) / f'in{i}.npy'}")
+                calls: dict[str, list[float]] = {k: [] for k in vmfbs}
+                for _ in range(3):  # interleaved
+                    for k, v in vmfbs.items():
+                        calls[k].append(benchmark(v, sig.name, flags))
+                entry["iree_call_us"] = {k: statistics.median(v) for k, v in calls.items()}
+                entry["dispatches_us"] = {}
+                for k, v in vmfbs.items():
+                    try:
+                        entry["dispatches_us"][k] = [(t.name, round(t.per_call_us, 2)) for t in profile_dispatches(v, sig.name, flags, Path(tmp))]
+                    except Exception as exc:  # noqa: BLE001 - a benchmark reports what it could not measure
+                        entry["dispatches_us"][k] = f"not measured: {exc}"
+            entry["torch_us"] = torch_times(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"])
+        except Exception as exc:  # noqa: BLE001 - report the model and go on with the others
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        print(summary(entry), flush=True)
+        out.write_text(json.dumps(results, indent=1))
+
+
+def summary(e: dict) -> str:
+    if "error" in e:
+        return f"{e['model']}: {e['error']}"
+    calls, torch_us = e.get("iree_call_us", {}), e.get("torch_us", {})
+    base, mine = calls.get("baseline"), calls.get("replaced")
+    parts = [f"{e['model']}: {len(e.get('replaced_ops', []))} ops replaced; outputs {'agree' if e.get('agree') else 'DISAGREE'} "
+             f"(max abs error {e.get('max_abs_error', float('nan')):.3g}, {e.get('tolerance')}; output std {e.get('output_std', float('nan')):.3g}, "
+             f"{e.get('output_nans')} NaN)"]
+    if base and mine:
+        parts.append(f"  whole call: IREE alone {base:.1f} us, IREE + kit {mine:.1f} us ({base / mine:.2f}x)")
+    for k, v in torch_us.items():
+        parts.append(f"  {k} {v:.1f} us" + (f" (IREE + kit is {v / mine:.2f}x of it)" if mine else ""))
+    return "\n".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("onnx_dir", type=Path)
+    b.add_argument("out", type=Path)
+    b.add_argument("--arch", default="sm_90a")
+    r = sub.add_parser("run")
+    r.add_argument("build_dir", type=Path)
+    r.add_argument("out", type=Path)
+    args = parser.parse_args()
+    if args.step == "build":
+        build(args.onnx_dir, args.out, args.arch)
+    else:
+        run(args.build_dir, args.out)
+
+
+if __name__ == "__main__":
+    main()
