@@ -2,7 +2,6 @@
 generate has a numpy reference; the tensor-core kernels (matmul, attention) are checked on the
 GPU over many shapes, and their sm_90a code is checked for Hopper's instructions."""
 
-import dataclasses
 import importlib.util
 import inspect
 from pathlib import Path
@@ -14,7 +13,7 @@ from kitdispatch import BuildOptions, load_manifest
 from kitdispatch import build
 from kitdispatch.describe.manifest import MANIFEST_NAME
 
-from conftest import HAVE_IREE_COMPILE, REPO, needs_iree_compile
+from conftest import HAVE_IREE_COMPILE, MATMUL_SUBSET, REPO, buildable, needs_iree_compile
 
 MANIFEST_DIRS = sorted(
     p.parent for root in ("kernels", "samples") for p in (REPO / root).glob(f"*/{MANIFEST_NAME}")
@@ -45,27 +44,6 @@ def test_every_function_has_a_reference(folder):
         assert callable(ref), f"{folder.name}/reference.py has no function {sig.name!r}"
         params = inspect.signature(ref).parameters
         assert len(params) == len(sig.args), f"{sig.name}: {len(params)} parameters, the function takes {len(sig.args)}"
-
-
-# kernels/matmul's 342 entries take about 3 minutes to build for sm_80 on 2 cores (NVRTC 4 min of
-# CPU, iree-compile 1 min; measured): here a representative subset builds, one entry of every
-# source file, config, epilogue kind and arithmetic (each generated entry compiles only with
-# its own define, so a subset compiles only its entries). `tools/prebuild.py` builds them all.
-MATMUL_SUBSET = (
-    "matmul_f16", "matmul_bf16", "matmul_f16_f16", "matmul_bf16_bf16", "matmul_f16_bf16", "matmul_bf16_f16",
-    "matmul_nt_f16_f32_none", "matmul_nt_f16_f32_none_t128x128", "matmul_nt_f16_f32_none_t128x128_k2",
-    "matmul_nt_f16_f32_none_t128x64_k4", "matmul_nt_f16_f32_none_t128x128_p", "matmul_nn_bf16_bias_gelu_tanh_t128x128",
-    "matmul_nn_f16_bias_residual_t128x128_p", "bmm_nn_f16_f32_none_t128x128", "bmm_nt_bf16_scale_t128x64_k4",
-    "matmul_nn_f32_none", "matmul_nt_f32_tf32_bias_gelu_erf",
-)
-
-
-def buildable(folder: Path):
-    """What the build tests build of a library folder: the folder, or kernels/matmul's subset."""
-    if folder != REPO / "kernels" / "matmul":
-        return folder
-    spec = load_manifest(folder)
-    return dataclasses.replace(spec, kernels=tuple(k for k in spec.kernels if k.name in MATMUL_SUBSET))
 
 
 def test_the_matmul_subset_names_real_entries():
