@@ -122,34 +122,6 @@ def draw_parameters(spec: Path, irpa: Path, seed: int = 0) -> None:
     rt.save_archive_file({k: v.view(np.uint8).reshape(-1) for k, v in entries.items()}, irpa)
 
 
-class Loaded:
-    """One module with the parameter archive, on the CUDA device."""
-
-    def __init__(self, vmfb: Path, irpa: Path) -> None:
-        import iree.runtime as rt
-
-        self.config = rt.Config("cuda")
-        index = rt.ParameterIndex()
-        index.load(str(irpa))
-        instance = self.config.vm_instance
-        params = rt.create_io_parameters_module(instance, index.create_provider(scope="model"))
-        hal = rt.create_hal_module(instance, self.config.device)
-        main = rt.VmModule.mmap(instance, str(vmfb))
-        self.context = rt.SystemContext(vm_modules=[params, hal, main], config=self.config)
-        self.module = self.context.modules[main.name]
-
-    def call(self, function: str, *args: np.ndarray) -> list[np.ndarray]:
-        result = self.module[function](*args)
-        results = result if isinstance(result, (tuple, list)) else [result]
-        return [np.asarray(r.to_host()) for r in results]
-
-
-def benchmark(vmfb: Path, function: str, flags: list[str], calls: int = 50) -> float:
-    from kitdispatch.models.compare import benchmark_call
-
-    return benchmark_call(vmfb, function, flags, repetitions=calls)
-
-
 def torch_times(model: str, batch: int, seq: int, dtype: str, rounds: int = 3, calls: int = 50) -> dict[str, float]:
     """Median call (us) of the HF model in torch: eager, torch.compile default, interleaved."""
     import torch
@@ -190,8 +162,7 @@ def model_inputs(model: str, batch: int, seq: int, dtype: str) -> list[np.ndarra
 
 
 def run(build_dir: Path, out: Path) -> None:
-    from kitdispatch.models.compare import check_agreement, profile_dispatches
-    from kitdispatch.models.record import read_model_record
+    from kitdispatch.models.compare import compare_model
 
     results = []
     for spec in sorted(build_dir.glob("*.params.npz")):
@@ -200,40 +171,16 @@ def run(build_dir: Path, out: Path) -> None:
         folder = build_dir / name
         entry: dict = {"model": name}
         results.append(entry)
-        if not (folder / "kitdispatch.model.json").exists() and not list(folder.glob("*.model.json")):
-            entry["error"] = "no build (see its build log)"
-            print(name, entry["error"], flush=True)
-            continue
         try:
-            _, record = read_model_record(folder)
-            entry["replaced_ops"] = [f"{r.op} -> {r.kernel_entry}" for r in record.replaced]
             with tempfile.TemporaryDirectory() as tmp:
                 irpa = Path(tmp) / "weights.irpa"
                 draw_parameters(spec, irpa)
-                sig = record.function(None)
-                args = model_inputs(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"])
-                vmfbs = {"replaced": folder / record.vmfb, "baseline": folder / record.baseline_vmfb}
-                outputs = {k: Loaded(v, irpa).call(sig.name, *args) for k, v in vmfbs.items()}
-                agree, err, tol, worst = check_agreement(outputs["replaced"], outputs["baseline"], sig)
-                entry.update(agree=agree, max_abs_error=err, tolerance=tol, worst=list(worst),
-                             # outputs that agree must also be something: their spread and NaNs
-                             output_std=float(np.std(outputs["baseline"][0].astype(np.float64))),
-                             output_nans=int(np.isnan(outputs["baseline"][0].astype(np.float64)).sum()))
-                flags = [f"--parameters=model={irpa}"]
-                for i, a in enumerate(args):
-                    np.save(Path(tmp) / f"in{i}.npy", a)
-                    flags.append(f"--input=@{Path(tmp) / f'in{i}.npy'}")
-                calls: dict[str, list[float]] = {k: [] for k in vmfbs}
-                for _ in range(3):  # interleaved
-                    for k, v in vmfbs.items():
-                        calls[k].append(benchmark(v, sig.name, flags))
-                entry["iree_call_us"] = {k: statistics.median(v) for k, v in calls.items()}
-                entry["dispatches_us"] = {}
-                for k, v in vmfbs.items():
-                    try:
-                        entry["dispatches_us"][k] = [(t.name, round(t.per_call_us, 2)) for t in profile_dispatches(v, sig.name, flags, Path(tmp))]
-                    except Exception as exc:  # noqa: BLE001 - a benchmark reports what it could not measure
-                        entry["dispatches_us"][k] = f"not measured: {exc}"
+                inputs = Path(tmp) / "inputs.npz"
+                np.savez(inputs, *model_inputs(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"]))
+                c = compare_model(folder, inputs=inputs, parameters=irpa, repetitions=20)
+                entry.update(c.to_json())
+                baseline = compare_model_output_std(folder, inputs, irpa)
+                entry["output_std"], entry["output_nans"] = baseline
             entry["torch_us"] = torch_times(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"])
         except Exception as exc:  # noqa: BLE001 - report the model and go on with the others
             entry["error"] = f"{type(exc).__name__}: {exc}"
@@ -241,18 +188,37 @@ def run(build_dir: Path, out: Path) -> None:
         out.write_text(json.dumps(results, indent=1))
 
 
+def compare_model_output_std(folder: Path, inputs: Path, irpa: Path) -> tuple[float, int]:
+    """The baseline's first output's spread and NaNs: outputs that agree must also be something."""
+    import kitdispatch as kd
+    from kitdispatch.describe.model_record import read_model_record
+
+    _, record = read_model_record(folder)
+    model = kd.load_module(folder, baseline=True, parameters=irpa)
+    data = np.load(inputs)
+    result = model.function(record.function(None).name)(*[data[k] for k in data.files])
+    first = np.asarray(result[0] if isinstance(result, (tuple, list)) else result, np.float64)
+    return float(np.std(first)), int(np.isnan(first).sum())
+
+
 def summary(e: dict) -> str:
     if "error" in e:
         return f"{e['model']}: {e['error']}"
-    calls, torch_us = e.get("iree_call_us", {}), e.get("torch_us", {})
-    base, mine = calls.get("baseline"), calls.get("replaced")
+    calls, prepared, torch_us = e.get("call_us", {}), e.get("prepared_us", {}), e.get("torch_us", {})
     parts = [f"{e['model']}: {len(e.get('replaced_ops', []))} ops replaced; outputs {'agree' if e.get('agree') else 'DISAGREE'} "
-             f"(max abs error {e.get('max_abs_error', float('nan')):.3g}, {e.get('tolerance')}; output std {e.get('output_std', float('nan')):.3g}, "
-             f"{e.get('output_nans')} NaN)"]
-    if base and mine:
-        parts.append(f"  whole call: IREE alone {base:.1f} us, IREE + kit {mine:.1f} us ({base / mine:.2f}x)")
+             f"(max abs error {e.get('max_abs_error', float('nan')):.3g}, {e.get('tolerance')}; "
+             f"output std {e.get('output_std', float('nan')):.3g}, {e.get('output_nans')} NaN)"]
+    for label, pair in (("IREE's call", calls), ("kit's prepared call", prepared)):
+        if len(pair) == 2:
+            parts.append(f"  {label}: IREE alone {pair['baseline']:.1f} us, IREE + kit {pair['replaced']:.1f} us "
+                         f"({pair['baseline'] / pair['replaced']:.2f}x)")
+    mine = prepared.get("replaced") or calls.get("replaced")
     for k, v in torch_us.items():
-        parts.append(f"  {k} {v:.1f} us" + (f" (IREE + kit is {v / mine:.2f}x of it)" if mine else ""))
+        parts.append(f"  {k} {v:.1f} us" + (f" ({v / mine:.2f}x of IREE + kit's prepared call)" if mine else ""))
+    for k, rows in e.get("dispatches", {}).items():
+        total = sum(r["per_call_us"] for r in rows)
+        parts.append(f"  device time, {k}: {total:.1f} us in {len(rows)} dispatches; heaviest: "
+                     + ", ".join(f"{r['name'][-40:]} {r['per_call_us']:.1f}" for r in rows[:4]))
     return "\n".join(parts)
 
 

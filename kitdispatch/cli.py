@@ -129,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--inputs", default=None, metavar="FILE.npz", help="inputs in argument order (default: random by dtype)")
         cmd.add_argument("--function", default=None, help="function to run (default: the model's first)")
         cmd.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
+        cmd.add_argument("--parameters", default=None, metavar="FILE.irpa",
+                         help="the weights of a model imported with them externalized (iree-import-onnx --externalize-params)")
 
     r = sub.add_parser("run", parents=[common], help="run a function of a .vmfb on the cuda device")
     r.add_argument("vmfb", help="the module to run")
@@ -365,7 +367,7 @@ def _build_model(args: argparse.Namespace, options: BuildOptions, out: _Out) -> 
 def _cmd_compare(args: argparse.Namespace, out: _Out) -> int:
     from kitdispatch.models.compare import compare_model, format_comparison
 
-    result = compare_model(Path(args.built), inputs=args.inputs, function=args.function, device=args.device)
+    result = compare_model(Path(args.built), inputs=args.inputs, function=args.function, device=args.device, parameters=args.parameters)
     out.result(result.to_json(), format_comparison(result))
     return 0 if result.agree else 1
 
@@ -373,7 +375,7 @@ def _cmd_compare(args: argparse.Namespace, out: _Out) -> int:
 def _cmd_profile(args: argparse.Namespace, out: _Out) -> int:
     from kitdispatch.models.compare import format_dispatch, profile_module
 
-    vmfb, times = profile_module(Path(args.built), inputs=args.inputs, function=args.function, device=args.device)
+    vmfb, times = profile_module(Path(args.built), inputs=args.inputs, function=args.function, device=args.device, parameters=args.parameters)
     text = "\n".join([f"heaviest dispatches of {vmfb} (device time, Nsight Compute):"] + [format_dispatch(t) for t in times])
     out.result({"vmfb": vmfb, "dispatches": [t.to_json() for t in times]}, text)
     return 0

@@ -199,6 +199,52 @@ def cpu_sized_module(tmp_path_factory):
     return kd.load_module(cpu_module_vmfb(DATA / "cpu_sized", "sized", tmp_path_factory.mktemp("cpu_sized")), device=CPU_DEVICE)
 
 
+CPU_FLAGS = ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=generic")
+EMBEDDING = DATA / "embedding" / "make_model.py"
+
+
+def make_embedding_model(path: Path, *args) -> None:
+    """tests/data/embedding: token and position ids through Gathers, a mask, a Softmax."""
+    pytest.importorskip("onnx")
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(EMBEDDING), str(path), *map(str, args)], check=True, timeout=120)
+
+
+def cpu_model_build(model: Path, out_dir: Path, *, baseline: bool = True) -> Path:
+    """A model build folder as build_model writes one (NAME.vmfb, NAME.baseline.vmfb, the model
+    record with the functions and their index bounds read by models/functions.py), compiled by
+    IREE alone for its local-task device, so the run side can load and call a model on the CPU."""
+    import subprocess
+
+    from kitdispatch.describe.model_record import ModelRecord, model_record_name
+    from kitdispatch.describe.record import sha256
+    from kitdispatch.iree.tools import find_tool
+    from kitdispatch.models.functions import model_functions
+    from kitdispatch.models.pipeline import import_model
+    from kitdispatch.models.spec import parse_mlir
+
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    imported = import_model(model, out_dir / "model.imported.mlir")
+    compile_ = [find_tool("iree-compile"), str(imported), *CPU_FLAGS]
+    subprocess.run([*compile_, "--compile-to=global-optimization", "-o", str(out_dir / "stage.mlir")], check=True, timeout=300)
+    _, module = parse_mlir(out_dir / "stage.mlir")
+    names = ["model.vmfb", "model.baseline.vmfb"] if baseline else ["model.vmfb"]
+    for name in names:
+        subprocess.run([*compile_, "-o", str(out_dir / name)], check=True, timeout=300)
+    record = ModelRecord(
+        kitdispatch="tests", model=str(model), project="", vmfb=names[0], baseline_vmfb=names[1] if baseline else None, spec="",
+        archs=(), codegen_target="", iree_compiler="", iree_flags=CPU_FLAGS, matched_after=("global-optimization",),
+        functions=model_functions(module), replaced=(), not_replaced=(), kernel_executables=(),
+        files={n: sha256((out_dir / n).read_bytes()) for n in names},
+    )
+    (out_dir / model_record_name("model")).write_bytes(record.to_bytes())
+    return out_dir
+
+
 # ============================================================ models: factories (tests/models)
 # Kernels, models and builds the tests of kitdispatch/models share. Below the rest: merges stay easy.
 

@@ -172,3 +172,44 @@ def test_sm90a_code_uses_wgmma_and_the_copy_engine_and_sm80_code_does_not(family
         assert instruction in hopper, f"{family} sm_90a PTX lacks {instruction}"
         assert instruction not in ampere, f"{family} sm_80 PTX has {instruction}"
     assert "mma.sync.aligned.m16n8k16" in ampere
+
+
+# --------------------------------------------------------------- norms (GPU)
+
+
+@pytest.fixture(scope="session")
+def norm_build(tmp_path_factory, prebuilt_dir):
+    """kernels/norm built for sm_80 + sm_90 (or the prebuilt copy, OUT/norm)."""
+    from conftest import prebuilt_or_build
+
+    return prebuilt_or_build(REPO / "kernels" / "norm", tmp_path_factory, prebuilt_dir)
+
+
+# (rows, cols): a warp per row with 16-byte accesses, element by element (cols not a multiple
+# of 8), the block per row (cached up to 8192 columns), passes over memory beyond, tiny rows.
+NORM_SHAPES = [(67, 1000), (5, 1001), (300, 64), (3, 4096), (7, 2050), (2, 8192), (3, 10000), (2, 12289), (1, 1)]
+NORM_FUNCTIONS = [f"{base}_{dtype}" for dtype in ("f16", "bf16", "f32")
+                  for base in ("layer_norm", "layer_norm_nobias", "layer_norm_plain", "rms_norm", "rms_norm_plain")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("function", NORM_FUNCTIONS)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("round_first", [0, 1])
+def test_norm_shapes(norm_build, function, shape, round_first):
+    """Every norm entry against kernels/norm/reference.py on every path of norm.cu, with x's
+    rows off their mean (LayerNorm's two-pass variance) and weight and bias away from 1 and 0."""
+    from kitdispatch import load_module
+
+    _, reference = _reference_module(REPO / "kernels" / "norm")
+    rows, cols = shape
+    dtype = function.rsplit("_", 1)[1]
+    rng = np.random.default_rng(rows * 7919 + cols)
+    x = (3.0 + rng.standard_normal((rows, cols))).astype(_numpy_dtype(dtype))
+    affine = {"layer_norm": 2, "layer_norm_nobias": 1, "rms_norm": 1}.get(function.rsplit("_", 1)[0], 0)
+    params = [(1 + 0.5 * rng.standard_normal(cols)).astype(_numpy_dtype(dtype)) for _ in range(affine)]
+    module = load_module(norm_build / "norm.vmfb")
+    got = module.call(function, x, *params, 1e-5, round_first)
+    want = getattr(reference, function)(x, *params, 1e-5, round_first)
+    assert got.shape == (rows, cols) and got.dtype == x.dtype
+    assert _rel_err(got, want.astype(np.float64)) <= RESULT_TOL[dtype]

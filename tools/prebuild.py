@@ -13,6 +13,7 @@ that tests/models/test_compare.py compares (OUT/<sample>_model, with their basel
 from __future__ import annotations
 
 import argparse
+import runpy
 import shutil
 import subprocess
 import sys
@@ -43,8 +44,30 @@ MODELS = {
         for case, form, dtype in [("nt", "wt", "f16"), ("batch1", "batch1", "f16"), ("bmm", "bmm", "f16"), ("qkt", "qkt", "f16"),
                                   ("f32", "gemm_tb", "f32"), ("tf32", "gemm_tb", "f32")]
     },
+    # tests/run/test_model_gpu.py: a model called through load_module(DIR)
+    "embedding_model": ((ROOT / "tests" / "data" / "embedding" / "make_model.py",), ROOT / "kernels" / "softmax"),
+    # tests/models/test_ops_epilogue.py: matmuls replaced with their epilogues by the GEMM family.
+    "epilogue_ffn_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "ffn"), ROOT / "kernels" / "matmul"),
+    "epilogue_mlp_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "mlp"), ROOT / "kernels" / "matmul"),
+    # tests/models/test_ops_norm.py's NORM_MODELS: norms replaced by kernels/norm.
+    **{
+        f"norm_{name}_model": ((ROOT / "tests" / "data" / "norms" / "make_model.py", *args), ROOT / "kernels" / "norm")
+        for name, args in {
+            "layernorm_f16": ("--form", "layernorm", "--f16"),
+            "layernorm_f32": ("--form", "layernorm"),
+            "decomposed_f32": ("--form", "decomposed", "--no-bias"),
+            "rms_f16": ("--form", "rms", "--f16", "--eps", "1e-6"),
+            "rms_f32": ("--form", "rms"),
+            "rms_f16_wide": ("--form", "rms", "--f16", "--batch", "2", "--seq", "64", "--hidden", "4096"),
+        }.items()
+    },
 }
 TF32_MODELS = {"matmul_tf32_model"}  # built with tf32=True (f32 matmuls in plain TF32)
+
+
+# The attention forms tests/models/test_attention_forms.py compares: OUT/attention_forms_<case>,
+# built with the whole library (tests/data/attention_forms/gpu_cases.py).
+FORMS = ROOT / "tests" / "data" / "attention_forms"
 
 
 def projects() -> list[Path]:
@@ -79,6 +102,20 @@ def build_models(out: Path, failures: list[str]) -> None:
                 failures.append(f"{name}: {str(exc).splitlines()[0]}")
 
 
+def build_attention_forms(out: Path, failures: list[str]) -> None:
+    cases = runpy.run_path(str(FORMS / "gpu_cases.py"))
+    for case, (kind, args, _) in cases["GPU_CASES"].items():
+        name = f"attention_forms_{case}"
+        with tempfile.TemporaryDirectory() as tmp:
+            model = Path(tmp) / cases["model_name"](kind)
+            subprocess.run([sys.executable, str(FORMS / f"make_{kind}.py"), str(model), *args], check=True, timeout=300)
+            try:
+                kd.build_model(None, model, kd.BuildOptions.create(cases["ARCHS"]), out / name, with_baseline=True)
+                print(f"built {name} with the library", flush=True)
+            except kd.KitError as exc:
+                failures.append(f"{name}: {str(exc).splitlines()[0]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder to build into (one subfolder a project)")
@@ -88,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     build_projects(args.out, failures)
     if not args.no_models:
         build_models(args.out, failures)
+        build_attention_forms(args.out, failures)
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)
     return 1 if failures else 0

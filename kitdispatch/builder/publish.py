@@ -33,14 +33,13 @@ from pathlib import Path
 
 from kitdispatch._files import fsync_dir, is_plain_name, is_temp_file, read_regular_file, write_atomic
 from kitdispatch.errors import IreeCompileError, KitError, ToolError
-from kitdispatch.describe.record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, RECORD_SUFFIX, BuildRecord, RecordError, file_sha256, journal_name, record_name, sha256
+from kitdispatch.describe.record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, MODEL_RECORD_SUFFIX, RECORD_SUFFIX, BuildRecord, RecordError, file_sha256, journal_name, record_name, sha256
 
 STAGING_PREFIX = ".kitdispatch-staging-"
 STAGING_MARKER = ".kitdispatch-staging"  # inside each staging folder: proof that the kit made it, and its lock
 # A staging folder while it is made (until its lock is held) and while it is removed: a name
 # only the kit uses, so that one left by a kill halfway is recognised even when empty.
 TRANSIT_PREFIX = ".kitdispatch-transit-"
-MODEL_RECORD_SUFFIX = ".model.json"  # models/pipeline.py's record: read here only to keep builds apart
 
 
 class OutputError(KitError):

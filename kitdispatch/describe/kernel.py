@@ -16,7 +16,7 @@ from kitdispatch.describe.limits import DEFAULT_DYNAMIC_SHARED_MEMORY_MAX, MAX_D
 from kitdispatch.describe.choices import ObjectFormat
 from kitdispatch.describe.names import WIDE_HALVES, _IDENT_RE, _shown, check_identifier, check_kernel_name, default_function_name
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
-from kitdispatch.describe.op_names import PATTERN_OPS, REPLACEABLE_OPS  # `replaces`; models/ops decides per op
+from kitdispatch.describe.op_names import ATTENTION_MASKS, EPILOGUE_OPS, EPILOGUES, PATTERN_OPS, REPLACEABLE_OPS  # `replaces`; models/ops decides per op
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,9 @@ class Replaces:
     """Which ops of an imported model a kernel may stand in for, and the limits its params
     cannot say: a dimension's divisor or largest size, for a softmax the dimension it
     normalizes (None: the last), and for a linalg.generic the MLIR file whose one generic the
-    op must match. Each op is still checked against the params (replace.py)."""
+    op must match; for a matmul the epilogue the kernel computes after the product (the
+    elementwise ops it replaces with the op, describe/op_names.py's EPILOGUES). Each op is still
+    checked against the params (replace.py)."""
 
     ops: tuple[str, ...]
     multiple_of: tuple[tuple[str, int], ...] = ()
@@ -92,6 +94,8 @@ class Replaces:
     pattern: Path | None = None
     when: Condition | None = None  # a condition over the sizes (a tile config's shape class)
     arithmetic: str | None = None  # how an f32 kernel multiplies (ARITHMETICS); "tf32" only on request
+    mask: str | None = None  # an attention kernel's mask (ATTENTION_MASKS); None: it applies none
+    epilogue: str = "none"
 
     @classmethod
     def create(
@@ -104,6 +108,8 @@ class Replaces:
         pattern: str | Path | None = None,
         when: str | None = None,
         arithmetic: str | None = None,
+        mask: str | None = None,
+        epilogue: str | None = None,
         where: str = "replaces",
     ) -> "Replaces":
         if isinstance(ops, str) or not ops or not all(isinstance(o, str) for o in ops):
@@ -131,6 +137,12 @@ class Replaces:
             raise ManifestError(
                 f"arithmetic {arithmetic!r} is not one the kit knows", where=where, fix=f"use one of {', '.join(ARITHMETICS)}"
             )
+        if mask is not None and (mask not in ATTENTION_MASKS or list(ops) != ["iree_linalg_ext.attention"]):
+            raise ManifestError(
+                f"mask {mask!r}: only a kernel that replaces iree_linalg_ext.attention alone says its mask, one of {', '.join(ATTENTION_MASKS)}",
+                where=where,
+                fix='e.g. replaces = ["iree_linalg_ext.attention"] with replace_when = { mask = "causal" }',
+            )
         return cls(
             tuple(dict.fromkeys(ops)),
             _positive_sizes(multiple_of or {}, "multiple_of", where),
@@ -139,6 +151,8 @@ class Replaces:
             Path(pattern) if pattern is not None else None,
             Condition.parse(when, f"{where}: when") if when is not None else None,
             arithmetic,
+            mask,
+            _epilogue(epilogue, ops, where),
         )
 
     @property
@@ -151,6 +165,24 @@ class Replaces:
 # two TF32 halves (f32-level error); "tf32" rounds the inputs to TF32 (~1e-3 relative error) and
 # replaces ops only where the model build asks for it (BuildOptions tf32, --tf32).
 ARITHMETICS = {"3xtf32": "3xTF32 (f32-level error)", "tf32": "TF32 (inputs rounded to 10 bits, ~1e-3 relative error)"}
+
+
+def _epilogue(epilogue: object, ops: Sequence[str], where: str) -> str:
+    """replace_when's `epilogue`: one of EPILOGUES, for matmul kinds only; None is "none"."""
+    if epilogue is None:
+        return "none"
+    if not isinstance(epilogue, str) or epilogue not in EPILOGUES:
+        raise ManifestError(
+            f"unknown epilogue {epilogue!r}", where=where, fix=f"use one of {', '.join(EPILOGUES)} (kernels/matmul/README.md: their formulas)"
+        )
+    others = [op for op in ops if op not in EPILOGUE_OPS]
+    if epilogue != "none" and others:
+        raise ManifestError(
+            f"an epilogue is for {' and '.join(EPILOGUE_OPS)} only, not {', '.join(others)}",
+            where=where,
+            fix=f'replaces = ["linalg.matmul"] with replace_when = {{ epilogue = "{epilogue}" }}',
+        )
+    return epilogue
 
 
 def _positive_sizes(table: object, key: str, where: str) -> tuple[tuple[str, int], ...]:

@@ -48,7 +48,9 @@ _KERNEL_KEYS = {
     "include_dirs": False,
     "defines": False,
 }
-_REPLACE_WHEN_KEYS = {"multiple_of": False, "max": False, "dimension": False, "pattern": False, "when": False, "arithmetic": False}
+_REPLACE_WHEN_KEYS = {
+    "multiple_of": False, "max": False, "dimension": False, "pattern": False, "mask": False, "epilogue": False, "when": False, "arithmetic": False,
+}
 _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
 _TEST_KEYS = {"reference": False, "sizes": False, "seed": False, "scalars": False, "ranges": False, "tolerances": False}
@@ -205,7 +207,7 @@ def _parse_kernel(data: dict, root: Path, where: str) -> Kernel:
 def _parse_replaces(data: dict, root: Path, where: str) -> Replaces | None:
     """`replaces = ["linalg.softmax"]`, with optional limits in
     `replace_when = { multiple_of = { k = 16 }, max = { cols = 8192 }, dimension = 1 }`, and for a
-    linalg.generic `pattern = "FILE.mlir"` (beside the manifest)."""
+    linalg.generic `pattern = "FILE.mlir"` (beside the manifest); for a matmul `epilogue = "bias_gelu_tanh"`."""
     if "replaces" not in data:
         if "replace_when" in data:
             raise ManifestError(
@@ -222,6 +224,8 @@ def _parse_replaces(data: dict, root: Path, where: str) -> Replaces | None:
         pattern=root / when["pattern"] if isinstance(when.get("pattern"), str) else when.get("pattern"),
         when=when.get("when"),
         arithmetic=when.get("arithmetic"),
+        mask=when.get("mask"),
+        epilogue=when.get("epilogue"),
         where=f"{where}: replaces",
     )
 

@@ -7,7 +7,19 @@ names are listed here, and tests/models/test_registry.py checks this list agains
 
 from __future__ import annotations
 
-# In the registry's order.
-REPLACEABLE_OPS = ("linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "linalg.generic", "iree_linalg_ext.attention")
+# In the registry's order. Most are IREE's op names; `layer_norm` and `rms_norm` are kinds that
+# read a chain of linalg.generics (models/ops/norm.py), ahead of linalg.generic, which reads them one by one.
+REPLACEABLE_OPS = (
+    "linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "layer_norm", "rms_norm", "linalg.generic", "iree_linalg_ext.attention",
+)
 # The ops a kernel matches through a pattern file (replace_when's `pattern`), and only they.
 PATTERN_OPS = ("linalg.generic",)
+# What an attention kernel may say of the mask it applies (replace_when's `mask`): "causal"
+# (key j attends to query i where j <= i); without it, no mask (an op whose mask masks nothing).
+ATTENTION_MASKS = ("causal",)
+# The epilogues a matmul kernel may compute after the product (replace_when's `epilogue`; default
+# "none"), in f32 on the f32 accumulator, then one rounding to the result type:
+# kernels/matmul/README.md gives each formula, models/ops/epilogue.py recognises them in a model.
+EPILOGUES = ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bias_silu", "residual", "bias_residual", "scale")
+# The ops whose kernels may declare an epilogue.
+EPILOGUE_OPS = ("linalg.matmul", "linalg.batch_matmul")

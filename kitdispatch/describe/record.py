@@ -19,6 +19,7 @@ from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.describe.module import TestSpec
 
 RECORD_SUFFIX = ".kitdispatch.json"
+MODEL_RECORD_SUFFIX = ".model.json"  # a model build's record (describe/model_record.py)
 SCHEMA = 2
 # Written before the first file of a build is moved into place and removed after the record:
 # while it exists the folder is half-published (a killed build), and readers refuse it.

@@ -17,6 +17,7 @@ import re
 import shutil
 import statistics
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +28,9 @@ from kitdispatch._files import open_regular
 from kitdispatch._proc import run_tool
 from kitdispatch.errors import KitError, ToolError
 from kitdispatch.iree.tools import find_tool
-from kitdispatch.models.record import ModelFunction, read_model_record
+from kitdispatch.describe.model_record import ModelFunction, read_model_record
 from kitdispatch.run.device import numpy_dtype
-from kitdispatch.run.module import Module, require_cuda
+from kitdispatch.run.module import PARAMETER_SCOPE, Module, load_module, require_cuda
 from kitdispatch.describe import abi
 
 BENCH_TIMEOUT_S = 600.0
@@ -62,7 +63,9 @@ class Comparison:
     max_abs_error: float
     tolerance: str
     worst: tuple[str, ...]  # the worst elements, where the outputs disagree
-    call_us: dict[str, float]  # "replaced"/"baseline" -> median whole call
+    call_us: dict[str, float]  # "replaced"/"baseline" -> median whole call, as IREE alone calls it (`call_tool`)
+    prepared_us: dict[str, float] = field(default_factory=dict)  # the same, through the kit's prepared call
+    call_tool: str = "iree-benchmark-module"
     dispatches: dict[str, tuple[DispatchTime, ...]] = field(default_factory=dict)
     kernel_names: tuple[str, ...] = ()  # exports of the kit's kernels in the replaced module
     replaced_ops: tuple[str, ...] = ()
@@ -89,6 +92,8 @@ class Comparison:
             "tolerance": self.tolerance,
             "worst": list(self.worst),
             "call_us": self.call_us,
+            "prepared_us": self.prepared_us,
+            "call_tool": self.call_tool,
             "dispatches": {k: [d.to_json() for d in v] for k, v in self.dispatches.items()},
             "kernel_names": list(self.kernel_names),
             "replaced_ops": list(self.replaced_ops),
@@ -96,7 +101,8 @@ class Comparison:
                 {"kit": [d.to_json() for d in kit], "iree": [d.to_json() for d in iree]} for kit, iree in [self.replaced_dispatches()]
             ],
             "notes": list(self.notes),
-            "timing_tools": "whole call: iree-benchmark-module (median real time); dispatches: Nsight Compute gpu__time_duration",
+            "timing_tools": f"whole call: {self.call_tool} (median), and the kit's prepared call (median of loops, one wait each); "
+            "dispatches: Nsight Compute gpu__time_duration",
         }
 
 
@@ -108,9 +114,11 @@ def compare_model(
     device: str = "cuda",
     seed: int = 0,
     repetitions: int = 50,
+    parameters: str | Path | None = None,
 ) -> Comparison:
     """Runs the replaced and the baseline module of a `build_model` folder (built with the
-    baseline) on the same inputs, checks the outputs agree, and times both."""
+    baseline) on the same inputs, checks the outputs agree, and times both. `parameters`: the
+    file the weights are in, for a model imported with them externalized (both modules read it)."""
     folder, record = read_model_record(built)
     if not record.baseline_vmfb:
         raise KitError(
@@ -119,15 +127,24 @@ def compare_model(
         )
     require_cuda(device)
     vmfbs = {"replaced": folder / record.vmfb, "baseline": folder / record.baseline_vmfb}
+    modules = {k: load_module(v, device=device, parameters=parameters) for k, v in vmfbs.items()}
     sig = record.function(function)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
-    outputs = {k: _call(v, sig.name, args, device) for k, v in vmfbs.items()}
+    drawn = () if inputs else input_notes(sig)
+    outputs = {k: _call(m, sig.name, args) for k, m in modules.items()}
     arithmetic = loosest_arithmetic(r.entry.get("arithmetic") for r in record.replaced)
     agree, err, tol, worst = check_agreement(outputs["replaced"], outputs["baseline"], sig, arithmetic)
+    notes: list[str] = list(drawn)
     with tempfile.TemporaryDirectory(prefix="kitdispatch-compare-") as tmp:
-        flags = _input_flags(args, Path(tmp))
-        calls = {k: benchmark_call(v, sig.name, flags, device=device, repetitions=repetitions) for k, v in vmfbs.items()}
-        notes, dispatches = [], {}
+        flags = _input_flags(args, Path(tmp)) + _parameter_flags(parameters)
+        calls, call_tool = iree_calls(vmfbs, modules, sig.name, args, flags, device=device, repetitions=repetitions)
+        prepared = {}
+        for k, m in modules.items():
+            try:
+                prepared[k] = prepared_call_us(m, sig.name, args, repetitions=repetitions)
+            except KitError as exc:  # a model function without f$async
+                notes.append(f"no prepared call for the {k} module: {exc.what}")
+        dispatches = {}
         for k, v in vmfbs.items():
             try:
                 dispatches[k] = profile_dispatches(v, sig.name, flags, Path(tmp), device=device)
@@ -140,6 +157,8 @@ def compare_model(
         tolerance=tol,
         worst=worst,
         call_us=calls,
+        prepared_us=prepared,
+        call_tool=call_tool,
         dispatches=dispatches,
         kernel_names=tuple(dict.fromkeys(r.kernel_entry for r in record.replaced)),
         replaced_ops=tuple(f"{r.op} at {r.location}" for r in record.replaced),
@@ -154,7 +173,15 @@ def _unnumbered(dispatch: str) -> str:
 # --------------------------------------------------------------------------- inputs
 
 
+# Integer inputs that index no gather the build found (an attention mask, a count, a model
+# built before index_bounds were recorded): their range is unknown, so they are drawn from a
+# small range that is never negative, 0 or 1, and `--inputs FILE.npz` gives other values.
+DEFAULT_INTEGER_RANGE = (0, 2)  # [low, high)
+
+
 def random_inputs(sig: ModelFunction, seed: int = 0) -> list[np.ndarray]:
+    """Inputs of the function's types: floats from -2..2, integers that index a gather within
+    its size (index_bounds, found at build time), other integers from DEFAULT_INTEGER_RANGE."""
     rng = np.random.default_rng(seed)
     out = []
     for i, t in enumerate(sig.inputs):
@@ -171,8 +198,32 @@ def random_inputs(sig: ModelFunction, seed: int = 0) -> list[np.ndarray]:
         if row.kind == "float":
             out.append(rng.uniform(-2.0, 2.0, size=shape).astype(dtype))
         else:
-            out.append(rng.integers(-100, 100, size=shape).astype(dtype))
+            out.append(rng.integers(*integer_range(sig, i), size=shape).astype(dtype))
     return out
+
+
+def integer_range(sig: ModelFunction, i: int) -> tuple[int, int]:
+    """[low, high) that random_inputs draws integer input `i` from."""
+    bound = sig.index_bound(i)
+    return (0, bound) if bound else DEFAULT_INTEGER_RANGE
+
+
+def input_notes(sig: ModelFunction) -> tuple[str, ...]:
+    """What random_inputs did with each integer input, for compare's output."""
+    notes = []
+    for i, t in enumerate(sig.inputs):
+        row = abi.BY_NAME.get(t.dtype)
+        if row is None or row.kind == "float":
+            continue
+        low, high = integer_range(sig, i)
+        if sig.index_bound(i):
+            notes.append(f"input {i} ({t.text}) indexes a gather of size {high}: drawn from {low}..{high - 1}")
+        else:
+            notes.append(
+                f"input {i} ({t.text}) indexes no gather the build found, so its range is unknown: drawn from "
+                f"{low}..{high - 1}; pass --inputs FILE.npz for other values"
+            )
+    return tuple(notes)
 
 
 def load_inputs(path: str | Path, sig: ModelFunction) -> list[np.ndarray]:
@@ -197,6 +248,11 @@ def load_inputs(path: str | Path, sig: ModelFunction) -> list[np.ndarray]:
     return arrays
 
 
+def _parameter_flags(parameters: str | Path | None) -> list[str]:
+    """IREE's tools' flag for the parameter file (load_module has checked it is one)."""
+    return [] if parameters is None else [f"--parameters={PARAMETER_SCOPE}={Path(parameters).resolve()}"]
+
+
 def _input_flags(args: Sequence[np.ndarray], folder: Path) -> list[str]:
     flags = []
     for i, a in enumerate(args):
@@ -209,8 +265,8 @@ def _input_flags(args: Sequence[np.ndarray], folder: Path) -> list[str]:
 # ----------------------------------------------------------------------- agreement
 
 
-def _call(vmfb: Path, function: str, args: Sequence[np.ndarray], device: str) -> list[np.ndarray]:
-    result = Module(vmfb, device=device).call(function, *args)
+def _call(module: Module, function: str, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    result = module.call(function, *args)  # host arrays in: host arrays out
     return list(result) if isinstance(result, tuple) else [result]
 
 
@@ -257,6 +313,49 @@ def check_agreement(
 
 
 # -------------------------------------------------------------------------- timing
+
+
+def iree_calls(
+    vmfbs: dict[str, Path], modules: dict[str, Module], function: str, args: Sequence[np.ndarray], input_flags: Sequence[str],
+    *, device: str, repetitions: int,
+) -> tuple[dict[str, float], str]:
+    """Each module's whole call as IREE alone calls it: iree-benchmark-module where it is
+    installed, else iree.runtime's own synchronous call; and which of the two it was."""
+    try:
+        find_tool("iree-benchmark-module")
+    except KitError:
+        return {k: invoker_call_us(m, function, args, repetitions=repetitions) for k, m in modules.items()}, "iree.runtime's synchronous call"
+    return {k: benchmark_call(v, function, input_flags, device=device, repetitions=repetitions) for k, v in vmfbs.items()}, "iree-benchmark-module"
+
+
+def invoker_call_us(module: Module, function: str, args: Sequence[np.ndarray], *, repetitions: int = 50) -> float:
+    """Median time of IREE's own synchronous call (its FunctionInvoker) on inputs already on
+    the device, in microseconds."""
+    invoker = module.raw(function)
+    on_device = [module.device.put(a) for a in args]
+    return _median_us(lambda: invoker(*on_device), module, repetitions, wait=False)
+
+
+def prepared_call_us(module: Module, function: str, args: Sequence[np.ndarray], *, repetitions: int = 50) -> float:
+    """Median time of a whole call through the kit's prepared call (`ModelEntry.prepare`, or
+    a kernel function's) on inputs already on the device: loops of launches, one wait each."""
+    call = module.function(function).prepare(*[module.device.put(a) for a in args])
+    return _median_us(call.launch, module, repetitions, wait=True)
+
+
+def _median_us(call: object, module: Module, repetitions: int, *, wait: bool) -> float:
+    for _ in range(3):  # warm-up: first calls load and allocate
+        call()
+        module.device.synchronize()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repetitions):
+            call()
+        if wait:
+            module.device.synchronize()
+        times.append((time.perf_counter() - start) / repetitions * 1e6)
+    return statistics.median(times)
 
 
 def benchmark_call(vmfb: Path, function: str, input_flags: Sequence[str], *, device: str = "cuda", repetitions: int = 50) -> float:
@@ -312,7 +411,8 @@ def _csv_rows(text: str) -> list[dict]:
 
 
 def profile_module(
-    target: str | Path, *, inputs: str | Path | None = None, function: str | None = None, device: str = "cuda", seed: int = 0
+    target: str | Path, *, inputs: str | Path | None = None, function: str | None = None, device: str = "cuda", seed: int = 0,
+    parameters: str | Path | None = None,
 ) -> tuple[str, tuple[DispatchTime, ...]]:
     """The heaviest dispatches of a model's IREE-only build (a `build_model` folder's baseline,
     else its replaced module): which op is worth a kernel."""
@@ -321,8 +421,10 @@ def profile_module(
     sig = record.function(function)
     vmfb = folder / (record.baseline_vmfb or record.vmfb)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
+    if parameters is not None:
+        load_module(vmfb, device=device, parameters=parameters)  # the file checked, as compare checks it
     with tempfile.TemporaryDirectory(prefix="kitdispatch-profile-") as tmp:
-        flags = _input_flags(args, Path(tmp))
+        flags = _input_flags(args, Path(tmp)) + _parameter_flags(parameters)
         return str(vmfb), profile_dispatches(vmfb, sig.name, flags, Path(tmp), device=device)
 
 
@@ -346,7 +448,10 @@ def format_comparison(c: Comparison) -> str:
              f"(max abs error {c.max_abs_error:.3g}; tolerance {c.tolerance})"]
     lines += [f"  {w}" for w in c.worst]
     base, mine = c.call_us["baseline"], c.call_us["replaced"]
-    lines.append(f"whole call (iree-benchmark-module, median): baseline {base:.1f} us, replaced {mine:.1f} us ({base / mine:.2f}x)")
+    lines.append(f"whole call, as IREE alone calls it ({c.call_tool}, median): baseline {base:.1f} us, replaced {mine:.1f} us ({base / mine:.2f}x)")
+    if len(c.prepared_us) == 2:
+        base, mine = c.prepared_us["baseline"], c.prepared_us["replaced"]
+        lines.append(f"whole call, through the kit's prepared call (load_module(DIR), median): baseline {base:.1f} us, replaced {mine:.1f} us ({base / mine:.2f}x)")
     for op in c.replaced_ops:
         lines.append(f"replaced: {op}")
     kit, iree = c.replaced_dispatches()

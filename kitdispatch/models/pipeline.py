@@ -45,11 +45,12 @@ from kitdispatch.errors import IreeCompileError, KitError
 from kitdispatch.compile.archs import Arch
 from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_tool, iree_compiler_version, target_flags
 from kitdispatch.models.ops import OP_KINDS
-from kitdispatch.models.ops.base import OpFacts, Preparation, TensorFacts, tensor_facts
+from kitdispatch.models.ops.base import OpFacts, Preparation
 from kitdispatch.models.projects import ModelProjects, Project, model_projects
-from kitdispatch.models.record import ModelFunction, ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
-from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels
-from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec, top_ops
+from kitdispatch.describe.model_record import ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
+from kitdispatch.models.functions import model_functions
+from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
+from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec
 from kitdispatch.describe.kernel import ARITHMETICS, Kernel
 from kitdispatch.describe.names import as_identifier
 
@@ -222,7 +223,7 @@ def _match(kernels: tuple[Kernel, ...], target: _Target, options: BuildOptions, 
     found = read_ops(module, kinds)
     # Imported models are published beside the vmfb: their locations name that copy.
     found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(target.out_dir)))) for op, f in found]
-    decisions = decide([facts for _, facts in found], kernels, tf32=target.tf32)
+    decisions = settle(found, decide([facts for _, facts in found], kernels, tf32=target.tf32))
     return _Matched(imported, context, module, tuple(op for op, _ in found), tuple(decisions), kinds, prepared)
 
 
@@ -291,7 +292,7 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
         iree_compiler=iree_compiler_version(),
         iree_flags=tuple(flags),
         matched_after=(STAGE, *(step.pass_name for step in matched.prepared)),
-        functions=_signatures(module),
+        functions=model_functions(module),
         replaced=tuple(ReplacedOp(r["op"], r["location"], r["kernel_entry"], r) for r in replaced_json),
         not_replaced=tuple(kept_json),
         kernel_executables=symbols.executables,
@@ -456,39 +457,11 @@ def _string_attr(context: ir.Context, text: str):
 # ------------------------------------------------------------------------ reporting
 
 
-def _signatures(module: ir.Module) -> tuple[ModelFunction, ...]:
-    """Public functions with their tensor inputs and outputs, from IREE's ABI ops
-    (hal.tensor.import/export), so `compare` can make inputs on a machine without a compiler.
-    Importers' models have `f` call `f$async`, which holds the ABI ops: `f` takes its types."""
-    from iree.compiler import ir
-
-    found: dict[str, ModelFunction] = {}
-    for op in top_ops(module):
-        if op.name != "util.func" or "iree.abi.stub" not in op.attributes:
-            continue
-        inputs: dict[int, TensorFacts] = {}
-        outputs: list[TensorFacts] = []
-
-        def visit(inner: ir.Operation):
-            if inner.name == "hal.tensor.import" and isinstance(inner.operands[0], ir.BlockArgument):
-                inputs[ir.BlockArgument(inner.operands[0]).arg_number] = tensor_facts(inner.results[0].type)
-            elif inner.name == "hal.tensor.export":
-                outputs.append(tensor_facts(inner.operands[0].type))
-            return ir.WalkResult.ADVANCE
-
-        op.walk(visit)
-        name = ir.StringAttr(op.attributes["sym_name"]).value
-        if inputs or outputs or name.removesuffix("$async") not in found:
-            public = name.removesuffix("$async")
-            found[public] = ModelFunction(public, tuple(inputs[i] for i in sorted(inputs)), tuple(outputs))
-    return tuple(found.values())
-
-
 def format_report(model: str, decisions: Sequence[Decision]) -> str:
     replaced = [d for d in decisions if d.kernel is not None]
     kept = [d for d in decisions if d.kernel is None]
     lines = [f"{model}: {len(replaced)} of {len(decisions)} candidate op(s) replaced"]
-    lines += [f"  replaced  {d.op.describe()}\n            by {d.kernel.name}{_arithmetic(d)}" for d in replaced]
+    lines += [f"  replaced  {d.op.describe()}\n            by {d.kernel.name}{_with_epilogue(d)}{_arithmetic(d)}" for d in replaced]
     for d in kept:
         lines.append(f"  kept      {d.op.describe()}")
         lines += [f"            {r}" for r in d.reasons or ("no kernel declares this op",)]
@@ -498,6 +471,11 @@ def format_report(model: str, decisions: Sequence[Decision]) -> str:
 def _arithmetic(decision: Decision) -> str:
     arithmetic = decision.kernel.replaces.arithmetic
     return f" in {ARITHMETICS[arithmetic]}" if arithmetic is not None else ""
+
+
+def _with_epilogue(d: Decision) -> str:
+    """How many ops after the matched one its kernel replaces with it (a matmul's epilogue)."""
+    return f" with the {d.call.marked} op(s) after it (epilogue {d.kernel.replaces.epilogue})" if d.call.marked else ""
 
 
 def _no_match_fix(decisions: Sequence[Decision], kinds: Sequence[str], module: ir.Module) -> str:

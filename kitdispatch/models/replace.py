@@ -68,6 +68,8 @@ class Decision:
             data["function_called"] = self.function
             if self.kernel.replaces.arithmetic is not None:  # ARITHMETICS says what each means
                 data["arithmetic"] = self.kernel.replaces.arithmetic
+            if self.kernel.replaces.epilogue != "none" or self.call.marked:  # the ops after it, replaced with it
+                data["epilogue_replaced"] = {"epilogue": self.kernel.replaces.epilogue, "ops_after": self.call.marked}
         else:
             data["reasons"] = list(self.reasons)
         return data
@@ -104,36 +106,52 @@ def check_kernel(kernel: Kernel, kind: str) -> Layout:
 
 
 def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFacts]]:
-    """Every op of `kinds` in the model (an `iree.compiler.ir.Module`), with its facts."""
+    """Every op of `kinds` in the model (an `iree.compiler.ir.Module`), with its facts. An op
+    that several kinds read as their own (a linalg.generic that ends a norm) goes to the first
+    in the registry's order that takes it as a candidate; kinds that read it as the anchor of a
+    longer form (decomposed attention's last matmul) read it too, and `settle` decides; an op a
+    candidate covers (a norm's reductions) is no candidate of its own."""
     from iree.compiler import ir
 
     found: list[tuple[object, OpFacts]] = []
+    owners: dict[str, list] = {}  # IREE op name -> the kinds that read it as their own, in registry order
+    anchors: dict[str, list] = {}  # IREE op name -> kinds that also read it as the anchor of a longer form
+    for name, kind in OP_KINDS.items():
+        if name in kinds:
+            owners.setdefault(kind.op, []).append(kind)
+            for other in kind.reads:
+                anchors.setdefault(other, []).append(kind)
 
     def visit(op: ir.Operation):
-        kind = OP_KINDS.get(op.name) if op.name in kinds else None
-        if kind is not None and kind.candidate(op):
+        own = next((k for k in owners.get(op.name, ()) if k.candidate(op)), None)
+        for kind in ([own] if own is not None else []) + [k for k in anchors.get(op.name, ()) if k.candidate(op)]:
             found.append((op, kind.facts(op)))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    return found
+    covered = [c for op, facts in found for c in OP_KINDS[facts.kind].covers(op)]
+    return [(op, facts) for op, facts in found if all(op != c for c in covered)]
 
 
 def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel], *, tf32: bool = False) -> list[Decision]:
-    """Per op, the first kernel (in manifest order) that computes exactly what it computes.
-    Kernels that compute in plain TF32 (replace_when.arithmetic) take part only with `tf32`."""
+    """Per op, the kernel that computes exactly what it computes and replaces the most ops
+    with it (a matmul with its epilogue before a bare matmul: its call's `marked`), the first
+    in manifest order among those. Kernels that compute in plain TF32 (replace_when.arithmetic)
+    take part only with `tf32`."""
     decisions = []
     for op in ops:
-        kind, reasons = OP_KINDS[op.kind], []
+        kind, reasons, fits = OP_KINDS[op.kind], [], []
         for kernel in kernels:
             if op.kind not in kernel.replaces.ops or (kernel.replaces.arithmetic == "tf32" and not tf32):
                 continue
             layout = check_kernel(kernel, op.kind)
             why = kind.mismatch(op, kernel, layout)
             if why is None:
-                decisions.append(Decision(op, kernel, kind.call(op, layout)))
-                break
-            reasons.append((kernel.name, why))
+                fits.append(Decision(kind.replaced(op, layout), kernel, kind.call(op, layout)))
+            else:
+                reasons.append((kernel.name, why))
+        if fits:
+            decisions.append(max(fits, key=lambda d: d.call.marked))  # the first of the longest
         else:
             decisions.append(Decision(op, None, reasons=_grouped(reasons)))
     return decisions
@@ -148,4 +166,37 @@ def _grouped(reasons: list[tuple[str, str]]) -> tuple[str, ...]:
     return tuple(f"{', '.join(names)}: {why}" for why, names in by_why.items())
 
 
-__all__ = ["COVERED_ATTRIBUTE", "MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels", "wrapper_name"]
+def after(op: ir.Operation, steps: int) -> list:
+    """The ops `steps` down the chain of single users of `op`'s result 0 (those a call with
+    `marked = steps` replaces with it; the kind checked that each has one user)."""
+    chain = []
+    for _ in range(steps):
+        op = next(iter(op.results[0].uses)).owner.operation
+        chain.append(op)
+    return chain
+
+
+def settle(found: Sequence[tuple[object, OpFacts]], decisions: Sequence[Decision]) -> list[Decision]:
+    """Decisions in the order of `found`, where a replacement that removes other ops wins over
+    those ops' own decisions (they are kept, saying which kernel computes them): the ops its
+    kind `claims` (decomposed attention's chain up from its last matmul, a mask made for the
+    op alone) and those down to the op its call marks (a matmul's epilogue generics)."""
+    claimed: dict = {}
+    for (op, _), decision in zip(found, decisions):
+        if decision.kernel is not None:
+            for other in (*OP_KINDS[decision.op.kind].claims(op), *after(op, decision.call.marked)):
+                claimed.setdefault(other, decision)
+    settled = []
+    for (op, facts), decision in zip(found, decisions):
+        owner = claimed.get(op)
+        if owner is not None and owner is not decision:
+            why = f"part of the {owner.op.kind} at {owner.op.location}, which {owner.kernel.name} replaces whole"
+            decision = Decision(facts, None, reasons=(why,))
+        settled.append(decision)
+    return settled
+
+
+__all__ = [
+    "COVERED_ATTRIBUTE", "MARK_ATTRIBUTE", "Decision", "OpFacts", "TensorFacts", "check_kernel", "decide", "read_ops", "replacing_kernels",
+    "settle", "wrapper_name",
+]

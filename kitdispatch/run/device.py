@@ -63,7 +63,7 @@ from kitdispatch.run.cuda_driver import libcuda
 
 if TYPE_CHECKING:
     import torch
-    from iree.runtime import HalBufferView, HalCommandBuffer, HalElementType, HalFence, HalSemaphore, VmRef
+    from iree.runtime import HalBuffer, HalBufferView, HalCommandBuffer, HalElementType, HalFence, HalSemaphore, VmRef
     from numpy.typing import ArrayLike, DTypeLike
 
     from kitdispatch.run.arguments import TensorCheck  # arguments.py imports this module
@@ -418,10 +418,19 @@ class Device:
 
     def submit(self, commands: HalCommandBuffer) -> int:
         """Queues a recorded command buffer as the next call; returns its number."""
+        return self._queue(lambda wait, done: self.hal.queue_execute(commands, wait, done))
+
+    def queue_copy(self, source: HalBuffer, target: HalBuffer) -> int:
+        """Queues a copy of all of `source` into the start of `target` as the next call (IREE
+        resolves both buffers when the copy is issued: `source` may be a queue-ordered
+        allocation of a call before it); returns its number."""
+        return self._queue(lambda wait, done: self.hal.queue_copy(source, target, wait, done))
+
+    def _queue(self, action: Callable[[HalFence, HalFence], None]) -> int:
         with self.order:
             wait, done = self.next_fences()
             try:
-                self.hal.queue_execute(commands, wait, done)
+                action(wait, done)
             except (RuntimeError, ValueError) as exc:
                 self.abandon(done)
                 raise KitError(f"IREE refused to queue the call: {str(exc).strip()}", fix="see the error above") from None

@@ -17,9 +17,12 @@ from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.run.driver_ptx import Version, check_ptx_loads, local_driver
 from kitdispatch.run.function import Function
+from kitdispatch.run.model import ModelEntry, model_build, model_signature
 
 if TYPE_CHECKING:
     from iree.runtime import FunctionInvoker
+
+    from kitdispatch.describe.model_record import ModelRecord
 
 
 @dataclass(frozen=True)
@@ -104,22 +107,29 @@ def preflight_run(vmfb: Path, record: BuildRecord | None = None) -> None:
 class Module:
     """A .vmfb loaded on a device. `module.NAME(...)` (or `module["NAME"]`) is a `Function`:
     host arrays in give host arrays out; device arrays in (this module's, IREE's, or CUDA
-    tensors of torch, CuPy, ... through DLPack) give device arrays out."""
+    tensors of torch, CuPy, ... through DLPack) give device arrays out. A model's module
+    (`model`: its record, from `load_module` of a model build) has `ModelEntry` functions."""
 
-    def __init__(self, vmfb: str | Path, *, device: str = "cuda"):
+    def __init__(self, vmfb: str | Path, *, device: str = "cuda", model: ModelRecord | None = None, parameters: str | Path | None = None):
         import iree.runtime as rt
 
         self.path = Path(vmfb)
         if not self.path.is_file():
             raise KitError(f"no module at {self.path}", fix="build it first: kitdispatch build ... -o DIR")
-        record = read_record_of(self.path)
+        record = read_record_of(self.path) if model is None else None
         require_cuda(device)
         preflight_run(self.path, record)
-        self.signatures = {f.name: f for f in record.functions} if record else {}
+        self.model = model
+        if model is not None:
+            self.signatures = {f.name: model_signature(f) for f in model.functions}
+        else:
+            self.signatures = {f.name: f for f in record.functions} if record else {}
         self.device = get_device(device)
         self.hal_device = self.device.hal
         config = rt.Config(device=self.hal_device)
         self._context = rt.SystemContext(config=config)
+        if parameters is not None:
+            self._context.add_vm_module(parameter_module(Path(parameters), config))
         try:
             self._vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
             self._context.add_vm_module(self._vm_module)
@@ -147,6 +157,10 @@ class Module:
         if bound is None:
             invoker = self.raw(name)
             lookup = self._vm_module.lookup_function
+            if self.model is not None:
+                signature = self.signatures.get(name) or f"the model record lists no function {name!r}"
+                bound = self._bound[name] = ModelEntry(self, name, signature, invoker, lookup(name + ASYNC_SUFFIX))
+                return bound
             vm_calls = (lookup(name + ASYNC_SUFFIX), lookup(name + RECORDING_SUFFIX))
             bound = self._bound[name] = Function(self, name, self.signatures.get(name), invoker, *vm_calls)
         return bound
@@ -164,10 +178,33 @@ class Module:
         return self.function(name)(*args, out=out)
 
 
+PARAMETER_SCOPE = "model"  # where iree-import-onnx --externalize-params puts the weights (--params-scope)
+
+
+def parameter_module(path: Path, config: object) -> object:
+    """IREE's io_parameters module serving the weights of a parameter file (.irpa, .gguf,
+    .safetensors) under PARAMETER_SCOPE, for a model imported with its weights externalized."""
+    import iree.runtime as rt
+
+    if not path.is_file():
+        raise UsageError(f"no parameter file at {path}", fix="pass the .irpa (or .gguf, .safetensors) file the model's weights are in")
+    index = rt.ParameterIndex()
+    try:
+        index.load(str(path))
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"IREE cannot read the parameters in {path}: {str(exc).strip()[:300]}", fix="pass an .irpa, .gguf or .safetensors file") from None
+    return rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAMETER_SCOPE))
+
+
 def _load_error(vmfb: Path, device: str, exc: Exception) -> KitError:
     """IREE's refusal to load a module, as one error: a module compiled for another device
     (every kit module holds CUDA kernels) is bad input, anything else a failed load."""
     text = str(exc).strip()
+    if "'io_parameters' not registered" in text:
+        return UsageError(
+            f"{vmfb} reads its weights from a parameter file (it was imported with its weights externalized)",
+            fix="load it with parameters=FILE.irpa (kd.load_module(DIR, parameters=...))",
+        )
     if "INCOMPATIBLE" in text:
         target = re.search(r'#hal\.device\.target<"([^"]+)"', text)
         return UsageError(
@@ -177,5 +214,13 @@ def _load_error(vmfb: Path, device: str, exc: Exception) -> KitError:
     return KitError(f"IREE's runtime cannot load {vmfb} on {device!r}: {text[:500]}", fix="rebuild the module")
 
 
-def load_module(vmfb: str | Path, *, device: str = "cuda") -> Module:
-    return Module(vmfb, device=device)
+def load_module(path: str | Path, *, device: str = "cuda", baseline: bool = False, parameters: str | Path | None = None) -> Module:
+    """A kernel module's .vmfb, or a model build (`build_model`'s folder, its record or its
+    .vmfb): the model's module, or with `baseline=True` IREE's own build of the model;
+    `parameters`: the file its weights are in, for a model imported with them externalized."""
+    model = model_build(Path(path), baseline)
+    if model is not None:
+        return Module(model[0], device=device, model=model[1], parameters=parameters)
+    if baseline:
+        raise UsageError(f"{path} is not a model build folder, so it has no baseline", fix="pass the folder written by kitdispatch build --model MODEL -o DIR")
+    return Module(path, device=device, parameters=parameters)

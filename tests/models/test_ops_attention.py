@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import sys
 
+import numpy as np
 import pytest
 from conftest import (
     ATTENTION,
@@ -45,9 +46,10 @@ def attention_model(
     seq_k = seq_k or seq
     q, kv, o = (f"tensor<{batch}x{s}x{head}x{dtype}>" for s in (seq, seq_k, seq))
     vt = f"tensor<{batch}x{head}x{seq_k}x{dtype}>"
-    maskt = f"tensor<{batch}x{seq}x{seq_k}x{dtype}>"
+    mask_dtype = "i1" if mask in BOOLEAN_MASKS else dtype
+    maskt = f"tensor<{batch}x{seq}x{seq_k}x{mask_dtype}>"
     scale_type = scale.split(": ")[-1]
-    args = f"%q: {q}, %k: {kv}, %v: {kv}" + (f", %mask: {maskt}" if mask else "") + (f", %scale: {scale_type}" if scale_argument else "")
+    args = f"%q: {q}, %k: {kv}, %v: {kv}" + (f", %mask: {maskt}" if mask is True else "") + (f", %scale: {scale_type}" if scale_argument else "")
     transpose = (
         f"""%vte = tensor.empty() : {vt}
   %vt = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1, d2)>],
@@ -66,6 +68,7 @@ def attention_model(
     return f"""
 func.func @forward({args}) -> {o} {{
   {"" if scale_argument else f"%scale = arith.constant {scale}"}
+  {mask_op(mask, maskt, mask_dtype, seq, seq_k) if isinstance(mask, str) else ""}
   {transpose}
   %e = tensor.empty() : {o}
   %r = iree_linalg_ext.attention <indexing_maps = [{", ".join(maps)}]> ins({ins} : {types}) outs(%e : {o}) {{
@@ -74,6 +77,49 @@ func.func @forward({args}) -> {o} {{
   }} -> {o}
   return %r : {o}
 }}"""
+
+
+BOOLEAN_MASKS = ("true-splat", "causal-bool", "causal-bool-offset")
+
+
+def mask_op(form: str, t: str, dtype: str, seq: int, seq_k: int) -> str:
+    """%mask made as IREE's global optimization gives it: torch's is_causal as an index/compare
+    generic (select(q >= k, 0, -inf)); transformers' boolean masks (k <= q); constants."""
+    lowest = {"f16": "0xFC00", "bf16": "0xFF80", "f32": "0xFF800000"}[dtype] if dtype != "i1" else None
+    if form in ("causal-generic", "upper-generic", "causal-bool", "causal-bool-offset"):
+        compare = {
+            "causal-generic": "arith.cmpi sge, %i, %j : index", "upper-generic": "arith.cmpi sle, %i, %j : index",
+            "causal-bool": "arith.cmpi sle, %j, %i : index", "causal-bool-offset": "arith.cmpi slt, %j, %i : index",
+        }[form]
+        body = "linalg.yield %c : i1" if dtype == "i1" else f"%m = arith.select %c, %zero, %ninf : {dtype}\n    linalg.yield %m : {dtype}"
+        return f"""%zero = arith.constant 0.0 : {dtype if dtype != "i1" else "f16"}
+  %ninf = arith.constant {lowest or "0xFC00"} : {dtype if dtype != "i1" else "f16"}
+  %me = tensor.empty() : {t}
+  %mask = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d1, d2)>], iterator_types = ["parallel", "parallel", "parallel"]}}
+      outs(%me : {t}) {{
+  ^bb0(%out: {dtype}):
+    %i = linalg.index 1 : index
+    %j = linalg.index 2 : index
+    %c = {compare}
+    {body}
+  }} -> {t}"""
+    if form == "true-splat":
+        return f"%mask = arith.constant dense<true> : {t}"
+    if form == "zero-splat":
+        return f"%mask = arith.constant dense<0.0> : {t}"
+    if form in ("causal-constant", "arbitrary-constant"):
+        # an [s, s] initializer broadcast over the batch, as an ONNX model adds it
+        values = np.where(np.tril(np.ones((seq, seq_k), bool)), 0.0, -np.inf) if form == "causal-constant" else np.arange(seq * seq_k).reshape(seq, seq_k) % 3
+        text = "[" + ", ".join("[" + ", ".join("0xFC00" if v == -np.inf else repr(float(v)) for v in row) + "]" for row in values) + "]"
+        square = f"tensor<{seq}x{seq_k}x{dtype}>"
+        return f"""%m2 = arith.constant dense<{text}> : {square}
+  %me = tensor.empty() : {t}
+  %mask = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1, d2)>], iterator_types = ["parallel", "parallel", "parallel"]}}
+      ins(%m2 : {square}) outs(%me : {t}) {{
+  ^bb0(%in: {dtype}, %out: {dtype}):
+    linalg.yield %in : {dtype}
+  }} -> {t}"""
+    raise ValueError(form)
 
 
 def attention_ops(mlir: str):
@@ -110,8 +156,9 @@ def test_attention_hits_bf16_head_dim_128_and_four_dims():
         (attention_model(scale="5.000000e-01 : f32"), "the op's scale is 5.000000e-01 : f32, the kernel's 1/sqrt(64) = 0.125 (f32)"),
         (attention_model(head=128, scale="8.837890e-02 : f16"), "the op's scale is 8.837890e-02 : f16, the kernel's 1/sqrt(128)"),
         (attention_model(scale_argument=True), "the op's scale is computed by a function argument, not a constant"),
-        (attention_model(mask=True), "the op has a mask operand (made by a function argument), and the kernel takes no mask"),
-        (attention_model(seq_k=128), "shape: s is 256 elsewhere but 128 in the op's K"),
+        (attention_model(mask=True), "the op's mask is a mask kitdispatch cannot read: an input of the model's function (known at run time only): "
+         "the library has no kernel for an arbitrary mask"),
+        (attention_model(seq_k=128), "cross-attention: 256 queries and 128 keys; the kernel takes one sequence length for both"),
         (attention_model(scores="%s2").replace("iree_linalg_ext.yield %s2", "%s2 = arith.mulf %s, %s : f32\n    iree_linalg_ext.yield %s2"),
          "the op's score region changes the scores"),
     ],
@@ -121,8 +168,8 @@ def test_attention_near_misses(model, reason):
     d = only(decide(attention_ops(model), attention_kernels()))
     assert d.kernel is None
     assert reason in d.reasons[0], d.reasons
-    # both library kernels say why (named together where they say the same)
-    assert len(d.reasons) == 2 or d.reasons[0].startswith("attention_f16, attention_bf16: ")
+    # every library kernel says why (those that say the same, named together)
+    assert sum(len(r.split(": ", 1)[0].split(", ")) for r in d.reasons) == 4
 
 
 @needs_iree_compile
@@ -152,7 +199,7 @@ def test_masked_attention_is_kept_with_its_reason(tmp_path):
     model.write_text(attention_model(mask=True))
     with pytest.raises(KitError) as err:
         build_model(ATTENTION, model, BuildOptions.create("sm_90a,sm_80"), tmp_path / "out", library=False)
-    assert "the op has a mask operand" in err.value.render()
+    assert "the library has no kernel for an arbitrary mask" in err.value.render()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["attn.model.json", "attn.replace.json", "attn.replace.txt"]
 
 
@@ -177,3 +224,55 @@ def test_torch_attention_sample_exports_and_builds(tmp_path):
     assert replaced.kernel.name == "attention_f16" and replaced.op.result.shape == (6, 300, 128)
     assert replaced.op.detail.scale_text == "0.0883883461 : f32" and replaced.paths[2] == (2, 0)
     assert iree_dispatches(result.baseline_vmfb, "attention") and not iree_dispatches(result.vmfb, "attention")
+
+
+@pytest.mark.parametrize(
+    "mask, kernel, dtype",
+    [
+        (None, "attention_f16", "f16"),
+        ("true-splat", "attention_f16", "f16"),  # all true: no mask
+        ("zero-splat", "attention_f16", "f16"),  # additive zeros: no mask
+        ("causal-generic", "attention_causal_f16", "f16"),  # torch's is_causal=True as IREE gives it
+        ("causal-generic", "attention_causal_bf16", "bf16"),
+        ("causal-bool", "attention_causal_f16", "f16"),  # transformers' boolean k <= q
+        ("causal-constant", "attention_causal_f16", "f16"),  # a lower-triangular 0 / -inf initializer
+    ],
+)
+def test_attention_masks_that_a_kernel_applies(mask, kernel, dtype):
+    d = only(decide(attention_ops(attention_model(mask=mask, dtype=dtype)), attention_kernels()))
+    assert d.kernel is not None and d.kernel.name == kernel, d.reasons
+    assert d.paths == ((0,), (1,), (2,))  # the mask is not passed: the kernel applies it
+
+
+@pytest.mark.parametrize(
+    "mask, why",
+    [
+        ("upper-generic", "the op's mask is an additive mask neither empty nor causal"),  # q <= k
+        ("causal-bool-offset", "a boolean mask neither empty nor causal"),  # k < q: the diagonal masked
+        ("arbitrary-constant", "an additive mask of values other than 0 and -inf"),
+        (True, "a mask kitdispatch cannot read: an input of the model's function"),
+    ],
+)
+def test_attention_masks_kept(mask, why):
+    d = only(decide(attention_ops(attention_model(mask=mask, seq=64)), attention_kernels()))
+    assert d.kernel is None
+    assert all(why in r and "the library has no kernel for an arbitrary mask" in r for r in d.reasons), d.reasons
+
+
+def test_causal_kernel_refuses_an_unmasked_op_and_another_key_length():
+    d = only(decide(attention_ops(attention_model()), attention_kernels()[1:2]))
+    assert d.kernel is None and "the op has no mask, the kernel applies a causal mask" in d.reasons[0]
+    d = only(decide(attention_ops(attention_model(mask="causal-generic", seq_k=128)), attention_kernels()))
+    assert d.kernel is None and "the op's mask is an additive mask neither empty nor causal" in d.reasons[0]  # not square
+
+
+def test_a_causal_mask_cut_to_the_sequence_is_causal():
+    """HF builds a causal mask for the longest sequence and slices it: the slice is read too."""
+    mlir = attention_model(mask="causal-generic", seq=64, head=128, scale="0.0883883461 : f32").replace("tensor<8x64x64xf16>", "tensor<8x96x96xf16>")
+    cut = "%mask0 = tensor.extract_slice %mask[0, 0, 0] [8, 64, 64] [1, 1, 1] : tensor<8x96x96xf16> to tensor<8x64x64xf16>"
+    mlir = mlir.replace("  } -> tensor<8x96x96xf16>", f"  }} -> tensor<8x96x96xf16>\n  {cut}").replace(", %mask :", ", %mask0 :")
+    mlir = mlir.replace("tensor<8x96x96xf16>) outs", "tensor<8x64x64xf16>) outs")
+    d = only(decide(attention_ops(mlir), attention_kernels()))
+    assert d.kernel is not None and d.kernel.name == "attention_causal_f16", d.reasons
+    shifted = mlir.replace("[0, 0, 0] [8, 64, 64]", "[0, 0, 1] [8, 64, 64]")  # keys shifted by one: not causal
+    assert only(decide(attention_ops(shifted), attention_kernels())).kernel is None

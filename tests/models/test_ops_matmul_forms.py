@@ -40,29 +40,33 @@ def _suffix(*shape):
 
 @needs_iree_compile
 @pytest.mark.parametrize(
-    "form, op, kernel",
+    "form, op, kernel, marked",
     [
-        ("plain", "linalg.matmul", "matmul_nn_f16_f32_none" + _suffix(M, N, K)),
-        ("wt", "linalg.matmul", "matmul_nt_f16_f32_none" + _suffix(M, N, K)),
-        ("gemm_tb", "linalg.matmul", "matmul_nt_f16_f32_none" + _suffix(M, N, K)),
-        ("linear3d", "linalg.matmul", "matmul_nt_f16_f32_none" + _suffix(BATCH * M, N, K)),  # A collapsed by IREE
-        ("bcast", "linalg.matmul", "matmul_nn_f16_f32_none" + _suffix(BATCH * M, N, K)),  # B broadcast: A collapsed
-        ("batch1", "linalg.batch_matmul", "matmul_nn_f16_f32_none" + _suffix(M, N, K)),
-        ("bmm", "linalg.batch_matmul", "bmm_nn_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),
-        ("bmm4d", "linalg.batch_matmul", "bmm_nn_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),  # [2,3,...] folded to 6
-        ("qkt", "linalg.batch_matmul", "bmm_nt_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),  # K read through its transpose
+        ("plain", "linalg.matmul", "matmul_nn_f16_none" + _suffix(M, N, K), 1),
+        ("wt", "linalg.matmul", "matmul_nt_f16_none" + _suffix(M, N, K), 1),
+        ("gemm_tb", "linalg.matmul", "matmul_nt_f16_none" + _suffix(M, N, K), 1),
+        # A collapsed by IREE, the result expanded before the truncf: the f32-result entry, the cast stays IREE's
+        ("linear3d", "linalg.matmul", "matmul_nt_f16_f32_none" + _suffix(BATCH * M, N, K), 0),
+        ("bcast", "linalg.matmul", "matmul_nn_f16_f32_none" + _suffix(BATCH * M, N, K), 0),  # B broadcast: A collapsed
+        ("batch1", "linalg.batch_matmul", "matmul_nn_f16_none" + _suffix(M, N, K), 2),  # with the collapse and the truncf
+        ("bmm", "linalg.batch_matmul", "bmm_nn_f16_none" + _suffix(M, N, K, "f16", BATCH), 1),
+        ("bmm4d", "linalg.batch_matmul", "bmm_nn_f16_none" + _suffix(M, N, K, "f16", BATCH), 1),  # [2,3,...] folded to 6
+        ("qkt", "linalg.batch_matmul", "bmm_nt_f16_none" + _suffix(M, N, K, "f16", BATCH), 1),  # K read through its transpose
     ],
 )
-def test_each_f16_form_gets_its_entry(tmp_path, form, op, kernel):
-    """IREE gives an f16 MatMul as f16 x f16 -> f32 (a truncf after it): the f32-result entry."""
+def test_each_f16_form_gets_its_entry(tmp_path, form, op, kernel, marked):
+    """IREE gives an f16 MatMul as f16 x f16 -> f32 and a truncf after it: where the truncf
+    follows it, the f16-result entry replaces both (its "none" epilogue rounds the f32 sum once
+    to f16, as the truncf does; `marked` counts the ops after the matmul it replaces)."""
     d = _decision(tmp_path, form)
-    assert d.op.kind == op and d.op.result.dtype == "f32"
     assert d.kernel is not None and d.kernel.name == kernel, d.reasons
+    assert d.op.kind == op and d.call.marked == marked
+    chain = (0,) * marked  # the operands are read back from the last op replaced
     if form == "batch1":  # the 2-D kernel, through reshapes that drop the unit batch dim
-        assert d.call.variant == "_batch1" and d.call.result == DROP_BATCH
-        assert all(a == Operand((i,), DROP_BATCH) for i, a in enumerate(d.call.operands))
+        assert d.call.variant == "_batch1"
+        assert all(a == Operand(chain + (i,), DROP_BATCH) for i, a in enumerate(d.call.operands))
     if form == "qkt":  # K [2,3,n,k] itself (the transpose's input), collapsed to [6,n,k] for bmm_nt's w
-        assert d.call.operands == (Operand((0,)), Operand((1, 0, 0), Reshape(((0, 1), (2,), (3,)))))
+        assert d.call.operands == (Operand(chain + (0,)), Operand(chain + (1, 0, 0), Reshape(((0, 1), (2,), (3,)))))
         assert d.to_json()["b_through_transpose"] == [1, 0, 0]
 
 
@@ -89,7 +93,7 @@ def test_an_f32_batch_matmul_is_kept_with_the_reasons(tmp_path):
     assert d.kernel is None
     assert any(r.startswith("matmul_nn_f32_none, ") and r.endswith(f"batch: the op's batch is {BATCH}; the kernel is 2-D (it takes batch 1 only)")
                for r in d.reasons), d.reasons
-    assert any("bmm_nn_f16_f32_none: element type: the op's input 0 is 6x128x256xf32" in r for r in d.reasons), d.reasons
+    assert any("bmm_nn_f16_f32_none" in r and "element type: the op's input 0 is 6x128x256xf32" in r for r in d.reasons), d.reasons
 
 
 LINEAR_TORCH = REPO / "tests" / "data" / "matmul_forms" / "linear_torch.mlir"
@@ -101,7 +105,7 @@ def test_nn_linear_as_torch_mlir_writes_it(tmp_path):
     batch_matmul whose B is W [384,1,256] transposed to [1,256,384], read as W [384,256] by the
     2-D nt entry (the transpose is not run)."""
     linear, batch1 = decide(ops_at_matching_stage(LINEAR_TORCH, tmp_path), library_matmul_kernels())
-    assert linear.kernel.name == "matmul_nt_f16_f32_none" + _suffix(128, N, K)
+    assert linear.kernel.name == "matmul_nt_f16_f32_none" + _suffix(128, N, K)  # expanded before its truncf: the cast stays IREE's
     assert batch1.op.kind == "linalg.batch_matmul" and batch1.kernel.name == "matmul_nt_f32_none"
     assert batch1.call.operands == (Operand((0,), DROP_BATCH), Operand((1, 0), Reshape(((0,), (1, 2)))))
     assert batch1.op.inputs[1].shape == (N, 1, K) and batch1.call.variant == "_batch1"
@@ -111,10 +115,10 @@ def test_nn_linear_as_torch_mlir_writes_it(tmp_path):
 
 # form, dtype, tf32 -> the kit kernel in the .vmfb (default sizes)
 BUILDS = {
-    "nt": ("wt", "f16", False, "matmul_nt_f16_f32_none" + _suffix(M, N, K)),
-    "batch1": ("batch1", "f16", False, "matmul_nn_f16_f32_none" + _suffix(M, N, K)),
-    "bmm": ("bmm", "f16", False, "bmm_nn_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),
-    "qkt": ("qkt", "f16", False, "bmm_nt_f16_f32_none" + _suffix(M, N, K, "f16", BATCH)),
+    "nt": ("wt", "f16", False, "matmul_nt_f16_none" + _suffix(M, N, K)),
+    "batch1": ("batch1", "f16", False, "matmul_nn_f16_none" + _suffix(M, N, K)),
+    "bmm": ("bmm", "f16", False, "bmm_nn_f16_none" + _suffix(M, N, K, "f16", BATCH)),
+    "qkt": ("qkt", "f16", False, "bmm_nt_f16_none" + _suffix(M, N, K, "f16", BATCH)),
     "f32": ("gemm_tb", "f32", False, "matmul_nt_f32_none"),
     "tf32": ("gemm_tb", "f32", True, "matmul_nt_f32_tf32_none"),
 }

@@ -31,7 +31,7 @@ from kitdispatch.compile.archs import Arch
 from kitdispatch.iree.tools import find_tool, target_flags
 from kitdispatch.models.pipeline import ModelBuildFailed, _run_iree, build_model
 from kitdispatch.models.spec import SPEC_PIPELINE
-from kitdispatch.models.record import read_model_record
+from kitdispatch.describe.model_record import read_model_record
 from kitdispatch.models.replace import read_ops
 
 

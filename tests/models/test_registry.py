@@ -37,6 +37,14 @@ def test_manifest_replaces_plain_and_with_limits():
     assert r.when.holds({"rows": 4, "cols": 1}) and r.when.holds({"rows": 1, "cols": 256}) and not r.when.holds({"rows": 1, "cols": 1})
 
 
+def test_the_library_causal_attention_kernels_declare_their_mask():
+    from kitdispatch.describe.manifest import load_manifest
+
+    kernels = {k.name: k.replaces for k in load_manifest(REPO / "kernels" / "attention").kernels}
+    assert {n: r.mask for n, r in kernels.items()} == {
+        "attention_f16": None, "attention_causal_f16": "causal", "attention_bf16": None, "attention_causal_bf16": "causal"}
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -55,6 +63,8 @@ def test_manifest_replaces_plain_and_with_limits():
         ('replaces = ["linalg.softmax"]\nreplace_when = { when = "cols >" }', "cannot parse condition 'cols >'"),
         ('replaces = ["linalg.softmax"]\nreplace_when = { when = 8 }', "8 is not a condition"),
         ('replaces = ["linalg.softmax"]\nreplace_when = { arithmetic = "fp8" }', "arithmetic 'fp8' is not one the kit knows"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { mask = "causal" }', "only a kernel that replaces iree_linalg_ext.attention alone says its mask"),
+        ('replaces = ["iree_linalg_ext.attention"]\nreplace_when = { mask = "sliding" }', "mask 'sliding': only a kernel"),
     ],
 )
 def test_manifest_replace_errors(extra, message):
@@ -75,9 +85,11 @@ def test_the_registry_holds_every_name_the_manifest_accepts_in_its_order():
 
 
 def test_every_kind_module_is_registered():
-    """Adding an op kind is adding a module of models/ops: one left out of OP_KINDS is an error here."""
-    modules = {m.name for m in pkgutil.iter_modules(ops.__path__)} - {"base"}
+    """Adding an op kind is adding a module of models/ops: one left out of OP_KINDS is an error here
+    (private modules, `_masks.py`, are helpers of kinds; so are norm.py, what layer_norm and rms_norm
+    share, and epilogue.py, a matmul's)."""
+    modules = {m.name for m in pkgutil.iter_modules(ops.__path__) if not m.name.startswith("_")} - {"base", "norm", "epilogue"}
     kinds = {m: importlib.import_module(f"kitdispatch.models.ops.{m}").KIND for m in modules}
-    assert sorted(kinds) == ["attention", "batch_matmul", "generic", "matmul", "softmax"]
+    assert sorted(kinds) == ["attention", "batch_matmul", "generic", "layer_norm", "matmul", "rms_norm", "softmax"]
     assert sorted(k.name for k in kinds.values()) == sorted(OP_KINDS)
     assert all(OP_KINDS[k.name] is k for k in kinds.values())

@@ -1,8 +1,9 @@
 """iree_linalg_ext.attention: O = softmax(Q K^T * scale) V, the contract of kernels/attention.
 
 A kernel that replaces attention takes Q, K, V and writes O, all of one layout [b, h, s, d]
-(row-major, one s for queries and keys), with scale = 1/sqrt(d) in f32 and no mask
-(attention.cu computes rsqrtf(float(d))). An op with one batch dim runs as b = 1, through an
+(row-major, one s for queries and keys), with scale = 1/sqrt(d) in f32 (attention.cu computes
+rsqrtf(float(d))) and no mask, or, for a kernel with replace_when's `mask = "causal"`, a causal
+one; a mask operand that masks nothing is no mask (_masks.py reads what the mask is). An op with one batch dim runs as b = 1, through an
 adapter in the spec that adds the unit dim; V may be read through the plain transpose IREE's
 global optimization puts before it (the spec passes the transpose's input).
 """
@@ -21,6 +22,8 @@ from kitdispatch.models.ops.base import (
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
+from kitdispatch.models.ops._decomposed import MATMULS, Chain, looks_like_attention, read_chain, repeated_heads
+from kitdispatch.models.ops._masks import CAUSAL, NONE, OTHER, MaskForm, mask_ops, read_mask
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -41,23 +44,46 @@ class AttentionFacts:
     v_transposed: bool
     scale: float | None  # None: not a constant
     scale_text: str
-    mask: str | None  # what makes the mask operand; None: the op has none
+    mask: MaskForm | None  # what the mask operand is (_masks.py); None: the op has none
     plain_scores: bool  # the score region yields its argument unchanged
+    repeated_heads: str | None = None  # K or V broadcast from fewer heads (GQA/MQA), as the report says it
+    chain: Chain | None = None  # decomposed attention (_decomposed.py): read from its last matmul up
+    anchor: str = ""  # the op read, where it is not an attention op (the chain's last matmul)
 
-    summary = None
+    @property
+    def summary(self) -> str | None:
+        return None if self.chain is None else f"decomposed, ending in {self.anchor}"
 
     def to_json(self) -> dict:
-        return {"attention": {"scale": self.scale_text, "mask": self.mask, "v_through_transpose": self.v_transposed}}
+        mask = None if self.mask is None else {"form": self.mask.form, "what": self.mask.text}
+        data = {"scale": self.scale_text, "mask": mask, "v_through_transpose": self.v_transposed}
+        if self.chain is not None:
+            data["decomposed"] = {"anchor": self.anchor, "replaced": f"{self.chain.marked} single user(s) down from it"}
+        return {"attention": data}
+
+    @property
+    def mask_form(self) -> str:
+        return NONE if self.mask is None else self.mask.form
 
 
 class Attention(OpKind):
     name = "iree_linalg_ext.attention"
+    reads = MATMULS  # decomposed attention, read from its last matmul (the anchor) up
 
     def candidate(self, op: ir.Operation) -> bool:
-        return True  # its scale operand is a scalar: `facts` reads the op whole
+        # An attention op's scale operand is a scalar: `facts` reads the op whole. A matmul is
+        # one where its A comes from a softmax.
+        return op.name == self.name or looks_like_attention(op)
 
     def facts(self, op: ir.Operation) -> OpFacts:
-        return _attention_facts(op)
+        return _attention_facts(op) if op.name == self.name else _decomposed_facts(op)
+
+    def claims(self, op: ir.Operation) -> tuple:
+        """The chain of a decomposed attention; for an attention op, the ops that make its mask
+        for it alone (the kernel applies the mask itself: they die with the op)."""
+        if op.name != self.name:
+            return read_chain(op).ops
+        return (op,) + (mask_ops(op.operands[4]) if len(op.operands) == 6 else ())
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         args, result = kernel_buffers(kernel, self.name, where)
@@ -75,8 +101,14 @@ class Attention(OpKind):
         """The op must be plain attention in the kernel's layout: Q (batch, m, k1), K (batch, k2, k1),
         V (batch, k2, n), O (batch, m, n), with no mask and an unmodified score."""
         a = op.detail
-        if a.mask is not None:
-            return f"the op has a mask operand (made by {a.mask}), and the kernel takes no mask"
+        if a.repeated_heads is not None:
+            return (f"grouped-query attention: {a.repeated_heads}; the kernel reads one K and V head per query head "
+                    "and has no code for shared heads (it would need K and V [b, kv_heads, s, d] and h / kv_heads query heads per K/V head)")
+        if a.chain is not None and a.chain.problem:
+            return f"decomposed attention: {a.chain.problem}"
+        why = _mask_mismatch(a, kernel.replaces.mask)
+        if why:
+            return why
         if not a.plain_scores:
             return "the op's score region changes the scores, and the kernel uses them as they are"
         if not _kernel_layout(a):
@@ -92,33 +124,39 @@ class Attention(OpKind):
         the head dim, one static s for queries and keys, and the scale the kernel computes.
         Fills `sizes` with the kernel's dimensions (replace_when's limits are not read)."""
         tensors = list(op.inputs) + [op.result]
-        pad = BATCH_DIMS + 2 - len(op.result.shape)
         buffers = list(layout.inputs) + [layout.result]
+        seq_q, seq_k = op.inputs[0].shape[-2], op.inputs[1].shape[-2]
+        if None not in (seq_q, seq_k) and seq_q != seq_k:
+            return (f"cross-attention: {seq_q} queries and {seq_k} keys; the kernel takes one sequence length for both "
+                    "(it would need a key length of its own)")
         for role, tensor, buffer in zip(ROLES, tensors, buffers):
             if tensor.dtype != buffer.type.dtype:
                 return f"element type: the op's {role} is {tensor.text}, the kernel's {buffer.name} is {buffer.type}"
-            padded = TensorFacts(tensor.dtype, (1,) * pad + tensor.shape)
+            padded = TensorFacts(tensor.dtype, (1,) * (BATCH_DIMS + 2 - len(tensor.shape)) + tensor.shape)
             why = type_mismatch(role, padded, buffer, sizes)
             if why:
                 return why
         unknown = [r for r, t in zip(ROLES, tensors) if None in t.shape[-2:]]
         if unknown:
             return f"shape: the sequence length or head dim of {unknown[0]} is dynamic, and the kernel's must be checked"
-        head, seq_q, seq_k = op.inputs[0].shape[-1], op.inputs[0].shape[-2], op.inputs[1].shape[-2]
-        if seq_q != seq_k:
-            return f"shape: {seq_q} queries and {seq_k} keys; the kernel takes one sequence length for both"
+        head = op.inputs[0].shape[-1]
         if head not in HEAD_DIMS:
             return f"head dim {head}: the kernel has code for {' and '.join(map(str, HEAD_DIMS))} only"
         return _scale_mismatch(op.detail, head)
 
     def call(self, op: OpFacts, layout: Layout) -> Call:
-        """Q, K and V (V through its transpose where the op reads it so); an op with fewer batch
-        dims than the kernel through an adapter that adds them as unit dims."""
+        """Q, K and V (V through its transpose where the op reads it so; for decomposed
+        attention, up the chain); an op with fewer batch dims than the kernel through an adapter
+        that adds them as unit dims."""
         batch = len(op.detail.maps[0]) - 2
         pad = BATCH_DIMS - batch
         reshape = Reshape(((*range(pad + 1),), *((i + pad,) for i in range(1, batch + 2)))) if pad > 0 else None
-        paths = [(0,), (1,), (2, 0) if op.detail.v_transposed else (2,)]
-        return Call(tuple(Operand(p, reshape) for p in paths), result=reshape, variant=f"_batch{batch}" if pad > 0 else "")
+        chain = op.detail.chain
+        if chain is not None:
+            paths, marked = [chain.q.path, chain.k.path, chain.v.path], chain.marked
+        else:
+            paths, marked = [(0,), (1,), (2, 0) if op.detail.v_transposed else (2,)], 0
+        return Call(tuple(Operand(p, reshape) for p in paths), result=reshape, marked=marked, variant=f"_batch{batch}" if pad > 0 else "")
 
 
 def _attention_facts(op: ir.Operation) -> OpFacts:
@@ -132,6 +170,7 @@ def _attention_facts(op: ir.Operation) -> OpFacts:
     permutation = plain_transpose(v.owner)
     if permutation is not None and v_map is not None:
         v_map, v_value, transposed = tuple(v_map[p] for p in permutation), v.owner.operands[0], True
+    mask = _mask(op.operands[4], maps[4], maps[0], maps[1]) if masked else None
     scale = op.operands[3].owner
     constant = op_name(scale) == "arith.constant" and isinstance(scale.attributes["value"], ir.FloatAttr)
     body = list(op.regions[0].blocks[0].operations)
@@ -151,10 +190,59 @@ def _attention_facts(op: ir.Operation) -> OpFacts:
             v_transposed=transposed,
             scale=ir.FloatAttr(scale.attributes["value"]).value if constant else None,
             scale_text=str(scale.attributes["value"]) if constant else f"computed by {op_name(scale)}",
-            mask=op_name(op.operands[4].owner) if masked else None,
+            mask=mask,
             plain_scores=plain,
+            repeated_heads=repeated_heads(k, v),
         ),
     )
+
+
+def _decomposed_facts(anchor: ir.Operation) -> OpFacts:
+    """The chain ending in `anchor` as the attention it computes: Q, K and V as the chain reads
+    them, O as the op replaced gives it."""
+    chain = read_chain(anchor)
+    q, k, v = (x.tensor for x in (chain.q, chain.k, chain.v))
+    loops = len(q.shape) + 2
+    batch = tuple(range(len(q.shape) - 2))
+    m, k1, k2, n = (len(batch) + i for i in range(4))
+    return OpFacts(
+        kind=Attention.name,
+        function=function_of(anchor),
+        location=location(anchor),
+        inputs=(q, k, v),
+        init=chain.result,
+        result=chain.result,
+        detail=AttentionFacts(
+            maps=(batch + (m, k1), batch + (k2, k1), batch + (k2, n), batch + (m, n)),
+            loops=loops,
+            v_transposed=False,
+            scale=chain.scale,
+            scale_text=chain.scale_text,
+            mask=chain.mask,
+            plain_scores=True,
+            repeated_heads=chain.repeated_heads,
+            chain=chain,
+            anchor=anchor.name,
+        ),
+    )
+
+
+def _mask(value: ir.Value, mask_map: tuple[int, ...] | None, q_map: tuple[int, ...] | None, k_map: tuple[int, ...] | None) -> MaskForm:
+    """The mask operand's form; its map names which of its axes are the queries (Q's m) and keys (K's k2)."""
+    if None in (mask_map, q_map, k_map) or q_map[-2] not in mask_map or k_map[-2] not in mask_map:
+        return MaskForm(OTHER, f"made by {op_name(value.owner)}, read through a map kitdispatch does not follow")
+    return read_mask(value, mask_map.index(q_map[-2]), mask_map.index(k_map[-2]))
+
+
+def _mask_mismatch(a: AttentionFacts, wanted: str | None) -> str | None:
+    """The kernel applies `wanted` (None: no mask); an op's mask that masks nothing is no mask."""
+    form = a.mask_form
+    if form == (wanted or NONE):
+        return None
+    if form not in (NONE, CAUSAL):
+        return f"the op's mask is {a.mask.text}: the library has no kernel for an arbitrary mask"
+    shown = "no mask" if a.mask is None else a.mask.text
+    return f"the op has {shown}, the kernel applies {'a ' + wanted + ' mask' if wanted else 'none'}"
 
 
 def _kernel_layout(a: AttentionFacts) -> bool:

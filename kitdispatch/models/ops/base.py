@@ -82,6 +82,7 @@ class Layout:
     result: Buffer
     accumulates: bool  # the result is an inout buffer that starts as the op's `outs`
     pattern: object | None = None  # the kind's own part of the contract (a generic's pattern)
+    epilogue: object | None = None  # a matmul kernel's epilogue (epilogue.py's EpilogueLayout)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class OpKind(ABC):
     """One replaceable op kind. Subclasses set `name` (IREE's op name) and implement the
     abstract methods; the defaults serve kinds whose ops take and give plain tensors."""
 
-    name: str  # IREE's op name, the key of the registry
+    name: str  # the key of the registry: IREE's op name, or the kind's own where it reads ops of another (`op`)
     # What runs on the model before its ops are read (IREE's elementwise fusion for generics).
     prepare: ClassVar[Preparation | None] = None
     # Named in the hint of a build that found no candidate (a kind most models hold, such as
@@ -167,10 +168,29 @@ class OpKind(ABC):
     suggested: ClassVar[bool] = True
     # Whether its kernels name a pattern file (replace_when's `pattern`): describe/op_names.py's PATTERN_OPS.
     takes_pattern: ClassVar[bool] = False
+    # Other IREE ops it reads as the anchor of a form spanning several ops (decomposed attention
+    # ends in a matmul); such an op is read by its own kind too, and `claims` settles which wins.
+    reads: ClassVar[tuple[str, ...]] = ()
+
+    def claims(self, op: ir.Operation) -> tuple:
+        """The ops (ir.Operations, `op` among them) that a replacement of `op` removes: their
+        own kinds' decisions give way to it."""
+        return ()
+
+    @property
+    def op(self) -> str:
+        """The IREE op this kind reads: its name, unless it says otherwise (a norm reads the
+        linalg.generic that ends it)."""
+        return self.name
 
     def candidate(self, op: ir.Operation) -> bool:
         """Whether an op of this kind is one a kernel could replace at all."""
         return takes_tensors(op)
+
+    def covers(self, op: ir.Operation) -> list:
+        """Other ops that this kind reads as part of `op` (a norm's reductions): no kind reads
+        them as ops of their own."""
+        return []
 
     @abstractmethod
     def facts(self, op: ir.Operation) -> OpFacts:
@@ -209,6 +229,12 @@ class OpKind(ABC):
     def call(self, op: OpFacts, layout: Layout) -> Call:
         """How the spec calls the kernel in the op's place: its inputs, then the accumulator."""
         return plain_call(len(op.inputs) + layout.accumulates)
+
+    def replaced(self, op: OpFacts, layout: Layout) -> OpFacts:
+        """What the kernel replaces, as one op: the tensors its call reads (in its order) and the
+        result of the op it marks. The op itself, unless the call reaches past it (a matmul's
+        epilogue: the bias it adds, the f16 result of the last op it covers)."""
+        return op
 
 
 # ------------------------------------------------------------------- shared contract checks

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
 from kitdispatch.describe.kernel import Kernel
+from kitdispatch.models.ops import epilogue
 from kitdispatch.models.ops.base import (
     Call,
     Layout,
@@ -27,7 +28,7 @@ from kitdispatch.models.ops.base import (
     op_name,
     tensor_facts,
 )
-from kitdispatch.models.ops.generic import plain_transpose
+from kitdispatch.models.ops.generic import Generic, plain_transpose
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -56,8 +57,11 @@ class MatmulFacts:
     maps: str  # the op's indexing maps as IREE prints them ("plain" where it has none)
     init_source: str  # what makes the `outs` operand ("zero fill", "linalg.fill of 1.0", ...)
     b_source: BSource | None = None  # B read through its transpose (then b_layout is "nt")
+    chain: epilogue.EpilogueChain | None = None  # the elementwise ops after it (epilogue.with_chain)
 
-    summary = None
+    @property
+    def summary(self) -> str | None:
+        return self.chain.summary if self.chain else None
 
     @property
     def zero_init(self) -> bool:
@@ -65,7 +69,8 @@ class MatmulFacts:
 
     def to_json(self) -> dict:
         through = {"b_through_transpose": list(self.b_source.path)} if self.b_source else {}
-        return {"init": self.init_source, "b_layout": self.b_layout, **through}
+        chain = self.chain.to_json() if self.chain else {}
+        return {"init": self.init_source, "b_layout": self.b_layout, **through, **chain}
 
 
 class Matmul(OpKind):
@@ -73,6 +78,10 @@ class Matmul(OpKind):
     transposed and broadcast operands on the same op) must be the plain ones or the ones
     reading B transposed (`maps`: layout -> IREE's text of them); anything else is not a
     matmul a kernel computes."""
+
+    # IREE's elementwise fusion first: the generics after a matmul are then those IREE would
+    # fuse into its dispatch, which a kernel's epilogue replaces with it.
+    prepare = Generic.prepare
 
     def __init__(self, name: str, rank: int, maps: dict[str, str], shapes: str) -> None:
         self.name, self.rank, self.maps, self.shapes = name, rank, maps, shapes
@@ -86,15 +95,16 @@ class Matmul(OpKind):
         shown = "plain" if "indexing_maps" not in attrs else maps
         facts = destination_facts(op, MatmulFacts(layout, shown, init_source(init_operand(op))))
         through = _transposed_b(op.operands[1]) if layout == "nn" else None
-        if through is None:
-            return facts
-        source, w = through
-        detail = MatmulFacts("nt", shown, facts.detail.init_source, source)
-        return OpFacts(facts.kind, facts.function, facts.location, (facts.inputs[0], w, *facts.inputs[2:]), facts.init, facts.result, detail)
+        if through is not None:
+            source, w = through
+            detail = MatmulFacts("nt", shown, facts.detail.init_source, source)
+            facts = OpFacts(facts.kind, facts.function, facts.location, (facts.inputs[0], w, *facts.inputs[2:]), facts.init, facts.result, detail)
+        return epilogue.with_chain(facts, op)
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         """A, B (or W), [the accumulator]; the kernel's rank is the op's, or 2 for a batched op
         (its batch-1 ops run the 2-D kernel)."""
+        kernel, ending = epilogue.split_epilogue(kernel, where)
         args, result = kernel_buffers(kernel, self.name, where)
         accumulates = result.access == "inout"
         wanted = 3 if accumulates else 2
@@ -108,7 +118,7 @@ class Matmul(OpKind):
             f"its shapes must read {self.shapes} (same names where sizes agree; B may be [n,k]: C = A W^T)",
             where,
         )
-        return Layout(tuple(args[:2]), result, accumulates, pattern=layout)
+        return Layout(tuple(args[:2]) + ending.buffers, result, accumulates, pattern=layout, epilogue=ending)
 
     def semantic_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout) -> str | None:
         facts = op.detail
@@ -125,16 +135,19 @@ class Matmul(OpKind):
             return "batch: a batched op's accumulator does not reach a 2-D kernel that accumulates (only a zero-filled result)"
         if facts.b_source is not None and facts.b_source.flat and not self._drops_batch(layout):
             return "B is a weight [n,k] transposed with its unit batch dim moved; a 2-D kernel reads it, a batched one does not"
-        return None
+        form = epilogue.chosen(op, layout)
+        same_inputs = all(t.dtype == b.type.dtype for t, b in zip(op.inputs, layout.inputs))  # else: the types' reason
+        return form if isinstance(form, str) and same_inputs else None
 
     def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
         """As for any op, B as the op reads it where it comes through a transpose; a batch-1 op
         against a 2-D kernel without its unit batch dim."""
+        op = epilogue.covered(op, layout)
         b = op.detail.b_source
         if b is not None:
             op = OpFacts(op.kind, op.function, op.location, (op.inputs[0], b.view, *op.inputs[2:]), op.init, op.result, op.detail)
-        if self._drops_batch(layout):
-            drop = lambda t: TensorFacts(t.dtype, t.shape[1:])  # noqa: E731
+        if self._drops_batch(layout):  # tensors of the op's rank (an epilogue's bias, or a chain that collapsed, not)
+            drop = lambda t: TensorFacts(t.dtype, t.shape[1:]) if len(t.shape) == self.rank else t  # noqa: E731
             op = OpFacts(op.kind, op.function, op.location, tuple(map(drop, op.inputs)), drop(op.init), drop(op.result), op.detail)
         return super().sizes_mismatch(op, kernel, layout, sizes)
 
@@ -147,7 +160,10 @@ class Matmul(OpKind):
         b = op.detail.b_source
         if b is not None:
             operands[1] = Operand(b.path, b.reshape if b.flat else _then(b.reshape, drop))
-        return Call(tuple(operands), result=drop, variant="_batch1" if drop else "")
+        return epilogue.epilogue_call(op, layout, Call(tuple(operands), result=drop, variant="_batch1" if drop else ""))
+
+    def replaced(self, op: OpFacts, layout: Layout) -> OpFacts:
+        return epilogue.covered(op, layout)
 
     def _drops_batch(self, layout: Layout) -> bool:
         return len(layout.result.type.shape) < self.rank

@@ -1,4 +1,4 @@
-"""record.py: the model record, its one writer and one reader (typed, versioned; damaged and
+"""describe/model_record.py: the model record, its one writer and one reader (typed, versioned; damaged and
 hostile records refused)."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from kitdispatch import KitError
 from kitdispatch.cli import main
 from kitdispatch.describe.record import DamagedRecord, RecordError, sha256
-from kitdispatch.models.ops.base import TensorFacts
-from kitdispatch.models.record import (
+from kitdispatch.describe.model_record import ModelTensor
+from kitdispatch.describe.model_record import (
     MODEL_RECORD_SCHEMA,
     claimed_files,
     read_model_record,
@@ -43,7 +43,8 @@ MODEL_RECORD = {
     "schema": 1, "kitdispatch": "0.1.0", "model": "m.mlir", "project": "p", "vmfb": "m.vmfb", "baseline_vmfb": "m.baseline.vmfb",
     "spec": "m.spec.mlir", "archs": ["sm_90"], "codegen_target": "sm_89", "iree_compiler": "3.13", "iree_flags": [],
     "matched_after": ["global-optimization"],
-    "functions": [{"name": "forward", "inputs": [{"dtype": "f32", "shape": [4, 8]}], "outputs": [{"dtype": "f32", "shape": [4, 8]}]}],
+    "functions": [{"name": "forward", "inputs": [{"dtype": "f32", "shape": [4, 8]}, {"dtype": "i64", "shape": [4]}],
+                   "outputs": [{"dtype": "f32", "shape": [4, 8]}], "index_bounds": [None, 30]}],
     "replaced": [{"op": "linalg.softmax", "location": "m.mlir:3:8", "kernel": "row_softmax", "kernel_entry": "row_softmax"}],
     "not_replaced": [], "kernel_executables": [], "files": {},
 }
@@ -88,8 +89,10 @@ def test_model_records_with_wrong_json_types_are_damaged_records(tmp_path_factor
          "'functions' is not a list of signatures"),
         (dict(MODEL_RECORD, replaced=[{"op": 1}]), "'replaced' is not a list of replaced ops"),
         ("[" * 100000 + "]" * 100000, "cannot read the model record: RecursionError"),
+        (dict(MODEL_RECORD, functions=[dict(MODEL_RECORD["functions"][0], index_bounds=[30])]), "'functions' is not a list of signatures"),
+        (dict(MODEL_RECORD, functions=[dict(MODEL_RECORD["functions"][0], index_bounds=[None, 0])]), "'functions' is not a list of signatures"),
     ],
-    ids=["files", "vmfb", "functions", "replaced", "deep"],
+    ids=["files", "vmfb", "functions", "replaced", "deep", "bounds-count", "bounds-zero"],
 )
 @pytest.mark.parametrize("command", ["compare", "profile"])
 def test_compare_and_profile_on_a_damaged_model_record(tmp_path, record, message, command):
@@ -115,7 +118,7 @@ def test_the_record_reads_back_typed_and_writes_the_same_bytes(linalg_build):
     assert folder == out and record.to_bytes() == raw
     assert record.schema == MODEL_RECORD_SCHEMA and record.vmfb == "mm_softmax.vmfb" and record.baseline_vmfb == "mm_softmax.baseline.vmfb"
     assert [(r.op, r.kernel_entry) for r in record.replaced] == [("linalg.softmax", "row_softmax")]
-    assert record.function(None).inputs[0] == TensorFacts("f32", (512, 256))
+    assert record.function(None).inputs[0] == ModelTensor("f32", (512, 256))
     assert record.matched_after == ("global-optimization",)
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.vmfb = "other.vmfb"
@@ -215,3 +218,16 @@ def test_a_model_record_naming_a_file_outside_is_refused_by_build_and_compare(tm
         assert main([str(a) for a in argv], io.StringIO(), err) == code
         _one_line_error(err.getvalue(), "mm.model.json", "'../victim.txt'", message)
     assert _tree(tmp_path) == before
+
+
+def test_index_bounds_read_back_and_an_older_record_has_none(tmp_path):
+    """index_bounds (one per input, or none at all in records written before them) read back
+    as the function's bounds; compare draws from them."""
+    _write_model_record(tmp_path / "new", MODEL_RECORD)
+    forward = read_model_record(tmp_path / "new")[1].function("forward")
+    assert forward.index_bounds == (None, 30) and forward.index_bound(1) == 30 and forward.index_bound(0) is None
+    assert forward.to_json() == MODEL_RECORD["functions"][0]
+    older = {k: v for k, v in MODEL_RECORD["functions"][0].items() if k != "index_bounds"}
+    _write_model_record(tmp_path / "old", dict(MODEL_RECORD, functions=[older]))
+    forward = read_model_record(tmp_path / "old")[1].function("forward")
+    assert forward.index_bounds == () and forward.index_bound(1) is None and "index_bounds" not in forward.to_json()

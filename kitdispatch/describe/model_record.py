@@ -1,9 +1,11 @@
-"""The model record: what `build_model` wrote and what `compare` and `profile` read, beside the
-model's .vmfb (`<name>.model.json`), as the build record is beside a module's.
+"""The model record: what `build_model` wrote and what `compare`, `profile` and `load_module`
+read, beside the model's .vmfb (`<name>.model.json`), as the build record is beside a module's.
+It lives in describe, like the build record, because the run side reads it (`load_module` of a
+model build folder) and imports nothing of the build side.
 
 One writer (`ModelRecord.to_bytes`, called by the model build) and one reader (`ModelRecord.
-from_bytes`, through `read_model_record` for compare and profile and `claimed_files` for the
-next build of the folder). Like the build record it proves ownership: it lists every file the
+from_bytes`, through `read_model_record` for compare, profile and load_module and `claimed_files`
+for the next build of the folder). Like the build record it proves ownership: it lists every file the
 build published with its SHA-256. The reader refuses what a build does not write: a file that
 is not regular or is too big, a field of another JSON type (DamagedRecord, exit 2), a file name
 that is not a plain name of its folder, a listed module that is not the file recorded. `schema`,
@@ -20,26 +22,47 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kitdispatch._files import is_plain_name, read_regular_file
-from kitdispatch.builder.publish import MODEL_RECORD_SUFFIX
-from kitdispatch.describe.record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, DamagedRecord, RecordError, file_sha256
+from kitdispatch.describe.record import JOURNAL_SUFFIX, MAX_RECORD_BYTES, MODEL_RECORD_SUFFIX, DamagedRecord, RecordError, file_sha256
 from kitdispatch._version import __version__
 from kitdispatch.errors import KitError
-from kitdispatch.models.ops.base import TensorFacts
 
 MODEL_RECORD_SCHEMA = 1
 _REBUILD = "build it again"
 
 
 @dataclass(frozen=True)
-class ModelFunction:
-    """A public function of the model with its tensor inputs and outputs (IREE's ABI)."""
+class ModelTensor:
+    """A tensor of a model function's ABI: MLIR's element type name and sizes (None: dynamic)."""
 
-    name: str
-    inputs: tuple[TensorFacts, ...]
-    outputs: tuple[TensorFacts, ...]
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    @property
+    def text(self) -> str:
+        return "x".join(["?" if d is None else str(d) for d in self.shape] + [self.dtype])
 
     def to_json(self) -> dict:
-        return {"name": self.name, "inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs]}
+        return {"dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class ModelFunction:
+    """A public function of the model with its tensor inputs and outputs (IREE's ABI).
+    `index_bounds`, one per input where the build found them (else empty): for an integer input
+    whose values index a gather (an embedding's rows), the size of the dimension it indexes, so
+    valid values are 0 .. bound-1; None where the build could not tell (models/inputs.py)."""
+
+    name: str
+    inputs: tuple[ModelTensor, ...]
+    outputs: tuple[ModelTensor, ...]
+    index_bounds: tuple[int | None, ...] = ()
+
+    def index_bound(self, i: int) -> int | None:
+        return self.index_bounds[i] if i < len(self.index_bounds) else None
+
+    def to_json(self) -> dict:
+        data = {"name": self.name, "inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs]}
+        return data | ({"index_bounds": list(self.index_bounds)} if self.index_bounds else {})
 
 
 @dataclass(frozen=True)
@@ -266,17 +289,22 @@ def _is_tensor_json(t: object) -> bool:
 
 
 def _is_function_json(f: object) -> bool:
-    """{name, inputs, outputs} as the model build writes it, each tensor {dtype, shape}."""
-    return isinstance(f, dict) and isinstance(f.get("name"), str) and all(
-        isinstance(f.get(k), list) and all(_is_tensor_json(t) for t in f[k]) for k in ("inputs", "outputs")
+    """{name, inputs, outputs} as the model build writes it, each tensor {dtype, shape}, and
+    optionally index_bounds: one positive int or null per input."""
+    if not (isinstance(f, dict) and isinstance(f.get("name"), str)):
+        return False
+    bounds = f.get("index_bounds", [])
+    return all(isinstance(f.get(k), list) and all(_is_tensor_json(t) for t in f[k]) for k in ("inputs", "outputs")) and (
+        isinstance(bounds, list) and len(bounds) in (0, len(f["inputs"]))
+        and all(b is None or (isinstance(b, int) and not isinstance(b, bool) and b > 0) for b in bounds)
     )
 
 
 def _function(f: dict) -> ModelFunction:
-    def tensors(ts: list) -> tuple[TensorFacts, ...]:
-        return tuple(TensorFacts(t["dtype"], tuple(t["shape"])) for t in ts)
+    def tensors(ts: list) -> tuple[ModelTensor, ...]:
+        return tuple(ModelTensor(t["dtype"], tuple(t["shape"])) for t in ts)
 
-    return ModelFunction(f["name"], tensors(f["inputs"]), tensors(f["outputs"]))
+    return ModelFunction(f["name"], tensors(f["inputs"]), tensors(f["outputs"]), tuple(f.get("index_bounds", [])))
 
 
-__all__ = ["MODEL_RECORD_SCHEMA", "ModelFunction", "ModelRecord", "ReplacedOp", "claimed_files", "failed_record", "model_record_name", "read_model_record"]
+__all__ = ["MODEL_RECORD_SCHEMA", "ModelFunction", "ModelTensor", "ModelRecord", "ReplacedOp", "claimed_files", "failed_record", "model_record_name", "read_model_record"]

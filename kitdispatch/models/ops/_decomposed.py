@@ -1,0 +1,391 @@
+"""Attention as exporters write it without SDPA, read from its last matmul up its producers.
+
+ONNX opset 17 (and eager PyTorch) write attention as MatMul(Q, Transpose(K)), Div by sqrt(d)
+or Mul by 1/sqrt(d), an optional Add of a mask, Softmax over the keys, MatMul with V. At IREE's
+global optimization (measured, 3.13) that is a `linalg.batch_matmul` (K through a transpose
+generic, or read transposed by the matmul's maps) into a zero fill, an f32-to-f16 truncation,
+one elementwise generic (scale, mask add, extension to f32), a `linalg.softmax` of the last
+dim, a truncation, and the `linalg.batch_matmul` with V, with collapse/expand_shapes between
+[b, h, s, s] and [b*h, s, s]. The chain is read from that last matmul (the anchor) up; the op replaced is the
+first single user down from it whose result is the kernel's O (the truncation to f16, and the
+expand_shape back to [b, h, s, d] where Q is read so), and every op of the chain dies with
+it, so each must have no other user.
+
+The kernel computes the scores, their scale and the softmax in f32; the chain rounds the scores
+and probabilities to f16 between its ops. That is the only difference accepted: the scale must
+be 1/sqrt(d) as the kernel applies it, the mask none or causal (_masks.py), the softmax over
+the keys.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dataclasses import dataclass, field
+
+from kitdispatch.models.ops._masks import OTHER, MaskForm, is_masked_value, read_additive, read_mask
+from kitdispatch.models.ops.base import TensorFacts, location, map_dims, tensor_facts
+from kitdispatch.models.ops.generic import plain_transpose
+from kitdispatch.models.ops.matmul import init_source
+
+if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
+    from iree.compiler import ir  # annotations
+
+MATMULS = ("linalg.batch_matmul", "linalg.matmul")
+_THROUGH = ("tensor.collapse_shape", "tensor.expand_shape", "iree_tensor_ext.compute_barrier.start", "iree_tensor_ext.compute_barrier.end")
+_CASTS = ("arith.truncf", "arith.extf")
+_SEARCH = 12  # ops walked up from the anchor looking for the softmax
+
+
+@dataclass(frozen=True)
+class Input:
+    """A tensor the kernel reads: its operand path from the marked op, and its type."""
+
+    path: tuple[int, ...]
+    tensor: TensorFacts
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What the chain computes, as the attention kind checks it."""
+
+    q: Input
+    k: Input
+    v: Input
+    result: TensorFacts  # the marked op's result
+    marked: int  # single users down from the anchor matmul to the op replaced (see _down)
+    scale: float | None  # what the scores are multiplied by (1/c for a division); None: not a constant
+    scale_text: str
+    mask: MaskForm | None
+    repeated_heads: str | None
+    problem: str | None  # why this is not the attention the kernel computes
+    ops: tuple = field(default=(), compare=False, repr=False)  # the ir ops that die with the replacement
+
+
+def _owner(value: ir.Value) -> ir.Operation | None:
+    return getattr(value.owner, "operation", None)
+
+
+def _users(value: ir.Value) -> int:
+    return sum(1 for _ in value.uses)
+
+
+def looks_like_attention(op: ir.Operation) -> bool:
+    """A matmul whose A is a softmax's result, through reshapes and casts."""
+    if op.name not in MATMULS:
+        return False
+    value = op.operands[0]
+    for _ in range(_SEARCH):
+        owner = _owner(value)
+        if owner is None:
+            return False
+        if owner.name == "linalg.softmax":
+            return True
+        if owner.name not in _THROUGH and not _is_cast(owner):
+            return False
+        value = owner.operands[0]
+    return False
+
+
+def _is_cast(op: ir.Operation) -> bool:
+    """An elementwise generic that only converts its one input (extf / truncf)."""
+    from iree.compiler import ir
+
+    if op.name != "linalg.generic" or len(op.operands) != 2:
+        return False
+    maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    body = [o.name for o in op.regions[0].blocks[0].operations]
+    return maps[0] == maps[1] == tuple(range(len(maps[1]))) and body[:-1] in (["arith.truncf"], ["arith.extf"])
+
+
+class _Reader:
+    """Walks the chain, recording its ops (each must have one user) and the first problem."""
+
+    def __init__(self) -> None:
+        self.ops: list = []
+        self.problem: str | None = None
+
+    def fail(self, why: str) -> None:
+        self.problem = self.problem or why
+
+    def take(self, op: ir.Operation) -> None:
+        self.ops.append(op)
+        if _users(op.results[0]) != 1:
+            self.fail(f"{op.name} at {location(op)} in the chain has {_users(op.results[0])} users; each op "
+                      "of the chain must feed only the next, as the kernel leaves no intermediate value")
+
+    def through(self, value: ir.Value, path: tuple[int, ...], *, casts: bool = False):
+        """Up through reshapes and barriers (and casts, where asked): the value and its path."""
+        while True:
+            owner = _owner(value)
+            if owner is None or not (owner.name in _THROUGH or (casts and _is_cast(owner))):
+                return value, path
+            self.take(owner)
+            value, path = owner.operands[0], path + (0,)
+
+
+def read_chain(anchor: ir.Operation) -> Chain:
+    """The attention that ends in `anchor` (a matmul for which looks_like_attention holds)."""
+    r = _Reader()
+    if not _plain_matmul(r, anchor, "P V"):
+        r.fail("the P V matmul reads its operands through maps (transposed or broadcast), not P [.., m, s] and V [.., s, d]")
+    p, p_path = r.through(anchor.operands[0], (0,), casts=True)
+    softmax = _owner(p)
+    r.take(softmax)
+    rank = len(tensor_facts(p.type).shape)
+    dim = _int(softmax.attributes["dimension"])
+    if dim != rank - 1:
+        r.fail(f"the softmax normalizes dimension {dim} of {rank}, not the keys' (the last)")
+    scores, s_path, program = _score_program(r, softmax.operands[0], p_path + (0,))
+    qk = _owner(scores)
+    if qk is None or qk.name not in MATMULS:
+        r.fail(f"the scores come from {'a function argument' if qk is None else qk.name}, not from a matmul of Q and K")
+        q = k = Input(s_path, tensor_facts(scores.type))
+        k_value, scale, scale_text, mask = None, None, "not read", None
+    else:
+        r.take(qk)
+        q, k, k_value = _q_and_k(r, qk, s_path)
+        scale, scale_text, mask = _scale_and_mask(r, program)
+    v_value, v_path = r.through(anchor.operands[1], (1,))
+    v = Input(v_path, tensor_facts(v_value.type))
+    down = _down(anchor, len(q.tensor.shape))
+    for op in down[:-1]:
+        r.take(op)
+    marked = len(down) - 1
+    q, k, v = (Input((0,) * marked + x.path, x.tensor) for x in (q, k, v))
+    if len({len(x.tensor.shape) for x in (q, k, v)}) != 1:
+        r.fail(f"Q {q.tensor.text}, K {k.tensor.text} and V {v.tensor.text} reach the chain in different layouts")
+    out = tensor_facts(down[-1].results[0].type)
+    return Chain(q, k, v, out, marked, scale, scale_text, mask, repeated_heads(k_value, v_value), r.problem, tuple(r.ops) + (down[-1],))
+
+
+def _down(anchor: ir.Operation, rank: int) -> list:
+    """The anchor and its single users down to the op replaced: the first whose result is the
+    kernel's O (Q's rank, a 16-bit float: the truncation of the f32 accumulator, and where Q is
+    [b, h, s, d], the expand_shape of [b*h, s, d] back to it); the anchor where none is."""
+    ops = [anchor]
+    while True:
+        facts = tensor_facts(ops[-1].results[0].type)
+        if len(facts.shape) == rank and facts.dtype in ("f16", "bf16"):
+            return ops
+        users = list(ops[-1].results[0].uses)
+        user = users[0].owner.operation if len(users) == 1 else None
+        if user is None or not (user.name in _THROUGH or _is_cast(user)) or len(user.results) != 1:
+            return [anchor]
+        ops.append(user)
+
+
+def _int(attr: ir.Attribute) -> int:
+    from iree.compiler import ir
+
+    return ir.IntegerAttr(attr).value
+
+
+def _plain_matmul(r: _Reader, op: ir.Operation, what: str) -> bool:
+    """Whether the matmul reads its operands as they are ([.., m, k] x [.., k, n]) into a zero fill."""
+    from iree.compiler import ir
+
+    init = init_source(op.operands[2])
+    if init != "zero fill":
+        r.fail(f"the {what} matmul accumulates into {init}, not a zero fill")
+    if "indexing_maps" not in op.attributes:
+        return True
+    maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    lead = tuple(range(len(maps[2]) - 2))
+    m, n, k = len(lead), len(lead) + 1, len(lead) + 2
+    return maps == [lead + (m, k), lead + (k, n), lead + (m, n)]
+
+
+def _q_and_k(r: _Reader, qk: ir.Operation, path: tuple[int, ...]) -> tuple[Input, Input, ir.Value]:
+    """Q as the matmul's A; K as the input of the transpose that makes its B, or its B where the
+    matmul's maps read B transposed (Q K^T with K [.., n, k])."""
+    from iree.compiler import ir
+
+    q_value, q_path = r.through(qk.operands[0], path + (0,))
+    b_value, b_path = qk.operands[1], path + (1,)
+    if _plain_matmul(r, qk, "Q K^T"):
+        b_value, b_path = r.through(b_value, b_path)
+        transpose = _owner(b_value)
+        rank = len(tensor_facts(b_value.type).shape)
+        swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+        if transpose is None or plain_transpose(transpose) != swap:
+            made = "a function argument" if transpose is None else (
+                "a linalg.generic that does more than transpose K (IREE fused K's projection or cast into it)"
+                if transpose.name == "linalg.generic" else transpose.name)
+            r.fail(f"K^T is made by {made}: no K [.., s, d] exists for the kernel to read")
+        else:
+            r.take(transpose)
+            b_value, b_path = r.through(transpose.operands[0], b_path + (0,))
+    else:
+        maps = [map_dims(a) for a in ir.ArrayAttr(qk.attributes["indexing_maps"])]
+        lead = tuple(range(len(maps[2]) - 2))
+        m, n, k = len(lead), len(lead) + 1, len(lead) + 2
+        if maps != [lead + (m, k), lead + (n, k), lead + (m, n)]:
+            r.fail(f"the Q K^T matmul reads its operands through maps {maps}, not Q [.., m, d] and K [.., n, d]")
+    return Input(q_path, tensor_facts(q_value.type)), Input(b_path, tensor_facts(b_value.type)), b_value
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One op the scores go through before the softmax: its name and its other operand
+    (a constant's value, or the mask tensor with its map in the generic's loops)."""
+
+    name: str
+    constant: float | None = None
+    constant_text: str = ""
+    mask: ir.Value | None = None
+    mask_map: tuple[int, ...] | None = None
+    loops: int = 0  # the generic's loops, where the mask is added
+
+
+def _score_program(r: _Reader, value: ir.Value, path: tuple[int, ...]):
+    """From the softmax's input up to the scores' matmul: the elementwise steps in order."""
+    from iree.compiler import ir
+
+    program: list[_Step] = []
+    while True:
+        value, path = r.through(value, path)
+        owner = _owner(value)
+        if owner is None or owner.name != "linalg.generic":
+            return value, path, program
+        r.take(owner)
+        maps = [map_dims(a) for a in ir.ArrayAttr(owner.attributes["indexing_maps"])]
+        inputs = len(owner.operands) - 1
+        identity = tuple(range(len(maps[-1])))
+        flowing = [i for i in range(inputs) if maps[i] == identity and _reaches_matmul(owner.operands[i])]
+        if len(flowing) != 1 or maps[-1] != identity:
+            r.fail("the scores reach the softmax through a linalg.generic that is not elementwise on them")
+            return value, path, program
+        steps = _body_steps(r, owner, flowing[0], maps)
+        program = steps + program
+        value, path = owner.operands[flowing[0]], path + (flowing[0],)
+
+
+def _reaches_matmul(value: ir.Value) -> bool:
+    for _ in range(_SEARCH):
+        owner = _owner(value)
+        if owner is None:
+            return False
+        if owner.name in MATMULS:
+            return True
+        value = owner.operands[0]
+    return False
+
+
+def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list) -> list[_Step]:
+    """The generic's body as steps on the scores: each op takes the scores' value and at most
+    one other operand (a constant, or another input: the mask)."""
+
+    block = op.regions[0].blocks[0]
+    args = list(block.arguments)
+    current = args[flowing]
+    steps: list[_Step] = []
+    for inner in block.operations:
+        if inner.name == "linalg.yield":
+            if inner.operands[0] != current:
+                r.fail("the generic before the softmax yields something else than the scores' value")
+            return steps
+        operands = list(inner.operands)
+        if current not in operands or len(inner.results) != 1:
+            r.fail(f"the scores go through {inner.name}, which does not read them")
+            return steps
+        others = [v for v in operands if v != current]
+        if inner.name in _CASTS and not others:
+            steps.append(_Step(inner.name))
+        elif inner.name in ("arith.divf", "arith.mulf") and len(others) == 1 and (inner.name == "arith.mulf" or operands[0] == current):
+            constant = _constant(others[0], op, args, maps)
+            if constant is None:
+                r.fail(f"the scores are scaled ({inner.name}) by a value that is not a constant")
+                return steps
+            steps.append(_Step(inner.name, constant[0], constant[1]))
+        elif inner.name == "arith.addf" and len(others) == 1 and _constant(others[0], op, args, maps) is not None:
+            constant = _constant(others[0], op, args, maps)
+            steps.append(_Step("add constant", constant[0], constant[1]))
+        elif inner.name == "arith.select" and operands[1] == current and operands[0] in args[:len(op.operands) - 1] and _masks_out(
+                operands[2], op, args, maps, str(inner.results[0].type)):
+            index = args.index(operands[0])  # where(keep, scores, -inf), as GPT-2's eager attention masks
+            steps.append(_Step("select", mask=op.operands[index], mask_map=maps[index], loops=len(maps[-1])))
+        elif inner.name == "arith.addf" and len(others) == 1 and others[0] in args[:len(op.operands) - 1]:
+            index = args.index(others[0])
+            steps.append(_Step(inner.name, mask=op.operands[index], mask_map=maps[index], loops=len(maps[-1])))
+        else:
+            r.fail(f"the scores go through {inner.name} before the softmax, which the kernel does not compute")
+            return steps
+        current = inner.results[0]
+    return steps
+
+
+def _constant(value: ir.Value, op: ir.Operation, args: list, maps: list) -> tuple[float, str] | None:
+    """A scalar constant: hoisted out of the body, or a 0-d constant tensor input of the generic
+    (as IREE leaves an ONNX Div's scalar before elementwise fusion)."""
+    from iree.compiler import ir
+
+    if value in args and not maps[args.index(value)]:
+        value = op.operands[args.index(value)]
+    owner = _owner(value)
+    if owner is None or owner.name != "arith.constant":
+        return None
+    attr = owner.attributes["value"]
+    if isinstance(attr, ir.DenseElementsAttr) and ir.DenseElementsAttr(attr).is_splat:
+        attr = ir.DenseElementsAttr(attr).get_splat_value()
+    if not isinstance(attr, ir.FloatAttr):
+        return None
+    return ir.FloatAttr(attr).value, str(attr)
+
+
+def _masks_out(value: ir.Value, op: ir.Operation, args: list, maps: list, dtype: str) -> bool:
+    constant = _constant(value, op, args, maps)
+    return constant is not None and is_masked_value(constant[0], dtype)
+
+
+def _scale_and_mask(r: _Reader, program: list[_Step]):
+    """The one scale (a Div or Mul by a constant) and the optional mask Add after it."""
+    scales = [s for s in program if s.name in ("arith.divf", "arith.mulf")]
+    adds = [s for s in program if s.name in ("arith.addf", "select")]
+    shifts = [s for s in program if s.name == "add constant" and s.constant != 0]
+    if shifts:
+        r.fail(f"the scores get {shifts[0].constant_text} added before the softmax")
+    if len(scales) != 1:
+        r.fail(f"the scores are scaled {len(scales)} times before the softmax; the kernel scales them once by 1/sqrt(d)")
+        return None, "not one constant", None
+    scale = scales[0]
+    if adds and program.index(adds[0]) < program.index(scale):
+        r.fail("the mask is applied before the scores are scaled; the kernel scales, then masks")
+    if len(adds) > 1:
+        r.fail("the scores get more than one mask before the softmax")
+    value = 1.0 / scale.constant if scale.name == "arith.divf" else scale.constant
+    text = f"{'1 / ' if scale.name == 'arith.divf' else ''}{scale.constant_text}"
+    if scale.name == "arith.divf" and scale.constant == 0:
+        r.fail("the scores are divided by zero")
+        return None, text, None
+    mask = None
+    if adds:
+        dims = adds[0].mask_map
+        q, k = adds[0].loops - 2, adds[0].loops - 1
+        if dims is None or q not in dims or k not in dims:
+            mask = MaskForm(OTHER, "a mask broadcast over the queries or the keys")
+        else:
+            read = read_mask if adds[0].name == "select" else read_additive
+            mask = read(adds[0].mask, dims.index(q), dims.index(k))
+    return value, text, mask
+
+
+def repeated_heads(*values: ir.Value) -> str | None:
+    """How K or V is broadcast from fewer heads: GQA/MQA reach the op as a broadcast generic
+    (kv heads -> kv heads x group), collapsed into the query heads."""
+    from iree.compiler import ir
+
+    for role, value in zip("KV", values):
+        if value is None:
+            continue
+        owner = _owner(value)
+        while owner is not None and owner.name in _THROUGH:
+            value = owner.operands[0]
+            owner = _owner(value)
+        if owner is None or owner.name != "linalg.generic" or len(owner.operands) != 2:
+            continue
+        maps = [map_dims(a) for a in ir.ArrayAttr(owner.attributes["indexing_maps"])]
+        if None not in maps and len(maps[0]) < len(maps[1]):
+            source, result = tensor_facts(owner.operands[0].type), tensor_facts(owner.results[0].type)
+            return f"{role} is {source.text} broadcast to {result.text}"
+    return None

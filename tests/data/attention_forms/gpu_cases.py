@@ -1,0 +1,18 @@
+"""The attention forms tests/models/test_attention_forms.py compares with IREE alone on the GPU,
+and tools/prebuild.py builds for a GPU machine without iree-compile (OUT/attention_forms_<id>):
+id -> (maker: make_<kind>.py, its arguments, the library kernel that must run)."""
+
+GPU_CASES = {
+    "sdpa-is-causal": ("sdpa", ["--mask", "causal"], "attention_causal_f16"),
+    "sdpa-all-true": ("sdpa", ["--mask", "all-true"], "attention_f16"),
+    "sdpa-arange-d128": ("sdpa", ["--mask", "arange-causal", "--head-dim", "128"], "attention_causal_f16"),
+    "onnx-causal": ("onnx", ["--f16", "--mask", "causal"], "attention_causal_f16"),
+    "onnx-where-causal": ("onnx", ["--f16", "--mask", "causal-where"], "attention_causal_f16"),
+    "onnx-flat-300": ("onnx", ["--f16", "--form", "flat", "--mask", "zero", "--seq", "300"], "attention_f16"),
+    "onnx-layer-softmax-rows": ("onnx", ["--f16", "--form", "layer"], "row_softmax"),
+}
+ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdispatch.toml)
+
+
+def model_name(kind: str) -> str:
+    return "attn.onnx" if kind == "onnx" else "attn.mlir"

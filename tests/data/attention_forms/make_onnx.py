@@ -1,0 +1,126 @@
+"""Writes attention as exporters write it without SDPA (ONNX opset 17): MatMul(Q, Transpose(K)),
+a Div by sqrt(d) (or a Mul by 1/sqrt(d)), an optional additive mask Add, Softmax over the last
+axis, MatMul with V. The inputs are Q, K, V [b, h, s, d] (`--form heads`, or `[b*h, s, d]` with
+`--form flat`), or x [b, s, h*d] projected to heads and back (`--form layer`: MatMul, Reshape,
+Transpose, as a BERT/GPT-2 layer writes it).
+
+    python tests/data/attention_onnx/make_model.py OUT.onnx [--batch 2 --heads 4 --seq 128 --head-dim 64]
+        [--f16] [--mask none|zero|causal|causal-where|arbitrary] [--scale div|mul|wrong] [--kv-seq N] [--form heads|flat|layer]
+        [--kv-heads N]
+
+Masks are constant initializers [s, s] added to the scores: all zero, causal (0 on and below
+the diagonal, the dtype's lowest value above it, as HF builds it) or arbitrary (random);
+`causal-where` is a boolean [s, s] initializer applied with Where(keep, scores, lowest), as
+GPT-2's eager attention does.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def make_model(
+    batch: int = 2, heads: int = 4, seq: int = 128, head_dim: int = 64, *, f16: bool = False, mask: str = "none",
+    scale: str = "div", kv_seq: int | None = None, form: str = "heads", kv_heads: int | None = None, seed: int = 0,
+) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    dtype = np.float16 if f16 else np.float32
+    elem = TensorProto.FLOAT16 if f16 else TensorProto.FLOAT
+    kv_seq = kv_seq or seq
+    node = helper.make_node
+
+    def const(name: str, value, t=dtype) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.asarray(value, t), name)
+
+    scale_value = {"div": np.sqrt(head_dim), "mul": 1 / np.sqrt(head_dim), "wrong": 0.5}[scale]
+    inits = [const("scale", scale_value)]
+    nodes = []
+    if form == "layer":
+        hidden = heads * head_dim
+        inputs = [helper.make_tensor_value_info("x", elem, [batch, seq, hidden])]
+        inits.append(numpy_helper.from_array(np.array([batch, seq, heads, head_dim], np.int64), "heads_shape"))
+        inits.append(numpy_helper.from_array(np.array([batch, seq, hidden], np.int64), "out_shape"))
+        for p in "qkv":
+            inits.append(const(f"w_{p}", rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)))
+            nodes += [
+                node("MatMul", ["x", f"w_{p}"], [f"{p}_proj"]),
+                node("Reshape", [f"{p}_proj", "heads_shape"], [f"{p}_split"]),
+                node("Transpose", [f"{p}_split"], [p], perm=[0, 2, 1, 3]),
+            ]
+        out_shape = [batch, seq, hidden]
+    else:
+        lead = [batch * heads] if form == "flat" else [batch, heads]
+        kv_lead = [batch, kv_heads] if kv_heads else lead
+        inputs = [helper.make_tensor_value_info("q", elem, lead + [seq, head_dim])]
+        inputs += [helper.make_tensor_value_info(p, elem, kv_lead + [kv_seq, head_dim]) for p in ("k", "v")]
+        out_shape = lead + [seq, head_dim]
+        if kv_heads:  # GQA as transformers' repeat_kv writes it: Unsqueeze, Expand, Reshape
+            group = heads // kv_heads
+            inits.append(numpy_helper.from_array(np.array([2], np.int64), "axis2"))
+            inits.append(numpy_helper.from_array(np.array([batch, kv_heads, group, kv_seq, head_dim], np.int64), "repeat"))
+            inits.append(numpy_helper.from_array(np.array([batch, heads, kv_seq, head_dim], np.int64), "merged"))
+            for p in ("k", "v"):
+                nodes += [
+                    node("Unsqueeze", [p, "axis2"], [f"{p}_u"]),
+                    node("Expand", [f"{p}_u", "repeat"], [f"{p}_e"]),
+                    node("Reshape", [f"{p}_e", "merged"], [f"{p}_r"]),
+                ]
+    k_name, v_name = ("k_r", "v_r") if kv_heads and form != "layer" else ("k", "v")
+    rank = 3 if form == "flat" else 4
+    nodes.append(node("Transpose", [k_name], ["kt"], perm=list(range(rank - 2)) + [rank - 1, rank - 2]))
+    nodes.append(node("MatMul", ["q", "kt"], ["qk"]))
+    nodes.append(node("Div" if scale == "div" else "Mul", ["qk", "scale"], ["scores"]))
+    scores = "scores"
+    if mask == "causal-where":  # GPT-2's eager attention: torch.where(causal, scores, lowest)
+        inits.append(numpy_helper.from_array(np.tril(np.ones((seq, kv_seq), bool)), "keep"))
+        inits.append(const("lowest", np.finfo(dtype).min))
+        nodes.append(node("Where", ["keep", "scores", "lowest"], ["masked"]))
+        scores = "masked"
+    elif mask != "none":
+        lowest = np.finfo(dtype).min
+        values = {
+            "zero": np.zeros((seq, kv_seq)),
+            "causal": np.where(np.tril(np.ones((seq, kv_seq), bool)), 0, lowest),
+            "arbitrary": rng.standard_normal((seq, kv_seq)),
+        }[mask]
+        inits.append(const("mask", values))
+        nodes.append(node("Add", ["scores", "mask"], ["masked"]))
+        scores = "masked"
+    nodes.append(node("Softmax", [scores], ["probs"], axis=-1))
+    nodes.append(node("MatMul", ["probs", v_name], ["attn"]))
+    if form == "layer":
+        nodes.append(node("Transpose", ["attn"], ["attn_t"], perm=[0, 2, 1, 3]))
+        nodes.append(node("Reshape", ["attn_t", "out_shape"], ["y"]))
+    else:
+        nodes.append(node("Identity", ["attn"], ["y"]))
+    graph = helper.make_graph(nodes, "attention", inputs, [helper.make_tensor_value_info("y", elem, out_shape)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="kitdispatch test")
+    onnx.checker.check_model(model)
+    return model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--kv-seq", type=int, default=None)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--f16", action="store_true")
+    p.add_argument("--mask", choices=["none", "zero", "causal", "causal-where", "arbitrary"], default="none")
+    p.add_argument("--scale", choices=["div", "mul", "wrong"], default="div")
+    p.add_argument("--form", choices=["heads", "flat", "layer"], default="heads")
+    p.add_argument("--kv-heads", type=int, default=None, help="fewer K/V heads, repeated (GQA; --form heads)")
+    args = p.parse_args()
+    model = make_model(args.batch, args.heads, args.seq, args.head_dim, f16=args.f16, mask=args.mask, scale=args.scale,
+                       kv_seq=args.kv_seq, form=args.form, kv_heads=args.kv_heads)
+    onnx.save(model, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""ONNX models of a matmul and its epilogue, written as exporters write them (opset 17-20), and
+what IREE makes of them at the stage the kit matches ops (global optimization, then IREE's
+elementwise fusion, as pipeline.py runs them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+M, K, N = 64, 128, 256
+
+
+def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: int = K, n: int = N, seed: int = 0) -> Path:
+    """`x [m, k] @ W [k, n] + B [n]` then `kind`'s ops, in `dtype` (f16: f16 tensors, as an f16
+    export; "f16cast": f16 MatMul, its result Cast to f32 for the epilogue, Cast back)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    half = dtype in ("f16", "f16cast")
+    np_t, et = (np.float16, TensorProto.FLOAT16) if half else (np.float32, TensorProto.FLOAT)
+    rng = np.random.default_rng(seed)
+    ep_t = np.float32 if dtype == "f16cast" else np_t  # the epilogue's own type
+
+    def const(name: str, value, t=None) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype=t or ep_t), name))
+        return name
+
+    inits: list = [numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_t), "W")]
+    inputs = [helper.make_tensor_value_info("x", et, [m, k])]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
+    if kind == "batch1_bias_residual":  # torch's batch-1 Linear: x [1, m, k] -> a batch_matmul of batch 1
+        inputs = [helper.make_tensor_value_info("x", et, [1, m, k]), helper.make_tensor_value_info("r", et, [1, m, n])]
+        nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
+        kind = "batch1"
+    if kind == "bmm_scale":  # attention's Q K^T / sqrt(d): two activations [4, m, k] x [4, k, n]
+        inits, kind = [], "scale_div"
+        inputs = [helper.make_tensor_value_info("q", et, [4, m, k]), helper.make_tensor_value_info("kt", et, [4, k, n])]
+        nodes = [helper.make_node("MatMul", ["q", "kt"], ["mm"])]
+    y = "mm"
+    if dtype == "f16cast":
+        nodes.append(helper.make_node("Cast", ["mm"], ["mm32"], to=TensorProto.FLOAT))
+        y = "mm32"
+
+    def node(op: str, ins: list[str], **attrs) -> str:
+        out = f"t{len(nodes)}"
+        nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    def bias(v: str, bias_shape=(n,)) -> str:
+        return node("Add", [v, const("B", rng.standard_normal(bias_shape))])
+
+    if kind == "gemm":  # ONNX Gemm (transB = 0): the matmul and its bias in one node
+        nodes = [helper.make_node("Gemm", ["x", "W", const("B", rng.standard_normal((n,)), np_t)], ["g"])]
+        y = "g"
+    elif kind == "none":
+        pass
+    elif kind == "bias":
+        y = bias(y)
+    elif kind == "bias_first":  # Add(B, mm): the bias as the first operand
+        y = node("Add", [const("B", rng.standard_normal((n,))), y])
+    elif kind == "gelu":  # opset 20's Gelu node
+        y = node("Gelu", [bias(y)])
+    elif kind == "gelu_tanh":
+        y = node("Gelu", [bias(y)], approximate="tanh")
+    elif kind == "gelu_erf_decomposed":  # x * 0.5 * (1 + erf(x / sqrt 2)), torch's opset-17 export
+        x = bias(y)
+        e = node("Erf", [node("Div", [x, const("s2", 1.4142135623730951)])])
+        y = node("Mul", [node("Mul", [x, const("half", 0.5)]), node("Add", [e, const("one", 1.0)])])
+    elif kind == "gelu_tanh_decomposed":  # x * ((1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) * 0.5), pre-opset-20 exports
+        x = bias(y)
+        cube = node("Pow", [x, const("three", 3.0)])
+        inner = node("Add", [x, node("Mul", [cube, const("c1", 0.044715)])])
+        t = node("Tanh", [node("Mul", [inner, const("c0", 0.7978845608028654)])])
+        y = node("Mul", [x, node("Mul", [node("Add", [t, const("one", 1.0)]), const("half", 0.5)])])
+    elif kind == "relu":
+        y = node("Relu", [bias(y)])
+    elif kind == "silu":  # x * Sigmoid(x), as torch exports SiLU
+        x = bias(y)
+        y = node("Mul", [x, node("Sigmoid", [x])])
+    elif kind == "residual":
+        inputs.append(helper.make_tensor_value_info("r", et, [m, n]))
+        y = node("Add", [y, "r"])
+    elif kind == "batch1":
+        y = node("Add", [bias(y), "r"])
+    elif kind == "bias_residual":
+        inputs.append(helper.make_tensor_value_info("r", et, [m, n]))
+        y = node("Add", [bias(y), "r"])
+    elif kind == "scale":
+        y = node("Mul", [y, const("alpha", 0.125)])
+    elif kind == "scale_div":  # Q K^T / sqrt(d)
+        y = node("Div", [y, const("d", 8.0)])
+    elif kind == "bias_2d":  # a bias [1, n], as some exporters keep it
+        y = bias(y, (1, n))
+    elif kind == "bias_column":  # a bias [m, 1]: broadcast along the columns, not one per column
+        y = bias(y, (m, 1))
+    elif kind == "gelu_times_input":  # an extra op after GELU: a product with another input
+        inputs.append(helper.make_tensor_value_info("g", et, [m, n]))
+        y = node("Mul", [node("Gelu", [bias(y)]), "g"])
+    elif kind == "relu_then_sin":
+        y = node("Sin", [node("Relu", [bias(y)])])
+    else:
+        raise ValueError(kind)
+    if dtype == "f16cast":
+        y = node("Cast", [y], to=TensorProto.FLOAT16)
+    out_shape = [d.dim_value for d in inputs[0].type.tensor_type.shape.dim][:-2] + [m, n]  # A's batch dims, if any
+    graph = helper.make_graph(nodes, "layer", inputs, [helper.make_tensor_value_info(y, et, out_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def at_matching_stage(model: Path, tmp: Path) -> str:
+    """The model as the kit reads it: imported, global optimization, IREE's elementwise fusion."""
+    from kitdispatch.iree.tools import find_tool
+    from kitdispatch.models.ops.generic import FUSION_PIPELINE
+    from kitdispatch.models.pipeline import STAGE
+
+    imported, staged, fused = (tmp / f"{model.stem}.{s}.mlir" for s in ("imported", "staged", "fused"))
+    steps = [
+        [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(model), "-o", str(imported)],
+        [find_tool("iree-compile"), str(imported), "--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80",
+         f"--compile-to={STAGE}", "-o", str(staged)],
+        [find_tool("iree-opt"), str(staged), f"--pass-pipeline={FUSION_PIPELINE}", "-o", str(fused)],
+    ]
+    for argv in steps:
+        subprocess.run(argv, check=True, capture_output=True, timeout=300)
+    return fused.read_text()
+
+
+def ffn_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, activation: str = "Gelu", seed: int = 0) -> Path:
+    """A transformer FFN in f16 as exporters write it: `x + (act(x @ W1 + b1) @ W2 + b2)`."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+
+    def weight(name: str, shape: tuple, scale: float = 1.0):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float16), name)
+
+    inits = [weight("W1", (hidden, inner), hidden ** -0.5), weight("B1", (inner,), 0.5), weight("W2", (inner, hidden), inner ** -0.5),
+             weight("B2", (hidden,), 0.5)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h0"]),
+        helper.make_node("Add", ["h0", "B1"], ["h1"]),
+        helper.make_node(activation, ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "W2"], ["y0"]),
+        helper.make_node("Add", ["y0", "B2"], ["y1"]),
+        helper.make_node("Add", ["y1", "x"], ["y"]),
+    ]
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes, "ffn", [helper.make_tensor_value_info("x", f16, [m, hidden])], [helper.make_tensor_value_info("y", f16, [m, hidden])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def mlp_onnx(path: Path, *, m: int = M, width: int = K, seed: int = 0) -> Path:
+    """An f16 MLP of three layers as exporters write them: `Relu(x W1 + b1)`, then SiLU as
+    `h * Sigmoid(h)` of `h = . W2 + b2`, then `(. W3) * 0.125`."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((width, width)) * width ** -0.5).astype(np.float16), f"W{i}") for i in (1, 2, 3)]
+    inits += [numpy_helper.from_array(rng.standard_normal((width,)).astype(np.float16), f"B{i}") for i in (1, 2)]
+    inits.append(numpy_helper.from_array(np.array(0.125, np.float16), "alpha"))
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["a0"]), helper.make_node("Add", ["a0", "B1"], ["a1"]), helper.make_node("Relu", ["a1"], ["a"]),
+        helper.make_node("MatMul", ["a", "W2"], ["b0"]), helper.make_node("Add", ["b0", "B2"], ["b1"]),
+        helper.make_node("Sigmoid", ["b1"], ["b2"]), helper.make_node("Mul", ["b1", "b2"], ["b"]),
+        helper.make_node("MatMul", ["b", "W3"], ["c0"]), helper.make_node("Mul", ["c0", "alpha"], ["y"]),
+    ]
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", f16, [m, width])], [helper.make_tensor_value_info("y", f16, [m, width])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+if __name__ == "__main__":  # tools/prebuild.py: python tests/models/epilogue_models.py OUT.onnx {ffn|mlp}
+    {"ffn": ffn_onnx, "mlp": mlp_onnx}[sys.argv[2]](Path(sys.argv[1]))

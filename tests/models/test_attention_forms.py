@@ -1,0 +1,233 @@
+"""Attention in the forms models bring it (models/ops/attention.py, _masks.py, _decomposed.py):
+PyTorch's SDPA with the masks models pass it (torch dialect, as iree-turbine exports it) and
+attention written out in ONNX ops (MatMul, Transpose, Div or Mul, Add of a mask, Softmax,
+MatMul), each brought to IREE's global optimization by the real iree-compile and decided
+against the whole library; builds check the dispatches; GPU tests compare with IREE alone."""
+
+from __future__ import annotations
+
+import functools
+import runpy
+import subprocess
+import sys
+
+import pytest
+from conftest import HAVE_IREE_COMPILE, REPO, dump_module, iree_dispatches, needs_iree_compile
+
+from kitdispatch import BuildOptions
+from kitdispatch.models.compare import compare_model
+from kitdispatch.models.ops.generic import FUSION_PIPELINE
+from kitdispatch.models.pipeline import build_model, import_model
+from kitdispatch.models.projects import model_projects
+from kitdispatch.models.replace import decide, read_ops, replacing_kernels, settle
+
+FORMS = REPO / "tests" / "data" / "attention_forms"
+ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdispatch.toml)
+
+
+def make_model(tmp_path, kind: str, name: str, *args) -> object:
+    """tests/data/attention_forms/make_{kind}.py NAME ARGS (kind: onnx or sdpa)."""
+    if kind == "onnx":
+        pytest.importorskip("onnx")
+    path = tmp_path / name
+    subprocess.run([sys.executable, str(FORMS / f"make_{kind}.py"), str(path), *map(str, args)], check=True, timeout=120)
+    return path
+
+
+@functools.cache
+def library_kernels():
+    return replacing_kernels(model_projects(None, library=True).module)
+
+
+def decisions_of(model, tmp_path):
+    """The model at IREE's global optimization with the library's preparation (IREE's
+    elementwise fusion), decided against the whole library as a build decides."""
+    from iree.compiler import ir
+
+    from kitdispatch.iree.tools import find_tool
+
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    imported = import_model(model, tmp_path / "imported.mlir")
+    stage = tmp_path / "stage.mlir"
+    subprocess.run([find_tool("iree-compile"), str(imported), "--iree-hal-target-device=cuda", "--iree-cuda-target=sm_89",
+                    "--compile-to=global-optimization", "-o", str(stage)], check=True, timeout=300)
+    fused = tmp_path / "fused.mlir"
+    subprocess.run([find_tool("iree-opt"), str(stage), f"--pass-pipeline={FUSION_PIPELINE}", "-o", str(fused)], check=True, timeout=300)
+    kernels = library_kernels()
+    kinds = tuple(sorted({kind for k in kernels for kind in k.replaces.ops}))
+    module = ir.Module.parse(fused.read_text(), ir.Context())  # alive while its ops are read
+    found = read_ops(module, kinds)
+    return settle(found, decide([facts for _, facts in found], kernels))
+
+
+def attention_decision(decisions):
+    [d] = [d for d in decisions if d.op.kind == "iree_linalg_ext.attention"]
+    return d
+
+
+# ----------------------------------------------------------------- SDPA and its masks
+
+
+@pytest.mark.parametrize(
+    "mask, kernel",
+    [
+        ("none", "attention_f16"),
+        ("all-true", "attention_f16"),  # transformers' all-true mask under export is no mask
+        ("causal", "attention_causal_f16"),  # is_causal=True: IREE builds select(q >= k, 0, -inf)
+        ("arange-causal", "attention_causal_f16"),  # transformers' boolean k <= q from aranges
+    ],
+)
+def test_sdpa_masks_reach_the_kernel_that_applies_them(tmp_path, mask, kernel):
+    decisions = decisions_of(make_model(tmp_path, "sdpa", "sdpa.mlir", "--mask", mask), tmp_path)
+    d = attention_decision(decisions)
+    assert d.kernel is not None and d.kernel.name == kernel, d.reasons
+    assert d.to_json()["attention"]["mask"] == (None if mask == "none" else {
+        "form": "causal" if "causal" in mask else "none",
+        "what": {"all-true": "a boolean mask that masks nothing", "causal": "a causal additive mask",
+                 "arange-causal": "a causal boolean mask"}[mask],
+    })
+    # the ops that make the mask go with the attention op, and say so
+    assert all(d2.kernel is None and "which " + kernel + " replaces whole" in d2.reasons[0]
+               for d2 in decisions if d2.op.kind == "linalg.generic" and "index" in (d2.op.detail.summary or ""))
+
+
+def test_sdpa_with_a_mask_given_as_input_is_kept(tmp_path):
+    d = attention_decision(decisions_of(make_model(tmp_path, "sdpa", "sdpa.mlir", "--mask", "bool-input"), tmp_path))
+    assert d.kernel is None
+    assert all("an input of the model's function (known at run time only): the library has no kernel for an arbitrary mask" in r
+               for r in d.reasons), d.reasons
+
+
+def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
+    """enable_gqa: IREE broadcasts K and V from 2 heads to 8 before the op."""
+    d = attention_decision(decisions_of(make_model(tmp_path, "sdpa", "gqa.mlir", "--kv-heads", 2), tmp_path))
+    assert d.kernel is None
+    assert all("grouped-query attention: K is 2x2x256x64xf16 broadcast to 2x2x4x256x64xf16" in r
+               and "it would need K and V [b, kv_heads, s, d]" in r for r in d.reasons), d.reasons
+
+
+# ----------------------------------------------------------------- decomposed attention (ONNX)
+
+
+@pytest.mark.parametrize(
+    "args, kernel",
+    [
+        (["--mask", "causal"], "attention_causal_f16"),  # [s, s] 0 / lowest initializer
+        (["--mask", "zero"], "attention_f16"),
+        (["--mask", "none", "--scale", "mul"], "attention_f16"),
+        (["--form", "flat", "--mask", "zero"], "attention_f16"),  # [b*h, s, d], K^T by the matmul's maps
+        (["--form", "flat", "--mask", "causal"], "attention_causal_f16"),
+        (["--mask", "causal-where"], "attention_causal_f16"),  # Where(keep, scores, lowest), as GPT-2's eager attention
+    ],
+    ids=["causal", "zero-mask", "mul-scale", "flat", "flat-causal", "where-causal"],
+)
+def test_decomposed_attention_is_replaced_whole(tmp_path, args, kernel):
+    decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path)
+    d = attention_decision(decisions)
+    assert d.kernel is not None and d.kernel.name == kernel, d.reasons
+    assert d.op.detail.chain is not None and d.op.detail.summary == "decomposed, ending in linalg.batch_matmul"
+    assert d.op.detail.scale_text in ("1 / 8.000000e+00 : f16", "1.250000e-01 : f16")
+    # every op of the chain (the softmax among them) gives way: none is replaced on its own
+    others = [x for x in decisions if x is not d]
+    assert any(x.op.kind == "linalg.softmax" for x in others)
+    assert all(x.kernel is None and f"which {kernel} replaces whole" in x.reasons[0] for x in others if x.op.kind == "linalg.softmax")
+
+
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["--mask", "arbitrary"], "an additive mask of values other than 0 and -inf: the library has no kernel for an arbitrary mask"),
+        (["--head-dim", 128], "the op's scale is 1 / 1.131250e+01 : f16, the kernel's 1/sqrt(128)"),  # sqrt(128) rounded to f16
+        (["--head-dim", 96], "head dim 96: the kernel has code for 64 and 128 only"),
+        (["--scale", "wrong"], "the op's scale is 5.000000e-01 : f16, the kernel's 1/sqrt(64) = 0.125"),
+        (["--kv-seq", 64], "cross-attention: 128 queries and 64 keys"),
+        (["--form", "layer"], "decomposed attention: K^T is made by a linalg.generic that does more than transpose K"),
+        (["--kv-heads", 2, "--mask", "causal"], "grouped-query attention: K is 2x2x128x64xf16 broadcast to 2x2x2x64x128xf16"),
+    ],
+    ids=["arbitrary-mask", "f16-scale-128", "head-dim-96", "scale", "cross-attention", "projected-layer", "gqa-repeat-kv"],
+)
+def test_decomposed_attention_near_misses(tmp_path, args, reason):
+    d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path))
+    assert d.kernel is None
+    assert reason in d.reasons[0], d.reasons
+
+
+def test_decomposed_f32_attention_is_kept_for_its_element_type(tmp_path):
+    d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx"), tmp_path))
+    assert d.kernel is None and "element type: the op's Q is 2x4x128x64xf32" in d.reasons[0], d.reasons
+
+
+# ----------------------------------------------------------------- builds (real iree-compile)
+
+
+def _dispatch_calls(vmfb) -> int:
+    return dump_module(vmfb).count("vm.call.variadic @hal.command_buffer.dispatch")
+
+
+@needs_iree_compile
+@pytest.mark.parametrize(
+    "kind, args, kernel",
+    [
+        ("sdpa", ["--mask", "causal"], "attention_causal_f16"),
+        ("sdpa", ["--mask", "arange-causal"], "attention_causal_f16"),
+        ("onnx", ["--f16", "--mask", "causal"], "attention_causal_f16"),
+        ("onnx", ["--f16", "--form", "flat", "--mask", "zero"], "attention_f16"),
+    ],
+    ids=["sdpa-is-causal", "sdpa-arange-mask", "onnx-causal", "onnx-flat"],
+)
+def test_attention_forms_build_to_one_kernel_dispatch(tmp_path, kind, args, kernel):
+    """The whole library by default: the attention (its mask ops, or the whole decomposed
+    chain: matmuls, scale, mask, softmax, casts, reshapes) becomes the one library kernel,
+    and IREE has no dispatch of its own left."""
+    model = make_model(tmp_path, kind, "attn.onnx" if kind == "onnx" else "attn.mlir", *args)
+    result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
+    [replaced] = result.replaced
+    assert replaced.kernel.name == kernel
+    assert kernel in dump_module(result.vmfb) and _dispatch_calls(result.vmfb) == 1
+    for iree_kind in ("attention", "batch_matmul", "softmax", "elementwise"):
+        assert not iree_dispatches(result.vmfb, iree_kind)
+    assert iree_dispatches(result.baseline_vmfb, "attention" if kind == "sdpa" else "batch_matmul")
+    report = (tmp_path / "out" / "attn.replace.txt").read_text()
+    assert f"which {kernel} replaces whole" in report
+
+
+@needs_iree_compile
+def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
+    """Q, K, V projected in the model (as a BERT layer writes them): K exists only transposed,
+    so the attention is kept with the reason, and its [b, h, s, s] softmax runs as b*h*s rows
+    of the library's row softmax."""
+    model = make_model(tmp_path, "onnx", "attn.onnx", "--f16", "--form", "layer")
+    result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
+    by_kind = {d.op.kind: d for d in result.decisions if d.op.kind in ("linalg.softmax", "iree_linalg_ext.attention")}
+    assert by_kind["linalg.softmax"].kernel.name == "row_softmax" and by_kind["linalg.softmax"].call.variant == "_rows"
+    assert by_kind["iree_linalg_ext.attention"].kernel is None
+    assert "row_softmax" in dump_module(result.vmfb)
+    assert iree_dispatches(result.baseline_vmfb, "softmax") and not iree_dispatches(result.vmfb, "softmax")
+
+
+# ----------------------------------------------------------------- GPU: against IREE alone
+
+
+_CASES = runpy.run_path(str(FORMS / "gpu_cases.py"))
+GPU_CASES = _CASES["GPU_CASES"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_attention_forms_agree_with_iree_on_gpu(tmp_path, prebuilt_dir, case):
+    """Each form built with the library agrees with IREE's own build (f16 tolerance); prebuilt
+    as `attention_forms_<case>` (tools/prebuild.py) where the GPU machine has no iree-compile."""
+    kind, args, kernel = GPU_CASES[case]
+    if prebuilt_dir is not None:
+        built = prebuilt_dir / f"attention_forms_{case}"
+        if not built.is_dir():
+            pytest.skip(f"{built} was not prebuilt")
+    else:
+        if not HAVE_IREE_COMPILE:
+            pytest.skip("iree-compile is not installed")
+        model = make_model(tmp_path, kind, _CASES["model_name"](kind), *args)
+        built = build_model(None, model, BuildOptions.create(_CASES["ARCHS"]), tmp_path / "out", with_baseline=True).out_dir
+    result = compare_model(built)
+    assert result.agree, result.worst
+    assert kernel in result.kernel_names

@@ -1,0 +1,111 @@
+"""On a CUDA GPU: a model build (tests/data/embedding with the library's row softmax, and IREE's
+own baseline) called through load_module(DIR): host arrays, device arrays, torch tensors, out=,
+prepared calls launched many times then waited for once, and compare's two whole-call timings.
+Skipped where IREE's cuda driver finds no device; prebuilt as `embedding_model`
+(tools/prebuild.py) for GPU machines without iree-compile."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import kitdispatch as kd
+from kitdispatch.models.compare import compare_model
+from kitdispatch.run.model import ModelEntry
+
+from conftest import EMBEDDING, HAVE_IREE_COMPILE, REPO, make_embedding_model
+
+pytestmark = pytest.mark.gpu
+TOKENS, VOCAB, POSITIONS, HIDDEN = 8, 50, 12, 64
+
+
+def _maker():
+    spec = importlib.util.spec_from_file_location("make_embedding", EMBEDDING)
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    return maker
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, prebuilt_dir):
+    if prebuilt_dir is not None:
+        return prebuilt_dir / "embedding_model"
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("neither iree-compile nor KITDISPATCH_PREBUILT is available")
+    tmp = tmp_path_factory.mktemp("embedding_gpu")
+    make_embedding_model(tmp / "embed.onnx")
+    return kd.build_model(REPO / "kernels" / "softmax", tmp / "embed.onnx", kd.BuildOptions.create("sm_90"), tmp / "out", with_baseline=True).out_dir
+
+
+def inputs(seed: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, VOCAB, TOKENS), rng.integers(0, POSITIONS, TOKENS), rng.integers(0, 2, TOKENS))
+
+
+def expected(args) -> np.ndarray:
+    maker = _maker()
+    return maker.reference(maker.make_model(), *args)
+
+
+def test_the_model_and_its_baseline_agree_with_numpy(built):
+    args = inputs(0)
+    for baseline in (False, True):
+        module = kd.load_module(built, baseline=baseline)
+        assert isinstance(module.embed, ModelEntry) and module.embed.writes_into_outputs
+        np.testing.assert_allclose(module.embed(*args), expected(args), rtol=1e-5, atol=1e-6)
+
+
+def test_device_arrays_out_and_prepared_calls_on_the_gpu(built):
+    module = kd.load_module(built)
+    dev = module.device
+    args = inputs(1)
+    on_device = [dev.put(a) for a in args]
+    got = module.embed(*on_device)
+    assert isinstance(got, kd.DeviceArray)
+    np.testing.assert_allclose(got.to_host(), expected(args), rtol=1e-5, atol=1e-6)
+    out = dev.empty((TOKENS, HIDDEN), np.float32)
+    call = module.embed.prepare(*on_device, out=out)
+    for _ in range(1000):  # queued without a wait; one at the end
+        call.launch()
+    dev.synchronize()
+    np.testing.assert_allclose(out.to_host(), expected(args), rtol=1e-5, atol=1e-6)
+
+
+def test_out_copies_run_after_their_call(built):
+    """Each call's copy into a fresh out= array is queued after the call (which allocates the
+    result in queue order): launched back to back, then one wait, every array holds its call's."""
+    module = kd.load_module(built)
+    dev = module.device
+    calls = []
+    for seed in range(20):
+        args = inputs(10 + seed)
+        out = dev.empty((TOKENS, HIDDEN), np.float32)
+        module.embed.launch(*[dev.put(a) for a in args], out=out)
+        calls.append((args, out))
+    dev.synchronize()
+    for args, out in calls:
+        np.testing.assert_allclose(out.to_host(), expected(args), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_tensors_in_and_out(built):
+    torch = pytest.importorskip("torch")
+    module = kd.load_module(built)
+    args = inputs(2)
+    tensors = [torch.from_numpy(a).cuda() for a in args]
+    got = torch.from_dlpack(module.embed(*tensors))
+    np.testing.assert_allclose(got.cpu().numpy(), expected(args), rtol=1e-5, atol=1e-6)
+    out = torch.empty((TOKENS, HIDDEN), device="cuda")
+    assert module.embed(*tensors, out=out) is out
+    np.testing.assert_allclose(out.cpu().numpy(), expected(args), rtol=1e-5, atol=1e-6)
+
+
+def test_compare_reports_the_prepared_call_below_iree_benchmark_module(built):
+    """At 8 tokens the kernels take microseconds: IREE's own invocation is what a call costs,
+    and the kit's prepared call does not pay for it."""
+    result = compare_model(built)
+    assert result.agree, result.worst
+    assert result.call_tool == "iree-benchmark-module"
+    assert result.prepared_us["replaced"] < result.call_us["replaced"], (result.prepared_us, result.call_us)
+    assert any("indexes a gather of size 50" in n for n in result.notes)
