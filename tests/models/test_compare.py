@@ -73,7 +73,7 @@ def test_llama_layer_with_the_library_matmul_agrees_on_gpu(tmp_path, prebuilt_di
         pytest.skip(f"{built} was not prebuilt")
     result = compare_model(built)
     assert result.agree, result.worst
-    assert result.kernel_names == ("matmul_nn_f16_f32_none_t128x128",)
+    assert result.kernel_names and all(k.startswith("matmul_nn_f16_") for k in result.kernel_names), result.kernel_names
 
 
 @needs_iree_compile
@@ -92,7 +92,7 @@ def test_tf32_matmuls_are_compared_with_a_tolerance_that_fits_them():
     element cancels to near zero; f32's own tolerance would refuse it, 3xTF32's keeps f32's scale."""
     from kitdispatch.models.compare import check_agreement, loosest_arithmetic
     from kitdispatch.models.ops.base import TensorFacts
-    from kitdispatch.models.record import ModelFunction
+    from kitdispatch.describe.model_record import ModelFunction
 
     sig = ModelFunction("f", (TensorFacts("f32", (4,)),), (TensorFacts("f32", (4,)),))
     baseline = [np.array([100.0, -50.0, 0.001, 3.0], np.float32)]

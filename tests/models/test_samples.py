@@ -48,15 +48,16 @@ def test_onnx_sample_builds_through_the_cli(tmp_path):
 @needs_iree_compile
 def test_onnx_matmul_sample_takes_the_library_matmul(tmp_path):
     """An f16 ONNX MatMul: IREE's importer accumulates it in f32 from a zero fill, which is
-    what the library's matmul_nn_f16_f32_none entries compute; the library's own manifest is the project."""
+    with the truncf after it what the library's matmul_nn_f16_none entries compute (their "none"
+    epilogue rounds once to f16); the library's own manifest is the project."""
     model = tmp_path / "model.onnx"
     make_sample_model("onnx_matmul", model, "--rows", 256, "--features", 128, "--outputs", 512)
     rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out", "--with-baseline")
     assert rc == 0, err
     [replaced] = json.loads(out)["replaced"]
-    assert replaced["op"] == "linalg.matmul" and replaced["kernel"] == "matmul_nn_f16_f32_none_t128x128" and replaced["init"] == "zero fill"
+    assert replaced["op"] == "linalg.matmul" and replaced["kernel"] == "matmul_nn_f16_none_t128x128" and replaced["init"] == "zero fill"
     assert replaced["inputs"] == [{"dtype": "f16", "shape": [256, 128]}, {"dtype": "f16", "shape": [128, 512]}]
-    assert replaced["result"] == {"dtype": "f32", "shape": [256, 512]}  # the f16 truncation after it stays IREE's
+    assert replaced["result"] == {"dtype": "f16", "shape": [256, 512]}  # the truncation after it, replaced with it
     vmfb, baseline = tmp_path / "out" / "model.vmfb", tmp_path / "out" / "model.baseline.vmfb"
     assert replaced["kernel"] in dump_module(vmfb) and replaced["kernel"] not in dump_module(baseline)
     assert iree_dispatches(baseline, "matmul") and not iree_dispatches(vmfb, "matmul")
@@ -70,7 +71,7 @@ def test_onnx_batched_weights_take_the_library_bmm(tmp_path):
     rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out", "--no-library")
     assert rc == 0, err
     [replaced] = json.loads(out)["replaced"]
-    assert replaced["op"] == "linalg.batch_matmul" and replaced["kernel"].startswith("bmm_nn_f16_f32_none")
+    assert replaced["op"] == "linalg.batch_matmul" and replaced["kernel"].startswith("bmm_nn_f16_none")
 
 
 @needs_iree_compile
@@ -173,5 +174,6 @@ def test_llama_layer_matmuls_take_the_library_matmul(tmp_path):
     rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out")
     assert rc == 0, err
     replaced = json.loads(out)["replaced"]
-    assert [r["kernel"] for r in replaced] == ["matmul_nn_f16_f32_none_t128x128"] * 3
-    assert "matmul_nn_f16_f32_none_t128x128" in dump_module(tmp_path / "out" / "layer.vmfb")
+    kernels = [r["kernel"] for r in replaced]  # with their epilogues (the residual add, the f16 rounding)
+    assert len(kernels) == 3 and all(k.startswith("matmul_nn_f16_") and k.endswith("_t128x128") for k in kernels), kernels
+    assert all(k in dump_module(tmp_path / "out" / "layer.vmfb") for k in kernels)
