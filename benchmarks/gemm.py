@@ -3,7 +3,9 @@
     python benchmarks/gemm.py OBJECT_DIR OUT.json [--quick] [--no-check] [--no-time]
 
 OBJECT_DIR holds the compiled kernels: the kit's fatbins (`kitdispatch build
-kernels/matmul/gemm.toml --arch sm_90a,sm_80 -o DIR`) or nvcc cubins of matmul_nn.cu, matmul_nt.cu, bmm.cu, matmul.cu.
+kernels/matmul --arch sm_90a,sm_80 -o DIR`) or nvcc cubins of matmul_nn.cu, matmul_nt.cu, bmm.cu, matmul.cu
+(each generated entry is compiled only with its define: pass -DKITGEMM_ENTRY_<name> for each,
+as the manifest's entries do).
 Loaded with CuPy; inputs and references are torch tensors.
 
 1. Check: every generated entry (kernels/matmul/gen_manifest.py) on odd shapes (m, n, k not

@@ -116,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--no-library", action="store_true", help="with --model: only the manifests' kernels, not the kit's library")
     b.add_argument("--with-baseline", action="store_true", help="with --model: also compile the model with IREE alone")
+    b.add_argument(
+        "--tf32", action="store_true",
+        help="with --model: f32 matmuls may run in plain TF32 (faster, ~1e-3 relative error; default 3xTF32, f32-level)",
+    )
 
     cmp = sub.add_parser("compare", parents=[common], help="run a model with and without its replacements on the GPU")
     cmp.add_argument("built", help="a folder written by `build PROJECT --model MODEL --with-baseline -o DIR`")
@@ -196,6 +200,8 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     be the current folder)."""
     if getattr(args, "with_baseline", False) and not getattr(args, "model", None):
         parser.error("--with-baseline needs --model MODEL (it compiles that model with IREE alone)")
+    if getattr(args, "tf32", False) and not getattr(args, "model", None):
+        parser.error("--tf32 needs --model MODEL (it chooses the kernels of a model's f32 matmuls)")
     if getattr(args, "no_library", False) and not getattr(args, "model", None):
         parser.error("--no-library needs --model MODEL (the library's kernels replace a model's ops)")
     if getattr(args, "command", None) in ("build", "gen") and not args.manifests and not getattr(args, "model", None):
@@ -345,7 +351,7 @@ def _build_model(args: argparse.Namespace, options: BuildOptions, out: _Out) -> 
     try:
         result = build_model(
             [Path(m) for m in args.manifests] or None, Path(args.model), options, Path(args.output),
-            library=not args.no_library, with_baseline=args.with_baseline,
+            library=not args.no_library, with_baseline=args.with_baseline, tf32=args.tf32,
         )
     except ModelBuildFailed as exc:
         if out.as_json:  # the decisions, as the report in the folder has them; the error on stderr

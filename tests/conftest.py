@@ -426,3 +426,80 @@ LLAMA = REPO / "tests" / "data" / "llama_layer" / "make_model.py"
 def make_llama_layer(path, *args) -> None:
     pytest.importorskip("onnx")
     subprocess.run([sys.executable, str(LLAMA), str(path), *map(str, args)], check=True, timeout=120)
+
+
+MATMUL_FORMS = REPO / "tests" / "data" / "matmul_forms" / "make_model.py"
+
+
+def make_matmul_form(path, form: str, *args) -> None:
+    """One ONNX matmul as exporters write it (tests/data/matmul_forms/make_model.py FORM)."""
+    pytest.importorskip("onnx")
+    subprocess.run([sys.executable, str(MATMUL_FORMS), str(path), form, *map(str, args)], check=True, timeout=120)
+
+
+def ops_at_matching_stage(model, tmp, kinds=("linalg.matmul", "linalg.batch_matmul")):
+    """The facts of a model's ops of `kinds` where the kit matches them: imported (an .onnx
+    through iree-import-onnx), then iree-compile to the pipeline's stage, as a model build does."""
+    from kitdispatch.iree.tools import find_tool
+    from kitdispatch.models.pipeline import STAGE, import_model
+
+    imported = import_model(Path(model), Path(tmp) / "imported.mlir")
+    staged = Path(tmp) / "staged.mlir"
+    subprocess.run(
+        [find_tool("iree-compile"), str(imported), "--iree-hal-target-device=cuda", "--iree-cuda-target=sm_89",
+         f"--compile-to={STAGE}", "-o", str(staged)],
+        check=True, timeout=300, capture_output=True,
+    )
+    return ops_of(staged.read_text(), kinds)
+
+
+def library_matmul_kernels():
+    """The kernels of kernels/matmul that replace model ops, in manifest order."""
+    from kitdispatch import load_manifest
+    from kitdispatch.models.replace import replacing_kernels
+
+    return replacing_kernels(load_manifest(REPO / "kernels" / "matmul"))
+
+
+def choose_config(*shape):
+    """kernels/matmul/configs.py's choose_config(m, n, k, dtype, batch)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernels_matmul_configs", REPO / "kernels" / "matmul" / "configs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.choose_config(*shape)
+
+
+# kernels/matmul's 342 entries take about 3 minutes to build for sm_80 on 2 cores (NVRTC 4 min of
+# CPU, iree-compile 1 min; measured): here a representative subset builds, one entry of every
+# source file, config, epilogue kind and arithmetic (each generated entry compiles only with
+# its own define, so a subset compiles only its entries). `tools/prebuild.py` builds them all;
+# tests that compile the library's sources (test_abi, test_roles) take the subset too.
+MATMUL_SUBSET = (
+    "matmul_f16", "matmul_bf16", "matmul_f16_f16", "matmul_bf16_bf16", "matmul_f16_bf16", "matmul_bf16_f16",
+    "matmul_nt_f16_f32_none", "matmul_nt_f16_f32_none_t128x128", "matmul_nt_f16_f32_none_t128x128_k2",
+    "matmul_nt_f16_f32_none_t128x64_k4", "matmul_nt_f16_f32_none_t128x128_p", "matmul_nn_bf16_bias_gelu_tanh_t128x128",
+    "matmul_nn_f16_bias_residual_t128x128_p", "bmm_nn_f16_f32_none_t128x128", "bmm_nt_bf16_scale_t128x64_k4",
+    "matmul_nn_f32_none", "matmul_nt_f32_tf32_bias_gelu_erf",
+)
+
+
+def buildable(folder: Path):
+    """What the build tests build of a library folder: the folder, or kernels/matmul's subset."""
+    import dataclasses
+
+    from kitdispatch import load_manifest
+
+    if folder != REPO / "kernels" / "matmul":
+        return folder
+    spec = load_manifest(folder)
+    return dataclasses.replace(spec, kernels=tuple(k for k in spec.kernels if k.name in MATMUL_SUBSET))
+
+
+def library_spec(folder: Path):
+    """The ModuleSpec of buildable(folder)."""
+    from kitdispatch import load_manifest
+
+    spec = buildable(folder)
+    return load_manifest(spec) if isinstance(spec, Path) else spec

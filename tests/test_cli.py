@@ -99,6 +99,7 @@ def test_doctor_json():
         (["build", str(SAMPLES / "simple_mul"), "-o", ""], "-o/--output is an empty path"),
         (["gen", str(SAMPLES / "simple_mul"), "--output="], "-o/--output is an empty path"),
         (["build", str(SAMPLES / "simple_mul"), "--with-baseline", "-o", "x"], "--with-baseline needs --model"),
+        (["build", str(SAMPLES / "simple_mul"), "--tf32", "-o", "x"], "--tf32 needs --model"),
         (["build", "", "-o", "x"], "manifest: an empty path"),
         (["build", str(SAMPLES / "simple_mul"), "-I", "", "-o", "x"], "-I: an empty path"),
         (["build", str(SAMPLES / "simple_mul"), "--model", "", "-o", "x"], "--model is an empty path"),

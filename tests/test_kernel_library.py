@@ -13,7 +13,7 @@ from kitdispatch import BuildOptions, load_manifest
 from kitdispatch import build
 from kitdispatch.describe.manifest import MANIFEST_NAME
 
-from conftest import HAVE_IREE_COMPILE, REPO, needs_iree_compile
+from conftest import HAVE_IREE_COMPILE, MATMUL_SUBSET, REPO, buildable, needs_iree_compile
 
 MANIFEST_DIRS = sorted(
     p.parent for root in ("kernels", "samples") for p in (REPO / root).glob(f"*/{MANIFEST_NAME}")
@@ -46,10 +46,14 @@ def test_every_function_has_a_reference(folder):
         assert len(params) == len(sig.args), f"{sig.name}: {len(params)} parameters, the function takes {len(sig.args)}"
 
 
+def test_the_matmul_subset_names_real_entries():
+    assert len(buildable(REPO / "kernels" / "matmul").kernels) == len(MATMUL_SUBSET)
+
+
 @needs_iree_compile
 @pytest.mark.parametrize("folder", MANIFEST_DIRS, ids=IDS)
 def test_builds_for_sm_80(folder, tmp_path):
-    result = build(folder, BuildOptions.create("sm_80"), tmp_path)
+    result = build(buildable(folder), BuildOptions.create("sm_80"), tmp_path)
     assert result.vmfb is not None and result.vmfb.is_file() and result.vmfb.stat().st_size > 0
 
 
@@ -68,7 +72,7 @@ def tensor_core_builds(tmp_path_factory, prebuilt_dir):
     from kitdispatch import build_all
 
     out = tmp_path_factory.mktemp("tensor_core")
-    build_all([REPO / "kernels" / "matmul", REPO / "kernels" / "attention"], BuildOptions.create(HOPPER_ARCHS), out)
+    build_all([buildable(REPO / "kernels" / "matmul"), REPO / "kernels" / "attention"], BuildOptions.create(HOPPER_ARCHS), out)
     return {name: out / name for name in ("matmul", "attention")}
 
 

@@ -1,6 +1,7 @@
 """CPU-side checks of the library GEMM family (kernels/matmul): the generated entry files and
-manifest are what gen_manifest.py writes, the config table returns real configs, and every
-config's launch is what the kernels assume. GPU checks: benchmarks/gemm.py."""
+manifest are what gen_manifest.py writes, the config table returns real configs, every
+config's launch is what the kernels assume, and a model's matmul gets the config the table
+picks. GPU checks: benchmarks/gemm.py."""
 
 import importlib.util
 import itertools
@@ -53,7 +54,7 @@ def test_manifest_launches_match_the_configs():
     from kitdispatch import load_manifest
 
     configs = _load("configs")
-    spec = load_manifest(MATMUL / "gemm.toml")
+    spec = load_manifest(MATMUL)
     by_name = {k.name: k for k in spec.kernels}
     gen = _load("gen_manifest")
     for e in gen.entries():
@@ -62,3 +63,75 @@ def test_manifest_launches_match_the_configs():
         if e["ti"] != "f32":
             bn, s, _ = configs.CONFIGS[e["cfg"]]
             assert (bn, s) == (e["bn"], e["s"])
+
+
+# --------------------------------------------------------- the config a model's op gets
+
+
+def _model_matmul(m, n, k, dtype="f16", batch=None, layout="nt"):
+    """A matmul as IREE gives it at the matching stage: f16 x f16 -> f32 into a zero fill."""
+    lead = f"{batch}x" if batch else ""
+    a, c = f"tensor<{lead}{m}x{k}x{dtype}>", f"tensor<{lead}{m}x{n}xf32>"
+    b = f"tensor<{lead}{n}x{k}x{dtype}>" if layout == "nt" else f"tensor<{lead}{k}x{n}x{dtype}>"
+    d = "d0, " if batch else ""
+    i, j, r = ("d1", "d2", "d3") if batch else ("d0", "d1", "d2")
+    loops = "(d0, d1, d2, d3)" if batch else "(d0, d1, d2)"
+    b_map = f"({d}{j}, {r})" if layout == "nt" else f"({d}{r}, {j})"
+    maps = f"[affine_map<{loops} -> ({d}{i}, {r})>, affine_map<{loops} -> {b_map}>, affine_map<{loops} -> ({d}{i}, {j})>]"
+    op = "linalg.batch_matmul" if batch else "linalg.matmul"
+    return f"""
+func.func @f(%a: {a}, %b: {b}) -> {c} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {c}
+  %acc = linalg.fill ins(%z : f32) outs(%e : {c}) -> {c}
+  %r = {op} indexing_maps = {maps} ins(%a, %b : {a}, {b}) outs(%acc : {c}) -> {c}
+  return %r : {c}
+}}"""
+
+
+def test_every_listed_shape_gets_the_config_choose_config_picks():
+    """The manifest's `replace_when.when` conditions (configs.config_conditions, in
+    CONFIG_ORDER) make the first fitting entry the one choose_config names, in both layouts,
+    f16 and bf16, 2-D and batched."""
+    from conftest import library_matmul_kernels, only, ops_of
+
+    from kitdispatch.models.replace import decide
+
+    configs = _load("configs")
+    kernels = library_matmul_kernels()
+    for shape in configs.SHAPES:
+        m, n, k, _, batch = shape if len(shape) == 5 else (*shape, "f16", None)
+        for dtype, layout in itertools.product(("f16", "bf16"), ("nn", "nt")):
+            d = only(decide(ops_of(_model_matmul(m, n, k, dtype, batch, layout)), kernels))
+            config = configs.choose_config(m, n, k, dtype, batch or 1)
+            family = f"{'bmm' if batch else 'matmul'}_{layout}_{dtype}_f32_none"
+            assert d.kernel.name == family + (f"_{config}" if config else ""), (shape, dtype, layout, d.reasons)
+
+
+def test_the_conditions_pick_what_choose_config_picks_over_a_grid():
+    """The same, evaluated directly (as the kit does) over many shapes: rule 4's float score
+    comparison is an integer one in the manifest."""
+    from kitdispatch.describe.index_expr import Condition
+
+    configs = _load("configs")
+    sizes = [1, 64, 127, 128, 129, 256, 384, 512, 768, 1000, 1024, 2048, 2304, 3072, 4096, 8192, 11008]
+    for batched in (False, True):
+        conditions = {c: Condition.parse(t, c) for c, t in configs.config_conditions(batched).items() if t}
+        for m, n, k in itertools.product(sizes, sizes, sizes):
+            for batch in (3, 96) if batched else (1,):
+                sizes_of = {"m": m, "n": n, "k": k, "batch": batch}
+                first = next(c for c in configs.CONFIG_ORDER if c not in conditions or conditions[c].holds(sizes_of))
+                assert first == configs.choose_config(m, n, k, "f16", batch), (m, n, k, batch)
+
+
+def test_each_generated_entry_is_compiled_only_with_its_define():
+    """A model build compiles the entries its ops use: each sits inside #ifdef of the define
+    its manifest entry carries."""
+    from kitdispatch import load_manifest
+
+    gen = _load("gen_manifest")
+    by_name = {k.name: k for k in load_manifest(MATMUL).kernels}
+    for e in gen.entries():
+        define = f"KITGEMM_ENTRY_{e['name']}"
+        assert by_name[e["name"]].defines == (define,)
+        assert f"#ifdef {define}\n" in (MATMUL / e["src"]).read_text()

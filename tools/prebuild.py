@@ -38,11 +38,17 @@ MODELS = {
     "onnx_matmul_model": ((ROOT / "samples" / "onnx_matmul" / "make_model.py",), ROOT / "kernels" / "matmul"),
     "onnx_bias_gelu_model": ((ROOT / "samples" / "onnx_bias_gelu" / "make_model.py",), ROOT / "kernels" / "elementwise"),
     "llama_layer_model": ((ROOT / "tests" / "data" / "llama_layer" / "make_model.py", "--f16"), ROOT / "kernels" / "matmul"),
+    # tests/models/test_ops_matmul_forms.py: OUT/matmul_CASE_model (the library alone)
+    **{
+        f"matmul_{case}_model": ((ROOT / "tests" / "data" / "matmul_forms" / "make_model.py", form, "--dtype", dtype), None)
+        for case, form, dtype in [("nt", "wt", "f16"), ("batch1", "batch1", "f16"), ("bmm", "bmm", "f16"), ("qkt", "qkt", "f16"),
+                                  ("f32", "gemm_tb", "f32"), ("tf32", "gemm_tb", "f32")]
+    },
     # tests/run/test_model_gpu.py: a model called through load_module(DIR)
     "embedding_model": ((ROOT / "tests" / "data" / "embedding" / "make_model.py",), ROOT / "kernels" / "softmax"),
     # tests/models/test_ops_epilogue.py: matmuls replaced with their epilogues by the GEMM family.
-    "epilogue_ffn_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "ffn"), ROOT / "kernels" / "matmul" / "gemm.toml"),
-    "epilogue_mlp_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "mlp"), ROOT / "kernels" / "matmul" / "gemm.toml"),
+    "epilogue_ffn_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "ffn"), ROOT / "kernels" / "matmul"),
+    "epilogue_mlp_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "mlp"), ROOT / "kernels" / "matmul"),
     # tests/models/test_ops_norm.py's NORM_MODELS: norms replaced by kernels/norm.
     **{
         f"norm_{name}_model": ((ROOT / "tests" / "data" / "norms" / "make_model.py", *args), ROOT / "kernels" / "norm")
@@ -56,6 +62,7 @@ MODELS = {
         }.items()
     },
 }
+TF32_MODELS = {"matmul_tf32_model"}  # built with tf32=True (f32 matmuls in plain TF32)
 
 
 # The attention forms tests/models/test_attention_forms.py compares: OUT/attention_forms_<case>,
@@ -89,8 +96,8 @@ def build_models(out: Path, failures: list[str]) -> None:
             model = Path(tmp) / "model.onnx"
             subprocess.run([sys.executable, str(maker), str(model), *args], check=True, timeout=300)
             try:
-                kd.build_model(project, model, kd.BuildOptions.create("sm_90"), out / name, with_baseline=True)
-                print(f"built {name} with {project.relative_to(ROOT)}", flush=True)
+                kd.build_model(project, model, kd.BuildOptions.create("sm_90"), out / name, with_baseline=True, tf32=name in TF32_MODELS)
+                print(f"built {name} with {project.relative_to(ROOT) if project else 'the library'}", flush=True)
             except kd.KitError as exc:
                 failures.append(f"{name}: {str(exc).splitlines()[0]}")
 

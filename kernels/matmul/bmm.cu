@@ -2,402 +2,562 @@
 // Entry names and exact epilogue formulas: README.md in this folder.
 #include "gemm.cuh"
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_f16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_f16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nt_f16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nt_f16_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nt_f16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_f16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_f16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nt_f16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_f16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nt_f16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nt_f16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nt_f16_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nt_f16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_f16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_scale_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_bf16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nt_f16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_scale
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_bf16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nt_f16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nt_bf16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nt_bf16_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nt_bf16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_bf16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_bf16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nt_bf16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_bf16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nt_bf16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nt_bf16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nt_bf16_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nt_bf16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_bf16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_scale_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_f16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nt_bf16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_scale
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_f16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nt_bf16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nt_f16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nt_f16_f32_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F32, true, 64, 4, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nt_f16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_f16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_f16_f32_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nt_f16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_f16_f32_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nt_f16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nt_f16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nt_f16_f32_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F32, true, 64, 4, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nt_f16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_f16_f32_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_scale_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_bf16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nt_f16_f32_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_scale
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_bf16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nt_f16_f32_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nt_bf16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nt_bf16_f32_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::F32, true, 64, 4, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nt_bf16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_bf16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_bf16_f32_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nt_bf16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nt_bf16_f32_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nt_bf16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nt_bf16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nt_bf16_f32_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::F32, true, 64, 4, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nt_bf16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_bf16_f32_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_scale_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_f16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, false, 256, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nt_bf16_f32_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_scale
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_f16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, false, 128, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nt_bf16_f32_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nn_f16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, false, 128, 2, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nn_f16_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, false, 64, 4, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nn_f16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, false, 128, 2, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_f16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, false, 128, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_f16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, false, 256, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nn_f16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, false, 128, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_f16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, false, 128, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nn_f16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, false, 256, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nn_f16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, false, 128, 2, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nn_f16_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, false, 64, 4, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nn_f16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, false, 128, 2, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_f16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, false, 128, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_scale_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_bf16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, false, 256, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nn_f16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, false, 128, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_scale
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_bf16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, false, 128, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nn_f16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, false, 256, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nn_bf16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, false, 128, 2, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nn_bf16_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, false, 64, 4, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nn_bf16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, false, 128, 2, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_bf16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, false, 128, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_bf16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, false, 256, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nn_bf16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, false, 128, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_bf16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, false, 128, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nn_bf16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, false, 256, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nn_bf16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, false, 128, 2, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nn_bf16_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, false, 64, 4, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nn_bf16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, false, 128, 2, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_bf16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, false, 128, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_scale_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_f16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, false, 256, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nn_bf16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, false, 128, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_scale
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_f16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, false, 128, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nn_bf16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, false, 256, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nn_f16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, false, 128, 2, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nn_f16_f32_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F32, false, 64, 4, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nn_f16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, false, 128, 2, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_f16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F32, false, 128, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_f16_f32_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, false, 256, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nn_f16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, false, 128, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_f16_f32_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, false, 128, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nn_f16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, false, 256, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nn_f16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, false, 128, 2, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nn_f16_f32_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F32, false, 64, 4, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nn_f16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, false, 128, 2, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_f16_f32_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F32, false, 128, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_scale_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_bf16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, false, 256, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nn_f16_f32_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, false, 128, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_scale
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_bf16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, false, 128, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+bmm_nn_f16_f32_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, false, 256, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nn_bf16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, false, 128, 2, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nn_bf16_f32_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::F32, false, 64, 4, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nn_bf16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, false, 128, 2, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_bf16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::F32, false, 128, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_bf16_f32_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, false, 256, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nn_bf16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, false, 128, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-bmm_nn_bf16_f32_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, false, 128, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+bmm_nn_bf16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, false, 256, 1, kitgemm::kNone, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-bmm_nn_bf16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, false, 128, 2, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 bmm_nn_bf16_f32_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::F32, false, 64, 4, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+bmm_nn_bf16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, false, 128, 2, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_bf16_f32_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::F32, false, 128, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_scale_t128x128
+extern "C" __global__ void __launch_bounds__(384, 1)
+bmm_nn_bf16_f32_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, false, 128, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_scale
+extern "C" __global__ void __launch_bounds__(384, 1)
+bmm_nn_bf16_f32_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, false, 256, 1, kitgemm::kScale, 1>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+}
+#endif

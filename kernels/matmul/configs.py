@@ -74,8 +74,39 @@ def choose_config(m, n, k, dtype="f16", batch=1):
     return ""
 
 
+# The configs in the order a manifest lists them: the kit takes the first kernel whose
+# `replace_when.when` holds, so that listing the conditions below in this order picks what
+# choose_config picks (tests/test_library_gemm.py checks it over a grid of shapes).
+CONFIG_ORDER = ["t128x64_k4", "t128x128_k2", "t128x128_p", "t128x128", ""]
+
+
+def config_conditions(batched):
+    """{config: the manifest condition (replace_when.when) of choose_config's rule for it},
+    over the kernel's sizes m, n, k (and batch). Rule 4 compares shares of the tile slots:
+    tiles / (waves * SMS) * n / (ceil(n, BN) * BN), where tiles = batch * ceil(m, 128) *
+    ceil(n, BN); the ratio of the 128- and 256-wide scores is 2 * waves256 / waves128, so
+    "better than 1.15x" is 40 * waves256 > 23 * waves128 in integers."""
+    b = "batch * " if batched else ""
+    t128 = f"{b}ceildiv(m, 128) * ceildiv(n, 128)"
+    t256 = f"{b}ceildiv(m, 128) * ceildiv(n, 256)"
+    many = f"{t128} > {2 * SMS}"
+    narrow = f"40 * ceildiv({t256}, {SMS}) > 23 * ceildiv({t128}, {SMS})"
+    return {
+        "t128x64_k4": f"{t128} <= 12 && k >= 768",
+        "t128x128_k2": f"{t128} <= 48 && k >= 2048",
+        "t128x128_p": f"{many} && (k <= 256 || (k <= 1024 && {narrow}))",
+        "t128x128": narrow,
+        "": None,
+    }
+
+
+# Shapes of the measured model layers (README.md's table): (m, n, k) or (m, n, k, dtype, batch).
+SHAPES = [(128, 768, 768), (512, 512, 64, "f16", 96), (512, 64, 512, "f16", 96), (2048, 2048, 128, "f16", 32),
+          (128, 3072, 768), (128, 768, 3072), (128, 4096, 4096), (128, 11008, 4096), (128, 4096, 11008),
+          (512, 768, 768), (2048, 768, 3072), (2048, 3072, 768), (8192, 768, 768), (8192, 2304, 768),
+          (4096, 4096, 4096), (8192, 8192, 8192)]
+
+
 if __name__ == "__main__":
-    for shape in [(128, 768, 768), (512, 512, 64, "f16", 96), (512, 64, 512, "f16", 96), (2048, 2048, 128, "f16", 32), (128, 3072, 768), (128, 768, 3072), (128, 4096, 4096), (128, 11008, 4096),
-                  (128, 4096, 11008), (512, 768, 768), (2048, 768, 3072), (2048, 3072, 768), (8192, 768, 768),
-                  (8192, 2304, 768), (4096, 4096, 4096), (8192, 8192, 8192)]:
+    for shape in SHAPES:
         print(shape, repr(choose_config(*shape)))

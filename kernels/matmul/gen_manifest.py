@@ -1,6 +1,13 @@
-"""Writes gemm.toml (the GEMM family's manifest, not yet the library's kitdispatch.toml: README.md)
-and the generated entry files (matmul_nn.cu, matmul_nt.cu, bmm.cu) of
-the library GEMM (gemm.cuh). Run from anywhere: `python kernels/matmul/gen_manifest.py`.
+"""Writes kitdispatch.toml (the library's matmul manifest: the original six and the GEMM family)
+and the generated entry files (matmul_nn.cu, matmul_nt.cu, bmm.cu, matmul_f32.cu) of
+the library GEMM (gemm.cuh, gemm_f32.cuh). Run from anywhere: `python kernels/matmul/gen_manifest.py`.
+
+Each generated entry is compiled only where its kernel is in the build: it sits inside
+`#ifdef KITGEMM_ENTRY_<name>`, a define its manifest entry carries (a model build compiles the
+kernels its ops use, not the family). The "none"-epilogue entries with f32 results replace a
+model's matmuls (README.md "Kernels inside models"): per shape, the config choose_config picks,
+as a `replace_when.when` condition per config (configs.config_conditions), listed in
+configs.CONFIG_ORDER so that the first that holds is choose_config's.
 
 Names: {matmul|bmm}_{nn|nt}_{in}[_f32]_{epilogue}[_{config}]
   in        f16 | bf16 (A and B); the result has the input's type unless `_f32` is named.
@@ -16,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from configs import CONFIGS, EPILOGUES, PERSISTENT, SMS  # noqa: E402
+from configs import CONFIG_ORDER, CONFIGS, EPILOGUES, PERSISTENT, SMS, config_conditions  # noqa: E402
 
 SMEM = 100352
 THREADS = 384
@@ -47,7 +54,7 @@ def kernel_name(kind, layout, ti, to, epi, cfg):
 
 def entries():
     for layout in ("nn", "nt"):
-        for prec in ("", "tf32"):
+        for prec in ("tf32", ""):  # plain TF32 first: with --tf32 it wins where both fit
             for epi in EPILOGUES:
                 ti = "f32_tf32" if prec else "f32"
                 yield dict(kind="matmul", layout=layout, src="matmul_f32.cu", ti="f32", to="f32", epi=epi, cfg="", bn=128,
@@ -56,7 +63,8 @@ def entries():
     for kind, layout, src, types, epis in FAMILIES:
         for ti, to in types:
             for epi in epis:
-                for cfg, (bn, s, r) in CONFIGS.items():
+                for cfg in CONFIG_ORDER:
+                    bn, s, r = CONFIGS[cfg]
                     yield dict(kind=kind, layout=layout, src=src, ti=ti, to=to, epi=epi, cfg=cfg, bn=bn, s=s, r=r,
                                persistent=cfg in PERSISTENT,
                                prec="", threads=THREADS if r == 1 else 288, smem=SMEM, name=kernel_name(kind, layout, ti, to, epi, cfg))
@@ -89,7 +97,16 @@ def params(e):
     return ps
 
 
+def guard(e):
+    """The define that compiles an entry in (each manifest entry carries its own)."""
+    return f"KITGEMM_ENTRY_{e['name']}"
+
+
 def c_entry(e):
+    return f"#ifdef {guard(e)}\n{_c_function(e)}#endif\n"
+
+
+def _c_function(e):
     ps = params(e)
     decl = ", ".join(p[2] for p in ps)
     names = {p[0] for p in ps}
@@ -142,25 +159,31 @@ def toml_entry(e):
     ]
     lines += [f'  {{ name = "{n}", {acc} }},' for n, acc, _ in params(e)]
     lines.append("]")
+    lines.append(f'defines = ["{guard(e)}"]')
     lines += replaces(e)
     return "\n".join(lines) + "\n"
 
 
 def replaces(e):
-    """What model ops an entry replaces (kitdispatch/models/ops/matmul.py matches them): here the
-    f16/bf16 NN entries of the default config (transposed B, f32 and the choice of config are
-    matched elsewhere), each with its epilogue."""
-    if e["layout"] != "nn" or e["ti"] == "f32" or e["cfg"]:
-        return []
-    op = "linalg.batch_matmul" if e["kind"] == "bmm" else "linalg.matmul"
-    when = [key for key in (epilogue_key(e),) if key]
-    return [f'replaces = ["{op}"]'] + ([f"replace_when = {{ {', '.join(when)} }}"] if when else [])
+    """The manifest lines saying which model ops an entry replaces (kitdispatch/models/ops/matmul.py
+    matches them): every f16/bf16 entry, with its epilogue (epilogue.py recognises it in a model:
+    the matmul is replaced together with the elementwise ops that compute it, the cast to an
+    f16/bf16 result included) and, per config, the shapes choose_config gives it; the f32 "none"
+    entries, 3xTF32 by default, TF32 on request (their arithmetic)."""
+    if e["ti"] == "f32":
+        if e["epi"] != "none":
+            return []
+        return ['replaces = ["linalg.matmul", "linalg.batch_matmul"]  # batch_matmul: batch 1',
+                f'replace_when = {{ arithmetic = "{e["prec"]}" }}']
+    bmm = e["kind"] == "bmm"
+    ops = '["linalg.batch_matmul"]' if bmm else '["linalg.matmul", "linalg.batch_matmul"]  # batch_matmul: batch 1'
+    when = config_conditions(bmm)[e["cfg"]]
+    keys = [key for key in (epilogue_key(e), f'when = "{when}"' if when else None) if key]
+    return [f"replaces = {ops}"] + ([f"replace_when = {{ {', '.join(keys)} }}"] if keys else [])
 
 
 def epilogue_key(e):
-    """replace_when's `epilogue` key of an entry (kitdispatch/models/ops/epilogue.py recognises
-    it in a model: the matmul is replaced together with the elementwise ops that compute it),
-    None for "none": the one place it is written."""
+    """replace_when's `epilogue` key of an entry, None for "none": the one place it is written."""
     return f'epilogue = "{e["epi"]}"' if e["epi"] != "none" else None
 
 
@@ -170,9 +193,10 @@ HEADER_CU = """// GENERATED by gen_manifest.py from gemm.cuh / gemm_f32.cuh: do 
 
 """
 
-TOML_HEAD = """# Tensor-core matmuls: the GEMM family in development (issue 25), beside the library's
-# kitdispatch.toml until model replacement uses it and it meets its speed targets. Build it with
-#   kitdispatch build kernels/matmul/gemm.toml --arch sm_90a,sm_80 -o OUT   (5-8 min on 2 cores)
+TOML_HEAD = """# Tensor-core matmuls of the library: GENERATED by gen_manifest.py (edit that, then run it).
+# Build with
+#   kitdispatch build kernels/matmul --arch sm_90a,sm_80 -o OUT   (5-8 min on 2 cores; sm_80 alone 3 min)
+# A model build compiles only the entries its ops use (each entry's define, KITGEMM_ENTRY_<name>).
 #
 #
 # 1. The original six (matmul.cu): A [m, k] x B [k, n] -> C [m, n], row-major, f16 or bf16 inputs,
@@ -207,7 +231,11 @@ TOML_HEAD = """# Tensor-core matmuls: the GEMM family in development (issue 25),
 #    ceildiv(m, 128), batch * split).
 # Build with --arch sm_90a,sm_80 (wgmma + TMA on sm_90a; mma.sync on sm_80.. and for k % 8 != 0,
 # NN n % 8 != 0 or misaligned inputs).
-name = "gemm"
+# Model ops: the "none"-epilogue entries with an f32 result replace linalg.matmul (B [k,n]: nn;
+# B read transposed, W [n,k]: nt) and linalg.batch_matmul (bmm; 2-D entries: batch 1); per shape
+# the first entry whose `when` holds, which is the config configs.choose_config picks. f32
+# matmuls: 3xTF32, or plain TF32 where the model build asks for it (--tf32).
+name = "matmul"
 
 """
 
@@ -226,16 +254,16 @@ seed = 0
 
 
 def legacy_toml():
-    """The original six entries, unchanged."""
+    """The original six entries (the family's matmul_{nn|nt}_*_f32_none entries replace model
+    matmuls in their place, with per-shape configs)."""
     out = []
     for ti, to in [("f16", "f32"), ("bf16", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("f16", "bf16"), ("bf16", "f16")]:
         name = f"matmul_{ti}" if to == "f32" else f"matmul_{ti}_{to}"
-        rep = 'replaces = ["linalg.matmul"]  # a model\'s matmul of these types (f32 result), zero-filled accumulator; any m, n, k\n' if to == "f32" else ""
         out.append(
             f'[[kernels]]\nname = "{name}"\nsource = "matmul.cu"\nworkgroup_size = [384]\n'
             f'workgroup_count = ["ceildiv(n, 256)", "ceildiv(m, 128)"]\ndynamic_shared_memory = {SMEM}\nparams = [\n'
             f'  {{ name = "a", in = "{ti}[m,k]" }},\n  {{ name = "b", in = "{ti}[k,n]" }},\n  {{ name = "c", out = "{to}[m,n]" }},\n'
-            f'  {{ name = "m", scalar = "i32" }},\n  {{ name = "n", scalar = "i32" }},\n  {{ name = "k", scalar = "i32" }},\n]\n{rep}'
+            f'  {{ name = "m", scalar = "i32" }},\n  {{ name = "n", scalar = "i32" }},\n  {{ name = "k", scalar = "i32" }},\n]\n'
         )
     return "\n".join(out)
 
@@ -256,7 +284,7 @@ def render():
         if e["ti"] == "f32":
             t = "{ rtol = 1e-4, atol = 1e-4 }" if e["prec"] == "3xtf32" else "{ rtol = 1e-2, atol = 5e-2 }"
             tol.append(f"{e['name']} = {t}")
-    out["gemm.toml"] = (TOML_HEAD + legacy_toml() + "\n" + "\n".join(toml_entry(e) for e in es) + TOML_TAIL
+    out["kitdispatch.toml"] = (TOML_HEAD + legacy_toml() + "\n" + "\n".join(toml_entry(e) for e in es) + TOML_TAIL
                                + "\n".join(tol) + "\n")
     return out, es, by_src
 

@@ -2,182 +2,254 @@
 // Entry names and exact epilogue formulas: README.md in this folder.
 #include "gemm_f32.cuh"
 
-extern "C" __global__ void __launch_bounds__(256)
-matmul_nn_f32_none(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-matmul_nn_f32_bias(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBias>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-matmul_nn_f32_bias_gelu_erf(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasGeluErf>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-matmul_nn_f32_bias_gelu_tanh(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasGeluTanh>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, gelu_c}, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-matmul_nn_f32_bias_relu(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasRelu>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-matmul_nn_f32_bias_silu(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasSilu>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-matmul_nn_f32_residual(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kResidual>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, residual, 0.0f}, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-matmul_nn_f32_bias_residual(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasResidual>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, residual, 0.0f}, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-matmul_nn_f32_scale(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_tf32_none
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nn_f32_tf32_none(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<false, false, kit::F32, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_tf32_bias
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nn_f32_tf32_bias(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<false, false, kit::F32, kitgemm::kBias>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_tf32_bias_gelu_erf
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nn_f32_tf32_bias_gelu_erf(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<false, false, kit::F32, kitgemm::kBiasGeluErf>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_tf32_bias_gelu_tanh
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nn_f32_tf32_bias_gelu_tanh(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, float gelu_c, int m, int n, int k) {
   kitgemm::f32mm::matmul<false, false, kit::F32, kitgemm::kBiasGeluTanh>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, gelu_c}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_tf32_bias_relu
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nn_f32_tf32_bias_relu(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<false, false, kit::F32, kitgemm::kBiasRelu>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_tf32_bias_silu
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nn_f32_tf32_bias_silu(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<false, false, kit::F32, kitgemm::kBiasSilu>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_tf32_residual
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nn_f32_tf32_residual(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<false, false, kit::F32, kitgemm::kResidual>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, residual, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_tf32_bias_residual
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nn_f32_tf32_bias_residual(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<false, false, kit::F32, kitgemm::kBiasResidual>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, residual, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_tf32_scale
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nn_f32_tf32_scale(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, float alpha, int m, int n, int k) {
   kitgemm::f32mm::matmul<false, false, kit::F32, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_none
 extern "C" __global__ void __launch_bounds__(256)
-matmul_nt_f32_none(const float* __restrict__ a, const float* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, m, n, k);
+matmul_nn_f32_none(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_bias
 extern "C" __global__ void __launch_bounds__(256)
-matmul_nt_f32_bias(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
+matmul_nn_f32_bias(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBias>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_bias_gelu_erf
 extern "C" __global__ void __launch_bounds__(256)
-matmul_nt_f32_bias_gelu_erf(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasGeluErf>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
+matmul_nn_f32_bias_gelu_erf(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasGeluErf>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_bias_gelu_tanh
 extern "C" __global__ void __launch_bounds__(256)
-matmul_nt_f32_bias_gelu_tanh(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasGeluTanh>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, gelu_c}, m, n, k);
+matmul_nn_f32_bias_gelu_tanh(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, float gelu_c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasGeluTanh>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, gelu_c}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_bias_relu
 extern "C" __global__ void __launch_bounds__(256)
-matmul_nt_f32_bias_relu(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasRelu>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
+matmul_nn_f32_bias_relu(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasRelu>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_bias_silu
 extern "C" __global__ void __launch_bounds__(256)
-matmul_nt_f32_bias_silu(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasSilu>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
+matmul_nn_f32_bias_silu(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasSilu>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_residual
 extern "C" __global__ void __launch_bounds__(256)
-matmul_nt_f32_residual(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kResidual>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, residual, 0.0f}, m, n, k);
+matmul_nn_f32_residual(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kResidual>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, residual, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_bias_residual
 extern "C" __global__ void __launch_bounds__(256)
-matmul_nt_f32_bias_residual(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasResidual>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, residual, 0.0f}, m, n, k);
+matmul_nn_f32_bias_residual(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kBiasResidual>(a, b, c, kitgemm::EpiArgs<kit::F32>{bias, residual, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nn_f32_scale
 extern "C" __global__ void __launch_bounds__(256)
-matmul_nt_f32_scale(const float* __restrict__ a, const float* __restrict__ w, float* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, m, n, k);
+matmul_nn_f32_scale(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, float alpha, int m, int n, int k) {
+  kitgemm::f32mm::matmul<false, true, kit::F32, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_tf32_none
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nt_f32_tf32_none(const float* __restrict__ a, const float* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<true, false, kit::F32, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_tf32_bias
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nt_f32_tf32_bias(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<true, false, kit::F32, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_tf32_bias_gelu_erf
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nt_f32_tf32_bias_gelu_erf(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<true, false, kit::F32, kitgemm::kBiasGeluErf>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_tf32_bias_gelu_tanh
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nt_f32_tf32_bias_gelu_tanh(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, float gelu_c, int m, int n, int k) {
   kitgemm::f32mm::matmul<true, false, kit::F32, kitgemm::kBiasGeluTanh>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, gelu_c}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_tf32_bias_relu
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nt_f32_tf32_bias_relu(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<true, false, kit::F32, kitgemm::kBiasRelu>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_tf32_bias_silu
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nt_f32_tf32_bias_silu(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<true, false, kit::F32, kitgemm::kBiasSilu>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_tf32_residual
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nt_f32_tf32_residual(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<true, false, kit::F32, kitgemm::kResidual>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, residual, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_tf32_bias_residual
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nt_f32_tf32_bias_residual(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
   kitgemm::f32mm::matmul<true, false, kit::F32, kitgemm::kBiasResidual>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, residual, 0.0f}, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_tf32_scale
 extern "C" __global__ void __launch_bounds__(256)
 matmul_nt_f32_tf32_scale(const float* __restrict__ a, const float* __restrict__ w, float* __restrict__ c, float alpha, int m, int n, int k) {
   kitgemm::f32mm::matmul<true, false, kit::F32, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, m, n, k);
 }
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_none
+extern "C" __global__ void __launch_bounds__(256)
+matmul_nt_f32_none(const float* __restrict__ a, const float* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_bias
+extern "C" __global__ void __launch_bounds__(256)
+matmul_nt_f32_bias(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_bias_gelu_erf
+extern "C" __global__ void __launch_bounds__(256)
+matmul_nt_f32_bias_gelu_erf(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasGeluErf>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_bias_gelu_tanh
+extern "C" __global__ void __launch_bounds__(256)
+matmul_nt_f32_bias_gelu_tanh(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, float gelu_c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasGeluTanh>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, gelu_c}, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_bias_relu
+extern "C" __global__ void __launch_bounds__(256)
+matmul_nt_f32_bias_relu(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasRelu>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_bias_silu
+extern "C" __global__ void __launch_bounds__(256)
+matmul_nt_f32_bias_silu(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasSilu>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_residual
+extern "C" __global__ void __launch_bounds__(256)
+matmul_nt_f32_residual(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kResidual>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, residual, 0.0f}, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_bias_residual
+extern "C" __global__ void __launch_bounds__(256)
+matmul_nt_f32_bias_residual(const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias, const float* __restrict__ residual, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kBiasResidual>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, residual, 0.0f}, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f32_scale
+extern "C" __global__ void __launch_bounds__(256)
+matmul_nt_f32_scale(const float* __restrict__ a, const float* __restrict__ w, float* __restrict__ c, float alpha, int m, int n, int k) {
+  kitgemm::f32mm::matmul<true, true, kit::F32, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, m, n, k);
+}
+#endif

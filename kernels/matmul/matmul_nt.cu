@@ -2,552 +2,772 @@
 // Entry names and exact epilogue formulas: README.md in this folder.
 #include "gemm.cuh"
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_bias_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_gelu_erf(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_bias_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_gelu_erf_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_bias(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_bias_gelu_erf_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_erf_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_bias_gelu_erf_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_erf_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_bias_gelu_erf_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_erf_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_gelu_erf_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasGeluErf>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_erf_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_gelu_tanh(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
+matmul_nt_f16_bias_gelu_erf_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_erf
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_gelu_tanh_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
+matmul_nt_f16_bias_gelu_erf(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_bias_gelu_tanh_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_tanh_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_bias_gelu_tanh_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_tanh_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_bias_gelu_tanh_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_tanh_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_gelu_tanh_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasGeluTanh>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_tanh_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_relu(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_bias_gelu_tanh_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_tanh
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_relu_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_bias_gelu_tanh(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_bias_relu_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_relu_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_bias_relu_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_relu_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_bias_relu_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_relu_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_relu_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasRelu>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_relu_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_silu(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_bias_relu_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_relu
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_silu_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_bias_relu(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_bias_silu_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_silu_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_bias_silu_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_silu_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_bias_silu_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_silu_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_silu_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasSilu>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_silu_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_residual(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
+matmul_nt_f16_bias_silu_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_silu
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_residual_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
+matmul_nt_f16_bias_silu(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_residual_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_residual_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_residual_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_residual_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_residual_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_residual_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_residual_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kResidual>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_residual_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_residual(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
+matmul_nt_f16_residual_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_residual
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_bias_residual_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
+matmul_nt_f16_residual(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_bias_residual_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_residual_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_bias_residual_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_residual_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_bias_residual_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_residual_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_residual_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasResidual>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_residual_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
+matmul_nt_f16_bias_residual_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_residual
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
+matmul_nt_f16_bias_residual(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F16, true, 64, 4, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_scale_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_scale
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F16, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_bias_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_gelu_erf(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_bias_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_gelu_erf_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_bias(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_bias_gelu_erf_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_erf_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_bias_gelu_erf_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_erf_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_bias_gelu_erf_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_erf_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_gelu_erf_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasGeluErf>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_erf_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_gelu_tanh(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
+matmul_nt_bf16_bias_gelu_erf_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_erf
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_gelu_tanh_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
+matmul_nt_bf16_bias_gelu_erf(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasGeluErf, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_bias_gelu_tanh_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_tanh_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_bias_gelu_tanh_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_tanh_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_bias_gelu_tanh_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_tanh_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_gelu_tanh_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasGeluTanh>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_tanh_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_relu(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_bias_gelu_tanh_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_tanh
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_relu_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_bias_gelu_tanh(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasGeluTanh, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_bias_relu_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_relu_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_bias_relu_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_relu_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_bias_relu_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_relu_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_relu_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasRelu>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_relu_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_silu(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_bias_relu_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_relu
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_silu_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_bias_relu(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasRelu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_bias_silu_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_silu_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_bias_silu_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_silu_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_bias_silu_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_silu_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_silu_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasSilu>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_silu_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_residual(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_bias_silu_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_silu
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_residual_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_bias_silu(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasSilu, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_residual_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_residual_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_residual_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_residual_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_residual_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_residual_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_residual_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kResidual>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_residual_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_residual(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_residual_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_residual
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_bias_residual_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_residual(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_bias_residual_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_residual_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_bias_residual_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_residual_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_bias_residual_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_residual_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_residual_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasResidual>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_residual_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
+matmul_nt_bf16_bias_residual_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_residual
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
+matmul_nt_bf16_bias_residual(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kBiasResidual, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_scale_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_scale_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::BF16, true, 64, 4, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_scale_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 2, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_scale_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_scale_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 128, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_scale
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_scale(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::BF16, true, 256, 1, kitgemm::kScale, 1>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_f32_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F32, true, 64, 4, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_f32_bias(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 256, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_f16_f32_bias_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 128, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_f16_f32_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::F16, kit::F32, true, 128, 2, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_bias_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_f16_f32_bias_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::F16, kit::F32, true, 64, 4, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_bias_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_f16_f32_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 128, 2, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_bias_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_f32_bias_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_bias_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_f32_bias_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 128, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_bias
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_f16_f32_bias(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::F16, kit::F32, true, 256, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_none_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_f32_none_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::F32, true, 64, 4, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_none_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 2, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_none_t128x128
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_f32_bias(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 256, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_f32_none_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_none
 extern "C" __global__ void __launch_bounds__(384, 1)
-matmul_nt_bf16_f32_bias_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+matmul_nt_bf16_f32_none(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 256, 1, kitgemm::kNone, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
-extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
-matmul_nt_bf16_f32_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 2, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
-}
-
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_bias_t128x64_k4
 extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(4)
 matmul_nt_bf16_f32_bias_t128x64_k4(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm<kit::BF16, kit::F32, true, 64, 4, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
 
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_bias_t128x128_k2
+extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(2)
+matmul_nt_bf16_f32_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 2, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_bias_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_f32_bias_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
   kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_bias_t128x128
+extern "C" __global__ void __launch_bounds__(384, 1)
+matmul_nt_bf16_f32_bias_t128x128(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 128, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif
+
+#ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_bias
+extern "C" __global__ void __launch_bounds__(384, 1)
+matmul_nt_bf16_f32_bias(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
+  kitgemm::gemm<kit::BF16, kit::F32, true, 256, 1, kitgemm::kBias, 1>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+}
+#endif

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from kitdispatch.describe import abi
@@ -219,3 +220,84 @@ def _affine_node(expr: IndexExpr, node: ast.expr) -> bool:
     else:
         return _affine_node(expr, node.left) and _affine_node(expr, node.right)
     return _affine_node(expr, lhs) and expr._is_const(rhs) and expr._fold(rhs) > 0
+
+
+# Comparisons a condition may make between two index expressions.
+_CHECKS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq, ast.NotEq: operator.ne}
+CONDITION_HELP = (
+    "compare index expressions with < <= > >= == != and join them with && || ! and parentheses, "
+    "e.g. 'ceildiv(m, 128) * ceildiv(n, 128) <= 12 && k >= 768'"
+)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A boolean condition over sizes (`replace_when.when`): comparisons of index expressions
+    joined by && || ! (C's spelling; Python's and/or/not are accepted too). Each side is an
+    IndexExpr, checked as one."""
+
+    text: str
+    tree: ast.expr = field(compare=False, repr=False)
+
+    @classmethod
+    def parse(cls, value: object, where: str) -> "Condition":
+        if not isinstance(value, str):
+            raise ManifestError(f"{value!r} is not a condition", where=where, fix=CONDITION_HELP)
+        if len(value) > MAX_EXPRESSION_LENGTH or value.count("(") > 64:
+            raise ManifestError(
+                f"condition {_shown(value)} is too long or too deeply nested",
+                where=where,
+                fix=f"keep it under {MAX_EXPRESSION_LENGTH} characters and 64 levels of parentheses",
+            )
+        python = value.replace("&&", " and ").replace("||", " or ").replace("!=", " \0 ").replace("!", " not ").replace(" \0 ", "!=")
+        try:
+            tree = ast.parse(python.strip(), mode="eval").body
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            raise ManifestError(
+                f"cannot parse condition {_shown(value)}: {getattr(exc, 'msg', None) or type(exc).__name__}",
+                where=where,
+                fix=CONDITION_HELP,
+            ) from None
+        condition = cls(value, tree)
+        condition._check(tree, where)
+        return condition
+
+    def _check(self, node: ast.expr, where: str) -> None:
+        if isinstance(node, ast.BoolOp):
+            for value in node.values:
+                self._check(value, where)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            self._check(node.operand, where)
+        elif isinstance(node, ast.Compare) and all(type(op) in _CHECKS for op in node.ops):
+            for side in (node.left, *node.comparators):
+                IndexExpr(ast.unparse(side), side)._check(side, where)
+        else:
+            raise ManifestError(
+                f"condition {self.text!r}: {ast.unparse(node)!r} is not a comparison of index expressions",
+                where=where,
+                fix=CONDITION_HELP,
+            )
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Compare):
+                for side in (node.left, *node.comparators):
+                    seen.update(dict.fromkeys(IndexExpr(ast.unparse(side), side).symbols))
+        return tuple(seen)
+
+    def holds(self, values: dict[str, int], node: ast.expr | None = None) -> bool:
+        """Whether the condition holds for these sizes; ZeroDivisionError where a divisor over
+        the sizes is 0."""
+        node = self.tree if node is None else node
+        if isinstance(node, ast.BoolOp):
+            parts = (self.holds(values, v) for v in node.values)
+            return all(parts) if isinstance(node.op, ast.And) else any(parts)
+        if isinstance(node, ast.UnaryOp):
+            return not self.holds(values, node.operand)
+        sides = [IndexExpr(ast.unparse(s), s).evaluate(values) for s in (node.left, *node.comparators)]
+        return all(_CHECKS[type(op)](a, b) for op, a, b in zip(node.ops, sides, sides[1:]))
+
+    def __str__(self) -> str:
+        return self.text

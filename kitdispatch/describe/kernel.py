@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Literal, Union
 from kitdispatch.describe import abi
 from kitdispatch.errors import ManifestError
-from kitdispatch.describe.index_expr import IndexExpr
+from kitdispatch.describe.index_expr import Condition, IndexExpr
 from kitdispatch.describe.limits import DEFAULT_DYNAMIC_SHARED_MEMORY_MAX, MAX_DYNAMIC_SHARED_MEMORY, MAX_GRID, MAX_WORKGROUP_THREADS
 from kitdispatch.describe.choices import ObjectFormat
 from kitdispatch.describe.names import WIDE_HALVES, _IDENT_RE, _shown, check_identifier, check_kernel_name, default_function_name
@@ -92,6 +92,8 @@ class Replaces:
     max_size: tuple[tuple[str, int], ...] = ()
     dimension: int | None = None
     pattern: Path | None = None
+    when: Condition | None = None  # a condition over the sizes (a tile config's shape class)
+    arithmetic: str | None = None  # how an f32 kernel multiplies (ARITHMETICS); "tf32" only on request
     mask: str | None = None  # an attention kernel's mask (ATTENTION_MASKS); None: it applies none
     epilogue: str = "none"
 
@@ -104,6 +106,8 @@ class Replaces:
         max_size: dict[str, int] | None = None,
         dimension: int | None = None,
         pattern: str | Path | None = None,
+        when: str | None = None,
+        arithmetic: str | None = None,
         mask: str | None = None,
         epilogue: str | None = None,
         where: str = "replaces",
@@ -129,6 +133,10 @@ class Replaces:
             )
         if pattern is not None and not isinstance(pattern, (str, Path)):
             raise ManifestError(f"pattern {pattern!r} is not a file name", where=where, fix='e.g. pattern = "bias_gelu.mlir"')
+        if arithmetic is not None and arithmetic not in ARITHMETICS:
+            raise ManifestError(
+                f"arithmetic {arithmetic!r} is not one the kit knows", where=where, fix=f"use one of {', '.join(ARITHMETICS)}"
+            )
         if mask is not None and (mask not in ATTENTION_MASKS or list(ops) != ["iree_linalg_ext.attention"]):
             raise ManifestError(
                 f"mask {mask!r}: only a kernel that replaces iree_linalg_ext.attention alone says its mask, one of {', '.join(ATTENTION_MASKS)}",
@@ -141,13 +149,22 @@ class Replaces:
             _positive_sizes(max_size or {}, "max", where),
             dimension,
             Path(pattern) if pattern is not None else None,
+            Condition.parse(when, f"{where}: when") if when is not None else None,
+            arithmetic,
             mask,
             _epilogue(epilogue, ops, where),
         )
 
     @property
     def limited_symbols(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(s for s, _ in self.multiple_of + self.max_size))
+        conditioned = self.when.symbols if self.when is not None else ()
+        return tuple(dict.fromkeys([*(s for s, _ in self.multiple_of + self.max_size), *conditioned]))
+
+
+# How a kernel of f32 inputs multiplies (replace_when.arithmetic): "3xtf32" splits each operand in
+# two TF32 halves (f32-level error); "tf32" rounds the inputs to TF32 (~1e-3 relative error) and
+# replaces ops only where the model build asks for it (BuildOptions tf32, --tf32).
+ARITHMETICS = {"3xtf32": "3xTF32 (f32-level error)", "tf32": "TF32 (inputs rounded to 10 bits, ~1e-3 relative error)"}
 
 
 def _epilogue(epilogue: object, ops: Sequence[str], where: str) -> str:

@@ -48,7 +48,9 @@ _KERNEL_KEYS = {
     "include_dirs": False,
     "defines": False,
 }
-_REPLACE_WHEN_KEYS = {"multiple_of": False, "max": False, "dimension": False, "pattern": False, "mask": False, "epilogue": False}
+_REPLACE_WHEN_KEYS = {
+    "multiple_of": False, "max": False, "dimension": False, "pattern": False, "mask": False, "epilogue": False, "when": False, "arithmetic": False,
+}
 _PROGRAM_KEYS = {"source": True, "functions": True}
 _FUNCTION_KEYS = {"name": True, "args": True, "results": True}
 _TEST_KEYS = {"reference": False, "sizes": False, "seed": False, "scalars": False, "ranges": False, "tolerances": False}
@@ -220,6 +222,8 @@ def _parse_replaces(data: dict, root: Path, where: str) -> Replaces | None:
         max_size=when.get("max"),
         dimension=when.get("dimension"),
         pattern=root / when["pattern"] if isinstance(when.get("pattern"), str) else when.get("pattern"),
+        when=when.get("when"),
+        arithmetic=when.get("arithmetic"),
         mask=when.get("mask"),
         epilogue=when.get("epilogue"),
         where=f"{where}: replaces",

@@ -51,7 +51,7 @@ from kitdispatch.describe.model_record import ModelRecord, ReplacedOp, claimed_f
 from kitdispatch.models.functions import model_functions
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec
-from kitdispatch.describe.kernel import Kernel
+from kitdispatch.describe.kernel import ARITHMETICS, Kernel
 from kitdispatch.describe.names import as_identifier
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
@@ -101,6 +101,7 @@ def build_model(
     library: bool = True,
     with_baseline: bool = False,
     name: str | None = None,
+    tf32: bool = False,
 ) -> ModelBuild:
     """Builds `model` (.mlir or .onnx) into `out_dir/<name>.vmfb` with every op that a kernel
     computes exactly replaced by that kernel. The kernels are those of `project` (a path, a
@@ -108,7 +109,9 @@ def build_model(
     library (projects.py): for an op several kernels fit, the first project's wins. Also
     writes the transform spec, the kernels' objects, a report (`<name>.replace.json` and
     `.txt`) and a record for `compare_model`; with `with_baseline`, `<name>.baseline.vmfb`
-    compiled by IREE alone. A build that fails once its ops are matched (no op replaced, a
+    compiled by IREE alone. f32 matmuls get kernels that compute in 3xTF32 (f32-level error);
+    with `tf32`, kernels in plain TF32 (faster, ~1e-3 relative error) come first where they
+    fit. A build that fails once its ops are matched (no op replaced, a
     kernel or IREE failing) still writes its report, and raises ModelBuildFailed."""
     projects = model_projects(project, library=library)
     kernels = replacing_kernels(projects.module)
@@ -122,7 +125,7 @@ def build_model(
     try:
         protected = frozenset().union(*(project_files_in(p, out_dir) for p in projects.projects)) | _model_in(model, out_dir)
         folder = OutputFolder(out_dir, name, record=record_name, claims=claimed_files, protected=protected)
-        target = _Target(model, name, out_dir, codegen, tuple(flags))
+        target = _Target(model, name, out_dir, codegen, tuple(flags), tf32)
         return _build_model_in(projects, kernels, target, options, folder, with_baseline)
     except BaseException:
         if created:
@@ -150,6 +153,7 @@ class _Target:
     out_dir: Path
     codegen: Arch
     flags: tuple[str, ...]
+    tf32: bool = False  # whether kernels computing in plain TF32 may replace f32 ops
 
 
 @dataclass(frozen=True)
@@ -219,7 +223,7 @@ def _match(kernels: tuple[Kernel, ...], target: _Target, options: BuildOptions, 
     found = read_ops(module, kinds)
     # Imported models are published beside the vmfb: their locations name that copy.
     found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(target.out_dir)))) for op, f in found]
-    decisions = settle(found, decide([facts for _, facts in found], kernels))
+    decisions = settle(found, decide([facts for _, facts in found], kernels, tf32=target.tf32))
     return _Matched(imported, context, module, tuple(op for op, _ in found), tuple(decisions), kinds, prepared)
 
 
@@ -457,11 +461,16 @@ def format_report(model: str, decisions: Sequence[Decision]) -> str:
     replaced = [d for d in decisions if d.kernel is not None]
     kept = [d for d in decisions if d.kernel is None]
     lines = [f"{model}: {len(replaced)} of {len(decisions)} candidate op(s) replaced"]
-    lines += [f"  replaced  {d.op.describe()}\n            by {d.kernel.name}{_with_epilogue(d)}" for d in replaced]
+    lines += [f"  replaced  {d.op.describe()}\n            by {d.kernel.name}{_with_epilogue(d)}{_arithmetic(d)}" for d in replaced]
     for d in kept:
         lines.append(f"  kept      {d.op.describe()}")
         lines += [f"            {r}" for r in d.reasons or ("no kernel declares this op",)]
     return "\n".join(lines)
+
+
+def _arithmetic(decision: Decision) -> str:
+    arithmetic = decision.kernel.replaces.arithmetic
+    return f" in {ARITHMETICS[arithmetic]}" if arithmetic is not None else ""
 
 
 def _with_epilogue(d: Decision) -> str:

@@ -66,6 +66,8 @@ class Decision:
             data["kernel"] = self.kernel.name
             data["kernel_entry"] = self.kernel.entry  # its export: the dispatch's name in profiles
             data["function_called"] = self.function
+            if self.kernel.replaces.arithmetic is not None:  # ARITHMETICS says what each means
+                data["arithmetic"] = self.kernel.replaces.arithmetic
             if self.kernel.replaces.epilogue != "none" or self.call.marked:  # the ops after it, replaced with it
                 data["epilogue_replaced"] = {"epilogue": self.kernel.replaces.epilogue, "ops_after": self.call.marked}
         else:
@@ -131,27 +133,37 @@ def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFa
     return [(op, facts) for op, facts in found if all(op != c for c in covered)]
 
 
-def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel]) -> list[Decision]:
+def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel], *, tf32: bool = False) -> list[Decision]:
     """Per op, the kernel that computes exactly what it computes and replaces the most ops
     with it (a matmul with its epilogue before a bare matmul: its call's `marked`), the first
-    in manifest order among those."""
+    in manifest order among those. Kernels that compute in plain TF32 (replace_when.arithmetic)
+    take part only with `tf32`."""
     decisions = []
     for op in ops:
         kind, reasons, fits = OP_KINDS[op.kind], [], []
         for kernel in kernels:
-            if op.kind not in kernel.replaces.ops:
+            if op.kind not in kernel.replaces.ops or (kernel.replaces.arithmetic == "tf32" and not tf32):
                 continue
             layout = check_kernel(kernel, op.kind)
             why = kind.mismatch(op, kernel, layout)
             if why is None:
                 fits.append(Decision(kind.replaced(op, layout), kernel, kind.call(op, layout)))
             else:
-                reasons.append(f"{kernel.name}: {why}")
+                reasons.append((kernel.name, why))
         if fits:
             decisions.append(max(fits, key=lambda d: d.call.marked))  # the first of the longest
         else:
-            decisions.append(Decision(op, None, reasons=tuple(reasons)))
+            decisions.append(Decision(op, None, reasons=_grouped(reasons)))
     return decisions
+
+
+def _grouped(reasons: list[tuple[str, str]]) -> tuple[str, ...]:
+    """'kernel: why' per distinct reason, the kernels that give the same one named together (a
+    family's tile configs fail alike), in the order first given."""
+    by_why: dict[str, list[str]] = {}
+    for name, why in reasons:
+        by_why.setdefault(why, []).append(name)
+    return tuple(f"{', '.join(names)}: {why}" for why, names in by_why.items())
 
 
 def after(op: ir.Operation, steps: int) -> list:

@@ -7,6 +7,7 @@ import io
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import (
     ELEMENTWISE,
@@ -72,7 +73,7 @@ def test_llama_layer_with_the_library_matmul_agrees_on_gpu(tmp_path, prebuilt_di
         pytest.skip(f"{built} was not prebuilt")
     result = compare_model(built)
     assert result.agree, result.worst
-    assert result.kernel_names == ("matmul_f16",)
+    assert result.kernel_names and all(k.startswith("matmul_nn_f16_") for k in result.kernel_names), result.kernel_names
 
 
 @needs_iree_compile
@@ -84,3 +85,21 @@ def test_compare_on_a_device_that_cannot_run_the_model(linalg_build, device, mes
     err = io.StringIO()
     assert main(["compare", str(out), "--device", device], io.StringIO(), err) == 2, err.getvalue()
     assert message in err.getvalue() and "internal error" not in err.getvalue()
+
+
+def test_tf32_matmuls_are_compared_with_a_tolerance_that_fits_them():
+    """A replaced f32 matmul in TF32 is off by ~1e-3 of the output's scale, also where an
+    element cancels to near zero; f32's own tolerance would refuse it, 3xTF32's keeps f32's scale."""
+    from kitdispatch.models.compare import check_agreement, loosest_arithmetic
+    from kitdispatch.models.ops.base import TensorFacts
+    from kitdispatch.describe.model_record import ModelFunction
+
+    sig = ModelFunction("f", (TensorFacts("f32", (4,)),), (TensorFacts("f32", (4,)),))
+    baseline = [np.array([100.0, -50.0, 0.001, 3.0], np.float32)]
+    tf32 = [baseline[0] + np.float32(0.08)]  # 8e-4 of the largest magnitude
+    assert not check_agreement(tf32, baseline, sig)[0]
+    assert not check_agreement(tf32, baseline, sig, "3xtf32")[0]
+    agree, _, tolerance, _ = check_agreement(tf32, baseline, sig, "tf32")
+    assert agree and tolerance == "rtol 0.01, atol 0.01 x the output's largest magnitude (tf32 matmuls)"
+    assert check_agreement([baseline[0] + np.float32(1e-4)], baseline, sig, "3xtf32")[0]
+    assert loosest_arithmetic(["3xtf32", None, "tf32"]) == "tf32" and loosest_arithmetic([None]) is None

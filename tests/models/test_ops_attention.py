@@ -168,7 +168,8 @@ def test_attention_near_misses(model, reason):
     d = only(decide(attention_ops(model), attention_kernels()))
     assert d.kernel is None
     assert reason in d.reasons[0], d.reasons
-    assert len(d.reasons) == 4  # every library kernel says why
+    # every library kernel says why (those that say the same, named together)
+    assert sum(len(r.split(": ", 1)[0].split(", ")) for r in d.reasons) == 4
 
 
 @needs_iree_compile

@@ -222,7 +222,7 @@ def test_chain_stops_at_a_second_user():
 
 # ------------------------------------------------------------------- matching (models/ops/matmul.py)
 
-# The GEMM family's manifest: gemm.toml until the family joins the library's kitdispatch.toml.
+# The GEMM family's manifest: kernels/matmul/kitdispatch.toml (gemm.toml before the family joined the library).
 GEMM = next(p for p in (REPO / "kernels" / "matmul" / "gemm.toml", REPO / "kernels" / "matmul") if p.exists())
 
 
@@ -401,7 +401,7 @@ def no_more_iree_dispatches(built) -> None:
 
 
 def _gemm_build(tmp_path_factory, make, name: str):
-    """The model `make` writes, built with gemm.toml alone (and IREE alone, the baseline)."""
+    """The model `make` writes, built with the GEMM family alone (and IREE alone, the baseline)."""
     pytest.importorskip("onnx")
     if not HAVE_IREE_COMPILE:
         pytest.skip("iree-compile is not installed")

@@ -55,11 +55,15 @@ def softmax_project(root: Path, module: str = "mine") -> Path:
 
 
 def library_matmul_toml() -> str:
-    """The library's matmul_f16 entry, as a project of its own (another module name)."""
+    """The library's matmul_f16 entry, as a project of its own (another module name) that
+    declares what it replaces (in the library, the family's entries replace matmuls)."""
     text = (REPO / "kernels" / "matmul" / "kitdispatch.toml").read_text()
     entry = text[text.index("[[kernels]]"):]
     entry = entry[: entry.index("[[kernels]]", 1)]
-    return entry.replace('source = "matmul.cu"', f'source = "{MATMUL_CU}"')
+    return entry.replace('source = "matmul.cu"', f'source = "{MATMUL_CU}"') + 'replaces = ["linalg.matmul"]\n'
+
+
+LIBRARY_MATMUL = "matmul_nn_f16_f32_none_t128x128"  # what the library gives the f16 -> f32 matmuls below
 
 
 # ------------------------------------------------------------------ the projects, combined
@@ -136,7 +140,8 @@ def test_the_library_replaces_an_onnx_softmax_with_no_project(tmp_path):
     make_sample_model("onnx_softmax", model)
     rc, out, err = cli("--model", str(model), "-o", str(tmp_path / "out"))
     assert rc == 0, err
-    [replaced] = json.loads(out)["replaced"]
+    matmul, replaced = json.loads(out)["replaced"]  # its f32 MatMul too: the library's 3xTF32 entry
+    assert matmul["kernel"] == "matmul_nn_f32_none"
     assert replaced["op"] == "linalg.softmax" and replaced["kernel"] == "row_softmax"
     report = json.loads((tmp_path / "out" / "model.replace.json").read_text())
     assert report["library"] and "softmax" in report["projects"]
@@ -149,7 +154,7 @@ def test_the_library_replaces_an_onnx_matmul_with_no_project(tmp_path):
     rc, out, err = cli("--model", str(model), "-o", str(tmp_path / "out"))
     assert rc == 0, err
     [replaced] = json.loads(out)["replaced"]
-    assert replaced["kernel"] == "matmul_f16"
+    assert replaced["kernel"] == "matmul_nn_f16_none_t128x128"  # an ONNX f16 MatMul: with the truncf after it
 
 
 @needs_iree_compile
@@ -186,7 +191,7 @@ def test_no_library_leaves_what_the_project_cannot_replace(tmp_path):
     project = softmax_project(tmp_path / "a")
     rc, out, err = cli(str(project), "--model", str(model), "-o", str(tmp_path / "with"))
     assert rc == 0, err
-    assert json.loads(out)["replaced"][0]["kernel"] == "matmul_f16"
+    assert json.loads(out)["replaced"][0]["kernel"] == LIBRARY_MATMUL
     rc, out, err = cli(str(project), "--no-library", "--model", str(model), "-o", str(tmp_path / "without"))
     assert rc == 1 and "no op of" in err and "has no linalg.matmul" not in out
     report = json.loads(out)  # --json: the report, as written in the folder

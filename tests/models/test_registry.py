@@ -31,6 +31,10 @@ def test_manifest_replaces_plain_and_with_limits():
     assert _manifest("").kernels[0].replaces is None
     generic = _manifest('replaces = ["linalg.generic"]\nreplace_when = { pattern = "p.mlir" }').kernels[0].replaces
     assert generic.pattern == REPO / "p.mlir"  # beside the manifest, as `source` is
+    conditioned = _manifest('replaces = ["linalg.softmax"]\nreplace_when = { when = "!(rows < 4) || ceildiv(cols, 128) == 2", arithmetic = "tf32" }')
+    r = conditioned.kernels[0].replaces
+    assert set(r.when.symbols) == {"rows", "cols"} == set(r.limited_symbols) and r.arithmetic == "tf32"
+    assert r.when.holds({"rows": 4, "cols": 1}) and r.when.holds({"rows": 1, "cols": 256}) and not r.when.holds({"rows": 1, "cols": 1})
 
 
 def test_the_library_causal_attention_kernels_declare_their_mask():
@@ -53,6 +57,12 @@ def test_the_library_causal_attention_kernels_declare_their_mask():
         ('replaces = ["linalg.generic"]', "a linalg.generic needs a pattern"),
         ('replaces = ["linalg.softmax"]\nreplace_when = { pattern = "p.mlir" }', "and a pattern is for linalg.generic only"),
         ('replaces = ["linalg.generic"]\nreplace_when = { pattern = 3 }', "pattern 3 is not a file name"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { when = "cols > 8 && width < 4" }', "replace_when uses 'width'"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { when = "cols + 8" }', "'cols + 8' is not a comparison of index expressions"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { when = "cols ** 2 > 8" }', "unsupported syntax 'cols ** 2'"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { when = "cols >" }', "cannot parse condition 'cols >'"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { when = 8 }', "8 is not a condition"),
+        ('replaces = ["linalg.softmax"]\nreplace_when = { arithmetic = "fp8" }', "arithmetic 'fp8' is not one the kit knows"),
         ('replaces = ["linalg.softmax"]\nreplace_when = { mask = "causal" }', "only a kernel that replaces iree_linalg_ext.attention alone says its mask"),
         ('replaces = ["iree_linalg_ext.attention"]\nreplace_when = { mask = "sliding" }', "mask 'sliding': only a kernel"),
     ],

@@ -40,10 +40,10 @@ def test_first_fitting_kernel_wins_and_every_misfit_says_why():
                                   Scalar("alpha", "f32")],
             workgroup_size=[64], workgroup_count=["ceildiv(n, 64)"], replaces=["linalg.softmax"]),
          "needs scalar argument(s) alpha, which linalg.softmax does not give"),
-        (lambda: matmul_kernel(b="f16[n,k]"), "its shapes must read [m,k] x [k,n] -> [m,n]"),
+        (lambda: matmul_kernel(b="f16[m,n]"), "its shapes must read [m,k] x [k,n] -> [m,n]"),
         (lambda: softmax_kernel(dimension=2), "replace_when dimension 2 is not a dimension of its 2-D input"),
     ],
-    ids=["scalar-argument", "transposed-kernel", "dimension-out-of-range"],
+    ids=["scalar-argument", "b-of-other-sizes", "dimension-out-of-range"],
 )
 def test_kernels_that_cannot_stand_for_the_op(kernel, message):
     k = kernel()

@@ -37,7 +37,8 @@ def test_onnx_sample_builds_through_the_cli(tmp_path):
                "-o", str(tmp_path / "out"), "--json"], out, err)
     assert rc == 0, err.getvalue()
     data = json.loads(out.getvalue())
-    [replaced] = data["replaced"]
+    matmul, replaced = data["replaced"]  # the f32 MatMul by the library's 3xTF32 entry, then the softmax
+    assert matmul["kernel"] == "matmul_nn_f32_none" and matmul["arithmetic"] == "3xtf32"
     assert replaced["op"] == "linalg.softmax" and replaced["kernel"] == "row_softmax"
     assert "model.imported.mlir" in replaced["location"]  # the importer's MLIR is kept beside the vmfb
     assert "row_softmax" in dump_module(tmp_path / "out" / "model.vmfb")
@@ -47,35 +48,30 @@ def test_onnx_sample_builds_through_the_cli(tmp_path):
 @needs_iree_compile
 def test_onnx_matmul_sample_takes_the_library_matmul(tmp_path):
     """An f16 ONNX MatMul: IREE's importer accumulates it in f32 from a zero fill, which is
-    what the library's matmul_f16 computes; the library's own manifest is the project."""
+    with the truncf after it what the library's matmul_nn_f16_none entries compute (their "none"
+    epilogue rounds once to f16); the library's own manifest is the project."""
     model = tmp_path / "model.onnx"
     make_sample_model("onnx_matmul", model, "--rows", 256, "--features", 128, "--outputs", 512)
     rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out", "--with-baseline")
     assert rc == 0, err
     [replaced] = json.loads(out)["replaced"]
-    assert replaced["op"] == "linalg.matmul" and replaced["kernel"] == "matmul_f16" and replaced["init"] == "zero fill"
+    assert replaced["op"] == "linalg.matmul" and replaced["kernel"] == "matmul_nn_f16_none_t128x128" and replaced["init"] == "zero fill"
     assert replaced["inputs"] == [{"dtype": "f16", "shape": [256, 128]}, {"dtype": "f16", "shape": [128, 512]}]
-    assert replaced["result"] == {"dtype": "f32", "shape": [256, 512]}  # the f16 truncation after it stays IREE's
+    assert replaced["result"] == {"dtype": "f16", "shape": [256, 512]}  # the truncation after it, replaced with it
     vmfb, baseline = tmp_path / "out" / "model.vmfb", tmp_path / "out" / "model.baseline.vmfb"
-    assert "matmul_f16" in dump_module(vmfb) and "matmul_f16" not in dump_module(baseline)
+    assert replaced["kernel"] in dump_module(vmfb) and replaced["kernel"] not in dump_module(baseline)
     assert iree_dispatches(baseline, "matmul") and not iree_dispatches(vmfb, "matmul")
 
 
 @needs_iree_compile
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--batch", 2, "--batched-weights"],
-         "linalg.batch_matmul x1, linalg.fill x1, linalg.generic x1); no kernel of the project declares linalg.batch_matmul"),
-    ],
-    ids=["batch-matmul-no-kernel"],
-)
-def test_onnx_matmuls_the_library_matmul_does_not_take(tmp_path, args, message):
+def test_onnx_batched_weights_take_the_library_bmm(tmp_path):
+    """`--batch 2 --batched-weights` makes the sample a linalg.batch_matmul: the bmm entry."""
     model = tmp_path / "model.onnx"
-    make_sample_model("onnx_matmul", model, "--features", 64, "--outputs", 128, *args)
+    make_sample_model("onnx_matmul", model, "--features", 64, "--outputs", 128, "--batch", 2, "--batched-weights")
     rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out", "--no-library")
-    assert rc == 1 and message in err, err
-    assert json.loads(out)["replaced"] == [] and (tmp_path / "out" / "model.replace.json").is_file()  # the report, still
+    assert rc == 0, err
+    [replaced] = json.loads(out)["replaced"]
+    assert replaced["op"] == "linalg.batch_matmul" and replaced["kernel"].startswith("bmm_nn_f16_none")
 
 
 @needs_iree_compile
@@ -108,7 +104,8 @@ def test_onnx_bias_gelu_sample_takes_the_library_bias_gelu(tmp_path):
     rc, out, err = cli_build(ELEMENTWISE, model, tmp_path / "out", "--with-baseline")
     assert rc == 0, err
     data = json.loads(out)
-    [replaced] = data["replaced"]
+    matmul, replaced = data["replaced"]  # the f32 MatMul by the library's 3xTF32 entry, then bias + GELU
+    assert matmul["kernel"] == "matmul_nn_f32_none"
     assert replaced["op"] == "linalg.generic" and replaced["kernel"] == "bias_gelu"
     assert replaced["inputs"] == [{"dtype": "f32", "shape": [64, 256]}, {"dtype": "f32", "shape": [256]}]
     record = json.loads((tmp_path / "out" / "model.model.json").read_text())
@@ -116,8 +113,8 @@ def test_onnx_bias_gelu_sample_takes_the_library_bias_gelu(tmp_path):
     assert 'match attributes{kitdispatch.replace = "kitdispatch_bias_gelu"}' in (tmp_path / "out" / "model.spec.mlir").read_text()
     vmfb, baseline = tmp_path / "out" / "model.vmfb", tmp_path / "out" / "model.baseline.vmfb"
     assert "bias_gelu" in dump_module(vmfb) and "bias_gelu" not in dump_module(baseline)
-    # IREE fuses the bias and GELU into its matmul's one dispatch; the replaced module runs its
-    # plain matmul, then the kernel (the build itself checked that the marked op is gone).
+    # IREE fuses the bias and GELU into its matmul's one dispatch; the replaced module runs the
+    # library's matmul, then the kernel (the build itself checked that the marked op is gone).
     dispatch_calls = lambda v: dump_module(v).count("vm.call.variadic @hal.command_buffer.dispatch")  # noqa: E731
     assert (dispatch_calls(baseline), dispatch_calls(vmfb)) == (1, 2)
 
@@ -128,7 +125,7 @@ def test_onnx_gelu_op_differs_in_a_constant(tmp_path):
     function the kernel computes, so nothing is replaced and the error says which constant."""
     model = tmp_path / "model.onnx"
     make_sample_model("onnx_bias_gelu", model, "--rows", 64, "--features", 64, "--hidden", 256, "--gelu-op")
-    rc, _, err = cli_build(ELEMENTWISE, model, tmp_path / "out")
+    rc, _, err = cli_build(ELEMENTWISE, model, tmp_path / "out", "--no-library")  # the library would take the matmul
     assert rc == 1
     assert "body op 4 (arith.mulf): operands (op 3, constant 7.977240e-01 : f32), the pattern's (op 3, constant 0.797884583 : f32)" in err
 
@@ -177,5 +174,6 @@ def test_llama_layer_matmuls_take_the_library_matmul(tmp_path):
     rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out")
     assert rc == 0, err
     replaced = json.loads(out)["replaced"]
-    assert [r["kernel"] for r in replaced] == ["matmul_f16"] * 3
-    assert "matmul_f16" in dump_module(tmp_path / "out" / "layer.vmfb")
+    kernels = [r["kernel"] for r in replaced]  # with their epilogues (the residual add, the f16 rounding)
+    assert len(kernels) == 3 and all(k.startswith("matmul_nn_f16_") and k.endswith("_t128x128") for k in kernels), kernels
+    assert all(k in dump_module(tmp_path / "out" / "layer.vmfb") for k in kernels)

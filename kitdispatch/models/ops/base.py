@@ -296,7 +296,23 @@ def limit_mismatch(kernel: Kernel, sizes: dict[str, int | None]) -> str | None:
             return f"limit: {symbol} is dynamic in the model, and must be at most {largest}, which cannot be checked"
         if size > largest:
             return f"limit: {symbol} = {size} is over the kernel's maximum {largest}"
-    return None
+    return condition_mismatch(kernel, sizes)
+
+
+def condition_mismatch(kernel: Kernel, sizes: dict[str, int | None]) -> str | None:
+    """replace_when's `when` over the op's sizes (a tile config's shape class)."""
+    when = kernel.replaces.when
+    if when is None:
+        return None
+    dynamic = [s for s in when.symbols if sizes.get(s) is None]
+    if dynamic:
+        return f"limit: {dynamic[0]} is dynamic in the model, and the condition {when.text!r} cannot be checked"
+    given = ", ".join(f"{s} = {sizes[s]}" for s in when.symbols)
+    try:
+        holds = when.holds(sizes)
+    except ZeroDivisionError:
+        return f"limit: the condition {when.text!r} divides by zero for {given}"
+    return None if holds else f"limit: the condition {when.text!r} is false for {given}"
 
 
 # ------------------------------------------------------------------- reading IREE's IR

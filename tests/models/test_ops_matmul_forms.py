@@ -1,0 +1,187 @@
+"""Matmuls as exporters give them, through real iree-import-onnx and iree-compile to the matching
+stage, against the library (kernels/matmul): which entry each form gets, and why the others are
+kept. The forms: tests/data/matmul_forms/make_model.py."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import (
+    HAVE_IREE_COMPILE,
+    REPO,
+    choose_config,
+    iree_dispatches,
+    library_matmul_kernels,
+    make_matmul_form,
+    needs_iree_compile,
+    only,
+    ops_at_matching_stage,
+)
+
+from kitdispatch import BuildOptions
+from kitdispatch.models.compare import compare_model
+from kitdispatch.models.ops.base import Operand, Reshape
+from kitdispatch.models.pipeline import build_model
+from kitdispatch.models.replace import decide
+
+M, K, N, BATCH = 128, 256, 384, 6  # make_model.py's defaults
+DROP_BATCH = Reshape(((0, 1), (2,)))
+
+
+def _decision(tmp_path, form, dtype="f16", *, tf32=False):
+    model = tmp_path / f"{form}.onnx"
+    make_matmul_form(model, form, "--dtype", dtype)
+    return only(decide(ops_at_matching_stage(model, tmp_path), library_matmul_kernels(), tf32=tf32))
+
+
+def _suffix(*shape):
+    config = choose_config(*shape)
+    return f"_{config}" if config else ""
+
+
+@needs_iree_compile
+@pytest.mark.parametrize(
+    "form, op, kernel, marked",
+    [
+        ("plain", "linalg.matmul", "matmul_nn_f16_none" + _suffix(M, N, K), 1),
+        ("wt", "linalg.matmul", "matmul_nt_f16_none" + _suffix(M, N, K), 1),
+        ("gemm_tb", "linalg.matmul", "matmul_nt_f16_none" + _suffix(M, N, K), 1),
+        # A collapsed by IREE, the result expanded before the truncf: the f32-result entry, the cast stays IREE's
+        ("linear3d", "linalg.matmul", "matmul_nt_f16_f32_none" + _suffix(BATCH * M, N, K), 0),
+        ("bcast", "linalg.matmul", "matmul_nn_f16_f32_none" + _suffix(BATCH * M, N, K), 0),  # B broadcast: A collapsed
+        ("batch1", "linalg.batch_matmul", "matmul_nn_f16_none" + _suffix(M, N, K), 2),  # with the collapse and the truncf
+        ("bmm", "linalg.batch_matmul", "bmm_nn_f16_none" + _suffix(M, N, K, "f16", BATCH), 1),
+        ("bmm4d", "linalg.batch_matmul", "bmm_nn_f16_none" + _suffix(M, N, K, "f16", BATCH), 1),  # [2,3,...] folded to 6
+        ("qkt", "linalg.batch_matmul", "bmm_nt_f16_none" + _suffix(M, N, K, "f16", BATCH), 1),  # K read through its transpose
+    ],
+)
+def test_each_f16_form_gets_its_entry(tmp_path, form, op, kernel, marked):
+    """IREE gives an f16 MatMul as f16 x f16 -> f32 and a truncf after it: where the truncf
+    follows it, the f16-result entry replaces both (its "none" epilogue rounds the f32 sum once
+    to f16, as the truncf does; `marked` counts the ops after the matmul it replaces)."""
+    d = _decision(tmp_path, form)
+    assert d.kernel is not None and d.kernel.name == kernel, d.reasons
+    assert d.op.kind == op and d.call.marked == marked
+    chain = (0,) * marked  # the operands are read back from the last op replaced
+    if form == "batch1":  # the 2-D kernel, through reshapes that drop the unit batch dim
+        assert d.call.variant == "_batch1"
+        assert all(a == Operand(chain + (i,), DROP_BATCH) for i, a in enumerate(d.call.operands))
+    if form == "qkt":  # K [2,3,n,k] itself (the transpose's input), collapsed to [6,n,k] for bmm_nt's w
+        assert d.call.operands == (Operand(chain + (0,)), Operand(chain + (1, 0, 0), Reshape(((0, 1), (2,), (3,)))))
+        assert d.to_json()["b_through_transpose"] == [1, 0, 0]
+
+
+@needs_iree_compile
+@pytest.mark.parametrize(
+    "form, kernel, tf32_kernel",
+    [
+        ("plain", "matmul_nn_f32_none", "matmul_nn_f32_tf32_none"),
+        ("gemm_tb", "matmul_nt_f32_none", "matmul_nt_f32_tf32_none"),
+        ("batch1", "matmul_nn_f32_none", "matmul_nn_f32_tf32_none"),
+    ],
+)
+def test_f32_forms_get_3xtf32_and_tf32_only_when_asked(tmp_path, form, kernel, tf32_kernel):
+    d = _decision(tmp_path, form, "f32")
+    assert d.kernel.name == kernel and d.to_json()["arithmetic"] == "3xtf32"
+    d = _decision(tmp_path, form, "f32", tf32=True)
+    assert d.kernel.name == tf32_kernel and d.to_json()["arithmetic"] == "tf32"
+
+
+@needs_iree_compile
+def test_an_f32_batch_matmul_is_kept_with_the_reasons(tmp_path):
+    """The library has no batched f32 kernel: the 2-D ones take batch 1 only, the bmm ones f16/bf16."""
+    d = _decision(tmp_path, "bmm", "f32")
+    assert d.kernel is None
+    assert any(r.startswith("matmul_nn_f32_none, ") and r.endswith(f"batch: the op's batch is {BATCH}; the kernel is 2-D (it takes batch 1 only)")
+               for r in d.reasons), d.reasons
+    assert any("bmm_nn_f16_f32_none" in r and "element type: the op's input 0 is 6x128x256xf32" in r for r in d.reasons), d.reasons
+
+
+LINEAR_TORCH = REPO / "tests" / "data" / "matmul_forms" / "linear_torch.mlir"
+
+
+@needs_iree_compile
+def test_nn_linear_as_torch_mlir_writes_it(tmp_path):
+    """torch.aten.linear: 3-D f16 -> the nt entry on A collapsed; f32 at batch 1 -> a
+    batch_matmul whose B is W [384,1,256] transposed to [1,256,384], read as W [384,256] by the
+    2-D nt entry (the transpose is not run)."""
+    linear, batch1 = decide(ops_at_matching_stage(LINEAR_TORCH, tmp_path), library_matmul_kernels())
+    assert linear.kernel.name == "matmul_nt_f16_f32_none" + _suffix(128, N, K)  # expanded before its truncf: the cast stays IREE's
+    assert batch1.op.kind == "linalg.batch_matmul" and batch1.kernel.name == "matmul_nt_f32_none"
+    assert batch1.call.operands == (Operand((0,), DROP_BATCH), Operand((1, 0), Reshape(((0,), (1, 2)))))
+    assert batch1.op.inputs[1].shape == (N, 1, K) and batch1.call.variant == "_batch1"
+
+
+# ------------------------------------------------------------------ whole builds (CPU side)
+
+# form, dtype, tf32 -> the kit kernel in the .vmfb (default sizes)
+BUILDS = {
+    "nt": ("wt", "f16", False, "matmul_nt_f16_none" + _suffix(M, N, K)),
+    "batch1": ("batch1", "f16", False, "matmul_nn_f16_none" + _suffix(M, N, K)),
+    "bmm": ("bmm", "f16", False, "bmm_nn_f16_none" + _suffix(M, N, K, "f16", BATCH)),
+    "qkt": ("qkt", "f16", False, "bmm_nt_f16_none" + _suffix(M, N, K, "f16", BATCH)),
+    "f32": ("gemm_tb", "f32", False, "matmul_nt_f32_none"),
+    "tf32": ("gemm_tb", "f32", True, "matmul_nt_f32_tf32_none"),
+}
+
+
+@needs_iree_compile
+def test_build_model_of_torch_linear_runs_no_iree_matmul_or_transpose(tmp_path):
+    built = build_model(None, LINEAR_TORCH, BuildOptions.create("sm_90"), tmp_path / "out")
+    kernels = sorted(d.kernel.name for d in built.decisions if d.kernel is not None)
+    assert kernels == sorted(["matmul_nt_f16_f32_none" + _suffix(128, N, K), "matmul_nt_f32_none"])
+    left = {kind: iree_dispatches(built.vmfb, kind) for kind in ("matmul", "batch_matmul", "transpose")}
+    assert not any(left.values()), left
+
+
+def _build(tmp_path, case, *, with_baseline=False):
+    form, dtype, tf32, _ = BUILDS[case]
+    model = tmp_path / f"{case}.onnx"
+    make_matmul_form(model, form, "--dtype", dtype)
+    return build_model(None, model, BuildOptions.create("sm_90"), tmp_path / "out", tf32=tf32, with_baseline=with_baseline)
+
+
+@needs_iree_compile
+@pytest.mark.parametrize("case", sorted(BUILDS))
+def test_build_model_replaces_each_form(tmp_path, case):
+    """`build --model` with the library, real iree-compile: the kit's entry is in the .vmfb
+    and IREE's own matmul dispatch is gone (Q K^T: the transpose too); the report names the
+    arithmetic of f32 ones."""
+    *_, kernel = BUILDS[case]
+    built = _build(tmp_path, case)
+    [replaced] = [d for d in built.decisions if d.op.kind in ("linalg.matmul", "linalg.batch_matmul")]
+    assert replaced.kernel.name == kernel
+    text = built.vmfb.read_bytes().decode("latin-1")
+    assert kernel in text and not iree_dispatches(built.vmfb, "matmul") | iree_dispatches(built.vmfb, "batch_matmul")
+    report = built.report.read_text()
+    if case == "qkt":  # the kernel reads K as it is: IREE's transpose dispatch died with the op
+        assert not iree_dispatches(built.vmfb, "transpose")
+    assert ('"arithmetic": "tf32"' in report) == (case == "tf32") and ('"arithmetic": "3xtf32"' in report) == (case == "f32")
+
+
+# ------------------------------------------------------------------ on the GPU, against IREE alone
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(BUILDS))
+def test_each_form_agrees_with_iree_alone_on_gpu(tmp_path, prebuilt_dir, case):
+    """The built model against its baseline (compare): f16 within f16's tolerance, f32 in
+    3xTF32 within f32's scale, TF32 within its own (prebuilt as `matmul_CASE_model` where the
+    GPU machine has no iree-compile: tools/prebuild.py)."""
+    built = prebuilt_dir / f"matmul_{case}_model" if prebuilt_dir else None
+    if built is None or not built.is_dir():
+        if not HAVE_IREE_COMPILE:
+            pytest.skip("iree-compile is not installed and the model was not prebuilt")
+        built = _build(tmp_path, case, with_baseline=True).out_dir
+    result = compare_model(built)
+    assert result.agree, (result.tolerance, result.worst)
+    assert result.kernel_names == (BUILDS[case][3],)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
+def test_torch_linear_agrees_with_iree_alone_on_gpu(tmp_path):
+    """Both functions of linear_torch.mlir (the f16 nt matmul; the f32 batch-1 one reading W flat)."""
+    built = build_model(None, LINEAR_TORCH, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=True).out_dir
+    for function in ("linear_f16", "linear_f32_batch1"):
+        result = compare_model(built, function=function)
+        assert result.agree, (function, result.tolerance, result.worst)
