@@ -169,12 +169,11 @@ def replaces(e):
     matches them): every f16/bf16 entry, with its epilogue (epilogue.py recognises it in a model:
     the matmul is replaced together with the elementwise ops that compute it, the cast to an
     f16/bf16 result included) and, per config, the shapes choose_config gives it; the f32 "none"
-    entries, 3xTF32 by default, TF32 on request (their arithmetic)."""
+    entries with their epilogues too, 3xTF32 by default, TF32 on request (their arithmetic)."""
     if e["ti"] == "f32":
-        if e["epi"] != "none":
-            return []
+        keys = [key for key in (epilogue_key(e), f'arithmetic = "{e["prec"]}"') if key]
         return ['replaces = ["linalg.matmul", "linalg.batch_matmul"]  # batch_matmul: batch 1',
-                f'replace_when = {{ arithmetic = "{e["prec"]}" }}']
+                f"replace_when = {{ {', '.join(keys)} }}"]
     bmm = e["kind"] == "bmm"
     ops = '["linalg.batch_matmul"]' if bmm else '["linalg.matmul", "linalg.batch_matmul"]  # batch_matmul: batch 1'
     when = config_conditions(bmm)[e["cfg"]]

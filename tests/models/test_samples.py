@@ -98,14 +98,14 @@ def test_batch_folded_into_rows_is_still_a_matmul(tmp_path):
 @needs_iree_compile
 def test_onnx_bias_gelu_sample_takes_the_library_bias_gelu(tmp_path):
     """ONNX's decomposed GELU and the bias Add become one generic after IREE's elementwise
-    fusion, which matches the library's pattern; the fused op is gone from the module."""
+    fusion, which matches the elementwise project's pattern; the fused op is gone from the
+    module. With the whole library, the f32 matmul's epilogue kernel takes the generic with it."""
     model = tmp_path / "model.onnx"
     make_sample_model("onnx_bias_gelu", model, "--rows", 64, "--features", 64, "--hidden", 256)
-    rc, out, err = cli_build(ELEMENTWISE, model, tmp_path / "out", "--with-baseline")
+    rc, out, err = cli_build(ELEMENTWISE, model, tmp_path / "out", "--with-baseline", "--no-library")
     assert rc == 0, err
     data = json.loads(out)
-    matmul, replaced = data["replaced"]  # the f32 MatMul by the library's 3xTF32 entry, then bias + GELU
-    assert matmul["kernel"] == "matmul_nn_f32_none"
+    [replaced] = data["replaced"]
     assert replaced["op"] == "linalg.generic" and replaced["kernel"] == "bias_gelu"
     assert replaced["inputs"] == [{"dtype": "f32", "shape": [64, 256]}, {"dtype": "f32", "shape": [256]}]
     record = json.loads((tmp_path / "out" / "model.model.json").read_text())
@@ -113,10 +113,16 @@ def test_onnx_bias_gelu_sample_takes_the_library_bias_gelu(tmp_path):
     assert 'match attributes{kitdispatch.replace = "kitdispatch_bias_gelu"}' in (tmp_path / "out" / "model.spec.mlir").read_text()
     vmfb, baseline = tmp_path / "out" / "model.vmfb", tmp_path / "out" / "model.baseline.vmfb"
     assert "bias_gelu" in dump_module(vmfb) and "bias_gelu" not in dump_module(baseline)
-    # IREE fuses the bias and GELU into its matmul's one dispatch; the replaced module runs the
-    # library's matmul, then the kernel (the build itself checked that the marked op is gone).
+    # IREE fuses the bias and GELU into its matmul's one dispatch; the replaced module runs IREE's
+    # matmul, then the kernel (the build itself checked that the marked op is gone).
     dispatch_calls = lambda v: dump_module(v).count("vm.call.variadic @hal.command_buffer.dispatch")  # noqa: E731
     assert (dispatch_calls(baseline), dispatch_calls(vmfb)) == (1, 2)
+    # The whole library: the matmul with its bias + GELU in one kit kernel, one dispatch as IREE's.
+    rc, out, err = cli_build(ELEMENTWISE, model, tmp_path / "all", "--with-baseline")
+    assert rc == 0, err
+    [whole] = json.loads(out)["replaced"]
+    assert whole["kernel"] == "matmul_nn_f32_bias_gelu_tanh" and whole["epilogue_replaced"]["ops_after"] == 1
+    assert dispatch_calls(tmp_path / "all" / "model.vmfb") == 1
 
 
 @needs_iree_compile
@@ -168,12 +174,17 @@ def test_llama_layer_with_elementwise_kernels_reports_instead_of_crashing(tmp_pa
 
 @needs_iree_compile
 def test_llama_layer_matmuls_take_the_library_matmul(tmp_path):
-    """The same f16 layer with kernels/matmul: its three projections are replaced."""
+    """The same f16 layer with kernels/matmul: the down projection is replaced with its residual
+    add; gate and up are kept, because SwiGLU's silu(gate) * up, which IREE fuses into their
+    dispatch, has no kernel and would run as a dispatch of its own."""
     model = tmp_path / "layer.onnx"
     make_llama_layer(model, "--f16")
     rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out")
     assert rc == 0, err
-    replaced = json.loads(out)["replaced"]
-    kernels = [r["kernel"] for r in replaced]  # with their epilogues (the residual add, the f16 rounding)
-    assert len(kernels) == 3 and all(k.startswith("matmul_nn_f16_") and k.endswith("_t128x128") for k in kernels), kernels
+    report = json.loads(out)
+    kernels = [r["kernel"] for r in report["replaced"]]  # with its epilogue (the residual add, the f16 rounding)
+    assert kernels == ["matmul_nn_f16_residual_t128x128"], kernels
+    kept = [k for k in report["not_replaced"] if k["op"] == "linalg.matmul"]
+    assert len(kept) == 2 and all("would run as a dispatch of their own (truncf, negf, exp" in " ".join(k["reasons"])
+                                  or "would run as a dispatch of their own (negf, exp" in " ".join(k["reasons"]) for k in kept)
     assert all(k in dump_module(tmp_path / "out" / "layer.vmfb") for k in kernels)

@@ -619,6 +619,22 @@ def chosen(op: OpFacts, layout: Layout) -> Epilogue | str:
     return op.detail.chain.choose(ending.name, layout.result.type.dtype)
 
 
+def left_unfused(op: OpFacts, form: Epilogue) -> str | None:
+    """Why replacing the matmul with `form` would cost a dispatch: the elementwise ops after
+    the ones the kernel takes, which IREE fuses into the matmul's dispatch, would run as a
+    dispatch of their own (issue 25: a replaced model never has more IREE dispatches)."""
+    whole = op.detail.chain.forms[-1]
+    if whole.covers <= form.covers:
+        return None
+    left = whole.covers - form.covers
+    return (
+        f"epilogue: the kernel takes the matmul{f' and {form.covers} op(s) after it' if form.covers else ''}; the "
+        f"{left} elementwise op(s) after those, which IREE fuses into the matmul's dispatch, would run as a dispatch "
+        f"of their own ({', '.join(whole.ops[len(form.ops):]) or 'they'}; the longest epilogue found: "
+        f"{op.detail.chain.longest.name} over {op.detail.chain.longest.covers} op(s))"
+    )
+
+
 def covered(op: OpFacts, layout: Layout) -> OpFacts:
     """The op as the kernel replaces it with its epilogue: the epilogue's inputs after A and B,
     the last covered op's result (sizes are checked on these)."""

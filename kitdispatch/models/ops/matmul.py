@@ -137,7 +137,9 @@ class Matmul(OpKind):
             return "B is a weight [n,k] transposed with its unit batch dim moved; a 2-D kernel reads it, a batched one does not"
         form = epilogue.chosen(op, layout)
         same_inputs = all(t.dtype == b.type.dtype for t, b in zip(op.inputs, layout.inputs))  # else: the types' reason
-        return form if isinstance(form, str) and same_inputs else None
+        if isinstance(form, str):
+            return form if same_inputs else None
+        return epilogue.left_unfused(op, form)
 
     def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
         """As for any op, B as the op reads it where it comes through a transpose; a batch-1 op
