@@ -185,7 +185,11 @@ class DeviceArray(_iree_device_array()):
         try:
             return self.device.hal.create_dlpack_capsule(self._buffer_view, *self.__dlpack_device__())
         except (RuntimeError, ValueError) as exc:
-            raise BufferError(f"IREE cannot export this buffer through DLPack: {exc}") from None
+            raise BufferError(
+                f"IREE cannot export this buffer through DLPack: {exc}. A model function's results are IREE's own "
+                "allocations, which its CUDA allocator does not export: pass out= (a torch or CuPy tensor, or "
+                "device.empty(...)) to get the result in memory another library can read"
+            ) from None
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (KDL_CUDA, self.device.ordinal) if self.device.is_cuda else (KDL_CPU, 0)

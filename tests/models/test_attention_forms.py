@@ -195,15 +195,20 @@ def test_attention_forms_build_to_one_kernel_dispatch(tmp_path, kind, args, kern
 @needs_iree_compile
 def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
     """Q, K, V projected in the model (as a BERT layer writes them): K exists only transposed,
-    so the attention is kept with the reason, and its [b, h, s, s] softmax runs as b*h*s rows
-    of the library's row softmax."""
-    model = make_model(tmp_path, "onnx", "attn.onnx", "--f16", "--form", "layer")
+    so the attention is kept with the reason, and its f32 [b, h, s, s] softmax runs as b*h*s
+    rows of the library's row softmax. In f16 the softmax's rounding to f16, which IREE fuses
+    into the softmax's dispatch, would run alone: that softmax is kept, saying so."""
+    model = make_model(tmp_path, "onnx", "attn.onnx", "--form", "layer")
     result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
     by_kind = {d.op.kind: d for d in result.decisions if d.op.kind in ("linalg.softmax", "iree_linalg_ext.attention")}
     assert by_kind["linalg.softmax"].kernel.name == "row_softmax" and by_kind["linalg.softmax"].call.variant == "_rows"
     assert by_kind["iree_linalg_ext.attention"].kernel is None
     assert "row_softmax" in dump_module(result.vmfb)
     assert iree_dispatches(result.baseline_vmfb, "softmax") and not iree_dispatches(result.vmfb, "softmax")
+    f16 = make_model(tmp_path, "onnx", "attn16.onnx", "--f16", "--form", "layer")
+    result = build_model(None, f16, BuildOptions.create(ARCHS), tmp_path / "out16")
+    [softmax] = [d for d in result.decisions if d.op.kind == "linalg.softmax"]
+    assert softmax.kernel is None and any("is fused by IREE into the softmax's dispatch" in r for r in softmax.reasons), softmax.reasons
 
 
 # ----------------------------------------------------------------- GPU: against IREE alone

@@ -392,3 +392,19 @@ def destination_facts(op: ir.Operation, detail: KindFacts) -> OpFacts:
     """The facts of a destination-style op (`ins`, then one `outs` per result) with its kind's own."""
     inputs, init, result = split_operands(op)
     return OpFacts(op.name, function_of(op), location(op), inputs, init, result, detail)
+
+
+def fused_consumer(value: ir.Value) -> str | None:
+    """The op that reads `value` where it is its only reader and IREE's dispatch formation
+    would fuse it into the producer's dispatch: a linalg.generic of parallel loops only (an
+    elementwise op, a transpose or broadcast with a bias add); its body's ops, in words."""
+    from iree.compiler import ir
+
+    owners = {id(u.owner.operation): u.owner.operation for u in value.uses}
+    if len(owners) != 1:
+        return None
+    owner = next(iter(owners.values()))
+    if owner.name != "linalg.generic" or not all("parallel" in str(a) for a in ir.ArrayAttr(owner.attributes["iterator_types"])):
+        return None
+    body = [o.operation.name.split(".")[-1] for o in owner.regions[0].blocks[0].operations if o.operation.name != "linalg.yield"]
+    return f"linalg.generic {{{', '.join(body)}}}"

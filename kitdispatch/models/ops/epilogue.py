@@ -41,7 +41,7 @@ import struct
 from dataclasses import dataclass
 
 from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
-from kitdispatch.models.ops.base import Call, Constant, Layout, OpFacts, Operand, TensorFacts, expect, map_dims, op_name, tensor_facts
+from kitdispatch.models.ops.base import Call, Constant, Layout, OpFacts, Operand, TensorFacts, expect, fused_consumer, map_dims, op_name, tensor_facts
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -98,6 +98,7 @@ class EpilogueChain:
 
     forms: tuple[Epilogue, ...]
     stop: str  # why the chain ends where it does
+    fused_next: str | None = None  # the op the chain stops at where IREE fuses it too (a transposing generic)
 
     @property
     def longest(self) -> Epilogue:
@@ -157,7 +158,7 @@ def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
         shape = tensor_facts(value.type).shape
         if user[0].name == GENERIC:  # a collapse alone is no way of replacing the matmul
             forms.append(_recognise(chain))
-    return EpilogueChain(tuple(forms), stop)
+    return EpilogueChain(tuple(forms), stop, fused_consumer(value))
 
 
 def _elementwise_user(value: ir.Value, shape: tuple) -> tuple[tuple[ir.Operation, int] | None, str]:
@@ -625,6 +626,12 @@ def left_unfused(op: OpFacts, form: Epilogue) -> str | None:
     dispatch of their own (issue 25: a replaced model never has more IREE dispatches)."""
     whole = op.detail.chain.forms[-1]
     if whole.covers <= form.covers:
+        if whole.covers == form.covers and op.detail.chain.fused_next:
+            return (
+                f"epilogue: the op after the ones the kernel takes, {op.detail.chain.fused_next} (not elementwise on the "
+                "matmul's result: a transpose or broadcast), is fused by IREE into the matmul's dispatch and would run "
+                "as a dispatch of its own"
+            )
         return None
     left = whole.covers - form.covers
     return (

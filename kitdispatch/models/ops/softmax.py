@@ -16,7 +16,7 @@ import numpy as np
 
 from kitdispatch.describe.kernel import Kernel
 from kitdispatch.models.ops.base import (
-    Call, Layout, OpFacts, OpKind, Operand, Reshape, TensorFacts, destination_facts, expect, kernel_buffers, plain_call,
+    Call, Layout, OpFacts, OpKind, Operand, Reshape, TensorFacts, destination_facts, expect, fused_consumer, kernel_buffers, plain_call,
 )
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded wher
 @dataclass(frozen=True)
 class SoftmaxFacts:
     dimension: int  # the dimension the op normalizes
+    fused_next: str | None = None  # its one reader where IREE fuses it into the softmax's dispatch (base.fused_consumer)
 
     summary = None
 
@@ -39,7 +40,7 @@ class Softmax(OpKind):
     def facts(self, op: ir.Operation) -> OpFacts:
         from iree.compiler import ir
 
-        return destination_facts(op, SoftmaxFacts(ir.IntegerAttr(op.attributes["dimension"]).value))
+        return destination_facts(op, SoftmaxFacts(ir.IntegerAttr(op.attributes["dimension"]).value, fused_consumer(op.results[0])))
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         args, result = kernel_buffers(kernel, self.name, where)
@@ -61,6 +62,9 @@ class Softmax(OpKind):
         if op_rank > rank and op.detail.dimension != op_rank - 1:
             return (f"the op normalizes dimension {op.detail.dimension} of its {op_rank}, not the last; the kernel "
                     f"normalizes its last dimension ({rank}-D), and no kernel declares dimension {op.detail.dimension} of {op_rank}-D ops")
+        if op.detail.fused_next:
+            return (f"its one reader, {op.detail.fused_next}, is fused by IREE into the softmax's dispatch and would run "
+                    "as a dispatch of its own (a softmax kernel does not compute it)")
         return None
 
     def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
