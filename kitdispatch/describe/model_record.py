@@ -32,7 +32,9 @@ _REBUILD = "build it again"
 
 @dataclass(frozen=True)
 class ModelTensor:
-    """A tensor of a model function's ABI: MLIR's element type name and sizes (None: dynamic)."""
+    """A ranked tensor of a model: MLIR's element type name and sizes (None: dynamic). A model
+    function's ABI tensors in the record; models/ops reads an op's tensors as the same record
+    (its TensorFacts)."""
 
     dtype: str
     shape: tuple[int | None, ...]

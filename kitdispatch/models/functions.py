@@ -52,9 +52,9 @@ def _abi_tensors(func: ir.Operation) -> tuple[dict[int, ModelTensor], list[Model
 
     def visit(inner: ir.Operation):
         if inner.name == "hal.tensor.import" and isinstance(inner.operands[0], ir.BlockArgument):
-            inputs[ir.BlockArgument(inner.operands[0]).arg_number] = _tensor(inner.results[0].type)
+            inputs[ir.BlockArgument(inner.operands[0]).arg_number] = tensor_facts(inner.results[0].type)
         elif inner.name == "hal.tensor.export":
-            outputs.append(_tensor(inner.operands[0].type))
+            outputs.append(tensor_facts(inner.operands[0].type))
         return ir.WalkResult.ADVANCE
 
     func.walk(visit)
@@ -155,11 +155,6 @@ def _static_shape(t: ir.Type) -> tuple[int | None, ...] | None:
         return tensor_facts(t).shape
     except (ValueError, TypeError):
         return None
-
-
-def _tensor(t: ir.Type) -> ModelTensor:
-    facts = tensor_facts(t)
-    return ModelTensor(facts.dtype, facts.shape)
 
 
 __all__ = ["gather_bounds", "inputs_of", "model_functions"]

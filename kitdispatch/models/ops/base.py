@@ -14,25 +14,16 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol, TYPE_CHECKING
 
 from kitdispatch.describe.kernel import Buffer, Kernel, value_out_of_range
+from kitdispatch.describe.model_record import ModelTensor
 from kitdispatch.errors import ManifestError
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
 
 
-@dataclass(frozen=True)
-class TensorFacts:
-    """A ranked tensor type: MLIR's element type name and sizes (None: dynamic)."""
-
-    dtype: str
-    shape: tuple[int | None, ...]
-
-    @property
-    def text(self) -> str:
-        return "x".join(["?" if d is None else str(d) for d in self.shape] + [self.dtype])
-
-    def to_json(self) -> dict:
-        return {"dtype": self.dtype, "shape": list(self.shape)}
+# A ranked tensor type (MLIR's element type name, sizes with None for dynamic): the model
+# record's class, which the run side reads too; an op's tensors are the same record.
+TensorFacts = ModelTensor
 
 
 class KindFacts(Protocol):
