@@ -83,6 +83,11 @@ def build(onnx_dir: Path, out: Path, archs: str) -> None:
         if not NAME_RE.match(name):
             continue
         mlir, irpa = out / f"{name}.mlir", out / f"{name}.irpa"
+        mine = [mlir, irpa, out / f"{name}.params.npz", out / f"{name}.build.log", out / name]
+        taken = [str(path) for path in mine if path.exists() or path.is_symlink()]
+        if taken:  # never overwrite or delete what this script did not write in this run
+            print(f"{name}: skipped, {', '.join(taken)} already there (remove it or choose another BUILD_DIR)", flush=True)
+            continue
         subprocess.run([str(tools / "iree-import-onnx"), str(onnx), "--externalize-params", "--save-params-to", str(irpa), "-o", str(mlir)],
                        check=True, timeout=900)
         describe_parameters(mlir, irpa, out / f"{name}.params.npz")
