@@ -147,6 +147,30 @@ def test_attention_shapes(tensor_core_builds, dtype, causal, shape):
     assert _rel_err(got, _attention_reference(q, k, v, causal)) <= RESULT_TOL[dtype]
 
 
+# (b, h, s, d): s = 197 (ViT) leaves K^T's rows unaligned, which the _kt entries read element-wise.
+LAYOUT_SHAPES = [(1, 12, 128, 64), (2, 3, 197, 64), (2, 2, 300, 128), (1, 1, 1, 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant", ["bshd", "kt"])
+@pytest.mark.parametrize("shape", LAYOUT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_attention_layout_variants(tensor_core_builds, dtype, causal, variant, shape):
+    """_bshd: Q, K, V, O [b, s, h, d]; _kt: Q, V [b, h, s, d], K^T [b, h, d, s], O [b, s, h, d]."""
+    rng = np.random.default_rng(sum(shape))
+    q, k, v = (rng.standard_normal(shape).astype(_numpy_dtype(dtype)) for _ in range(3))  # [b, h, s, d]
+    function = f"attention{'_causal' if causal else ''}_{variant}_{dtype}"
+    expected = np.swapaxes(_attention_reference(q, k, v, causal), 1, 2)  # [b, s, h, d]
+    if variant == "bshd":
+        args = [np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k, v)]
+    else:
+        args = [q, np.ascontiguousarray(np.swapaxes(k, -1, -2)), v]
+    got = _module(tensor_core_builds, "attention").call(function, *args)
+    assert got.shape == expected.shape
+    assert _rel_err(got, expected) <= RESULT_TOL[dtype]
+
+
 @pytest.mark.gpu
 def test_attention_refuses_other_head_dims_loudly(tensor_core_builds):
     q = np.ones((1, 1, 10, 96), np.float16)

@@ -30,6 +30,11 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// Where a tensor's head lies in memory: [b, h, s, d] (rows of one head contiguous), [b, s, h, d]
+// (a projection's output before the transpose to heads: rows h * d apart), or, for K only,
+// [b, h, d, s] (K^T, as a transposing projection leaves it).
+enum Order { BHSD, BSHD, BHDS };
+
 struct Problem {
   const half_bits* q;
   const half_bits* k;
@@ -38,16 +43,30 @@ struct Problem {
   int s;          // sequence length (queries and keys)
   int q0;         // first query row of this block
   float scale2;   // softmax scale times log2(e): exp(x * scale) = exp2(x * scale2)
+  long long q_row, k_row, v_row, o_row;  // elements between rows (between keys of K^T's d rows)
 };
+
+// This block's head of a tensor of layout L: its first element and the distance between rows.
+template <Order L>
+__device__ __forceinline__ long long head_offset(int h, int s, int d) {
+  const long long head = (long long)blockIdx.z * h + blockIdx.y;
+  return L == BSHD ? ((long long)blockIdx.z * s * h + blockIdx.y) * d : head * s * d;
+}
+
+template <Order L>
+__device__ __forceinline__ long long row_stride(int h, int s, int d) {
+  return L == BSHD ? (long long)h * d : L == BHDS ? s : d;
+}
 
 // The block's query rows: blocks start in reverse order, so the causal variant's longest rows
 // (the last ones) go first and the short ones fill in at the end.
+template <Order QL, Order KL, Order VL, Order OL>
 __device__ __forceinline__ Problem block_problem(const half_bits* q, const half_bits* k, const half_bits* v,
                                                  half_bits* o, int h, int s, int d) {
-  const long long head = (long long)blockIdx.z * h + blockIdx.y;
-  const long long off = head * s * d;
   const int q_block = gridDim.x - 1 - blockIdx.x;
-  return Problem{q + off, k + off, v + off, o + off, s, q_block * BM, rsqrtf(float(d)) * kLog2e};
+  return Problem{q + head_offset<QL>(h, s, d), k + head_offset<KL>(h, s, d), v + head_offset<VL>(h, s, d),
+                 o + head_offset<OL>(h, s, d), s, q_block * BM, rsqrtf(float(d)) * kLog2e,
+                 row_stride<QL>(h, s, d), row_stride<KL>(h, s, d), row_stride<VL>(h, s, d), row_stride<OL>(h, s, d)};
 }
 
 // The max of a row over its quad of lanes (each holds a quarter of the row's columns).
@@ -75,9 +94,9 @@ __device__ __forceinline__ void write_rows(const Problem& p, int row_a, float l_
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
     if (row_a < p.s)
-      *reinterpret_cast<unsigned*>(p.o + (long long)row_a * D + j * 8 + col) = kit::pack2<E>(o(j, 0) * inv_a, o(j, 1) * inv_a);
+      *reinterpret_cast<unsigned*>(p.o + row_a * p.o_row + j * 8 + col) = kit::pack2<E>(o(j, 0) * inv_a, o(j, 1) * inv_a);
     if (row_b < p.s)
-      *reinterpret_cast<unsigned*>(p.o + (long long)row_b * D + j * 8 + col) = kit::pack2<E>(o(j, 2) * inv_b, o(j, 3) * inv_b);
+      *reinterpret_cast<unsigned*>(p.o + row_b * p.o_row + j * 8 + col) = kit::pack2<E>(o(j, 2) * inv_b, o(j, 3) * inv_b);
   }
 }
 
@@ -97,27 +116,49 @@ struct Smem {
   __device__ static int at(int row, int chunk) { return row * kRow + ((chunk ^ (row & 7)) << 3); }
 };
 
-// rows [r0, r0 + rows) of a [s, D] matrix -> shared at `dst`, zeros past row s; all threads.
+// rows [r0, r0 + rows) of an [s, D] matrix whose rows are `stride` elements apart -> shared at
+// `dst`, zeros past row s; all threads.
 template <int D>
-__device__ __forceinline__ void load_rows(half_bits* dst, const half_bits* src, int r0, int rows, int s) {
+__device__ __forceinline__ void load_rows(half_bits* dst, const half_bits* src, int r0, int rows, int s, long long stride) {
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     const bool ok = r0 + r < s;
-    kit::cp_async16(dst + Smem<D>::at(r, c), ok ? src + (long long)(r0 + r) * D + c * 8 : src, ok);
+    kit::cp_async16(dst + Smem<D>::at(r, c), ok ? src + (r0 + r) * stride + c * 8 : src, ok);
   }
 }
 
-template <class E, int D, bool kCausal>
+// Keys [r0, r0 + rows) of K^T ([D, s], rows `stride` apart) -> shared at `dst` as K's rows,
+// zeros past key s; all threads. Element loads, consecutive threads on consecutive keys: a
+// K^T row need not be 16-byte aligned (s = 197).
+template <int D>
+__device__ __forceinline__ void load_transposed(half_bits* dst, const half_bits* src, int r0, int rows, int s, long long stride) {
+  for (int i = threadIdx.x; i < rows * D; i += kThreads) {
+    const int r = i % rows, e = i / rows;
+    const half_bits x = r0 + r < s ? src[e * stride + r0 + r] : half_bits(0);
+    dst[Smem<D>::at(r, e / 8) + e % 8] = x;
+  }
+}
+
+template <int D, Order KL>
+__device__ __forceinline__ void load_keys(half_bits* dst, const Problem& p, int r0) {
+  if constexpr (KL == BHDS) {
+    load_transposed<D>(dst, p.k, r0, BN, p.s, p.k_row);
+  } else {
+    load_rows<D>(dst, p.k, r0, BN, p.s, p.k_row);
+  }
+}
+
+template <class E, int D, bool kCausal, Order KL>
 __device__ void block(const Problem& p, half_bits* smem) {
   using L = Smem<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int last_key = kCausal ? min(p.s, p.q0 + BM) : p.s;  // keys past it are masked for every row
   const int ntiles = (last_key + BN - 1) / BN;
 
-  load_rows<D>(smem + L::kQ, p.q, p.q0, BM, p.s);
-  load_rows<D>(smem + L::kK, p.k, 0, BN, p.s);
-  load_rows<D>(smem + L::kV, p.v, 0, BN, p.s);
+  load_rows<D>(smem + L::kQ, p.q, p.q0, BM, p.s, p.q_row);
+  load_keys<D, KL>(smem + L::kK, p, 0);
+  load_rows<D>(smem + L::kV, p.v, 0, BN, p.s, p.v_row);
   kit::cp_async_commit();
 
   const bool computes = warp < kComputeWarps;
@@ -131,8 +172,8 @@ __device__ void block(const Problem& p, half_bits* smem) {
     __syncthreads();  // tile t is in; everyone is done with tile t - 1's buffers
     if (t + 1 < ntiles) {
       const int nb = (t + 1) % 2;
-      load_rows<D>(smem + L::kK + nb * BN * D, p.k, (t + 1) * BN, BN, p.s);
-      load_rows<D>(smem + L::kV + nb * BN * D, p.v, (t + 1) * BN, BN, p.s);
+      load_keys<D, KL>(smem + L::kK + nb * BN * D, p, (t + 1) * BN);
+      load_rows<D>(smem + L::kV + nb * BN * D, p.v, (t + 1) * BN, BN, p.s, p.v_row);
     }
     kit::cp_async_commit();
     if (!computes) continue;
@@ -400,21 +441,24 @@ __device__ void block(const Problem& p, Args a, unsigned stat, char* dyn_smem) {
 __device__ void fill_nan(const Problem& p, int d) {
   for (int i = threadIdx.x; i < BM * d; i += kThreads) {
     const int r = p.q0 + i / d;
-    if (r < p.s) p.o[(long long)r * d + i % d] = 0x7fff;  // a NaN in f16 and in bf16
+    if (r < p.s) p.o[r * p.o_row + i % d] = 0x7fff;  // a NaN in f16 and in bf16
   }
 }
 
-template <class E, bool kCausal>
+// The layouts other than [b, h, s, d] everywhere take the mma.sync path on every GPU (the TMA
+// maps of the sm_90a path describe [b * h, s, d] tensors).
+template <class E, bool kCausal, Order QL = BHSD, Order KL = BHSD, Order VL = BHSD, Order OL = BHSD>
 __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k, const half_bits* v, half_bits* o,
                                           int b, int h, int s, int d) {
   extern __shared__ __align__(1024) char dyn_smem[];
-  const Problem p = block_problem(q, k, v, o, h, s, d);
+  const Problem p = block_problem<QL, KL, VL, OL>(q, k, v, o, h, s, d);
   half_bits* smem = reinterpret_cast<half_bits*>(dyn_smem);
   const bool aligned = kit::aligned16(q) && kit::aligned16(k) && kit::aligned16(v) && kit::aligned16(o);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kPlain = QL == BHSD && KL == BHSD && VL == BHSD && OL == BHSD;
   __shared__ __align__(1024) char stat[hopper::kStaticBytes];
   const unsigned stat_addr = kit::smem_addr(stat);
-  if (aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
+  if (kPlain && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
     const hopper::Args a{q, k, v, b * h, int(blockIdx.z) * h + int(blockIdx.y), 0};
     if (d == 128) {
       hopper::block<E, 128, kCausal>(p, a, stat_addr, dyn_smem);
@@ -425,9 +469,9 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
   }
 #endif
   if (aligned && d == 128) {
-    ampere::block<E, 128, kCausal>(p, smem);
+    ampere::block<E, 128, kCausal, KL>(p, smem);
   } else if (aligned && d == 64) {
-    ampere::block<E, 64, kCausal>(p, smem);
+    ampere::block<E, 64, kCausal, KL>(p, smem);
   } else {
     fill_nan(p, d);
   }
@@ -458,3 +502,23 @@ attention_causal_bf16(const half_bits* __restrict__ q, const half_bits* __restri
                       half_bits* __restrict__ o, int b, int h, int s, int d) {
   attention<kit::BF16, true>(q, k, v, o, b, h, s, d);
 }
+
+// Layout variants (mma.sync path): what exporters' projected attention leaves.
+// _bshd: Q, K, V and O [b, s, h, d] (GPT-2's split of one QKV projection, the heads never
+// transposed); _kt: Q and V [b, h, s, d], K^T [b, h, d, s], O [b, s, h, d] (BERT, ViT: the
+// projections' transposes keep their bias adds, the output's transpose goes).
+#define KIT_ATTENTION_VARIANT(NAME, E, CAUSAL, QL, KL, VL, OL)                                                        \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
+  NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
+       half_bits* __restrict__ o, int b, int h, int s, int d) {                                                       \
+    attention<E, CAUSAL, QL, KL, VL, OL>(q, k, v, o, b, h, s, d);                                                    \
+  }
+
+KIT_ATTENTION_VARIANT(attention_bshd_f16, kit::F16, false, BSHD, BSHD, BSHD, BSHD)
+KIT_ATTENTION_VARIANT(attention_causal_bshd_f16, kit::F16, true, BSHD, BSHD, BSHD, BSHD)
+KIT_ATTENTION_VARIANT(attention_kt_f16, kit::F16, false, BHSD, BHDS, BHSD, BSHD)
+KIT_ATTENTION_VARIANT(attention_causal_kt_f16, kit::F16, true, BHSD, BHDS, BHSD, BSHD)
+KIT_ATTENTION_VARIANT(attention_bshd_bf16, kit::BF16, false, BSHD, BSHD, BSHD, BSHD)
+KIT_ATTENTION_VARIANT(attention_causal_bshd_bf16, kit::BF16, true, BSHD, BSHD, BSHD, BSHD)
+KIT_ATTENTION_VARIANT(attention_kt_bf16, kit::BF16, false, BHSD, BHDS, BHSD, BSHD)
+KIT_ATTENTION_VARIANT(attention_causal_kt_bf16, kit::BF16, true, BHSD, BHDS, BHSD, BSHD)

@@ -39,10 +39,13 @@ _SEARCH = 12  # ops walked up from the anchor looking for the softmax
 
 @dataclass(frozen=True)
 class Input:
-    """A tensor the kernel reads: its operand path from the marked op, and its type."""
+    """A tensor the kernel reads: its operand path from the marked op, its type, and the order
+    of its axes as the kernels name them ("bhsd": [b, h, s, d]; "bshd"; "bhds" for K^T; "" where
+    it cannot be told; a tensor without b runs as b = 1)."""
 
     path: tuple[int, ...]
     tensor: TensorFacts
+    order: str = "bhsd"
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,16 @@ class Chain:
     repeated_heads: str | None
     problem: str | None  # why this is not the attention the kernel computes
     ops: tuple = field(default=(), compare=False, repr=False)  # the ir ops that die with the replacement
+    options: tuple[tuple[Input, ...], ...] = ()  # Q, K, V: each readable as these (nearest first, q/k/v among them)
+    o_order: str = "bhsd"  # the marked op's result as the kernel's O
+
+    def read_as(self, orders: tuple[str, ...]) -> tuple[Input, ...] | None:
+        """Q, K and V as a kernel of these orders (Q, K, V, O) reads them; None if one is not there."""
+        if orders[3] != self.o_order:
+            return None
+        chosen = [next((x for x in options if x.order == order), None) for options, order in zip(self.options, orders)]
+        return None if None in chosen else tuple(chosen)
+
 
 
 def _owner(value: ir.Value) -> ir.Operation | None:
@@ -89,13 +102,92 @@ def looks_like_attention(op: ir.Operation) -> bool:
 
 def _is_cast(op: ir.Operation) -> bool:
     """An elementwise generic that only converts its one input (extf / truncf)."""
+    permutation = _cast_permutation(op)
+    return permutation is not None and permutation == tuple(range(len(permutation)))
+
+
+def _cast_permutation(op: ir.Operation) -> tuple[int, ...] | None:
+    """For a generic that only converts its one input (extf / truncf), possibly transposing it
+    (identity output map, a permutation for the input), the input map's dims: dim j of the
+    input is dim permutation[j] of the output. None for anything else."""
     from iree.compiler import ir
 
-    if op.name != "linalg.generic" or len(op.operands) != 2:
-        return False
+    if op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
+        return None
     maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
     body = [o.name for o in op.regions[0].blocks[0].operations]
-    return maps[0] == maps[1] == tuple(range(len(maps[1]))) and body[:-1] in (["arith.truncf"], ["arith.extf"])
+    rank = len(maps[1]) if maps[1] is not None else -1
+    if None in maps or maps[1] != tuple(range(rank)) or sorted(maps[0]) != list(range(rank)):
+        return None
+    return maps[0] if body[:-1] in (["arith.truncf"], ["arith.extf"]) else None
+
+
+# ------------------------------------------------- where Q, K, V and O's axes come from
+
+
+def _roles(value: ir.Value, last: str) -> tuple[str, ...] | None:
+    """A matmul operand's axes as the kernels name them: its batch dim is "B" (b*h, or h where
+    b is 1), its last two `last` ("sd": Q [.., s, d]; "ds": K^T)."""
+    rank = len(tensor_facts(value.type).shape)
+    return ("B",) * (rank - 2) + tuple(last) if rank <= 3 else ("b", "h") + tuple(last) if rank == 4 else None
+
+
+def _order(roles: tuple[str, ...] | None) -> str:
+    """The kernel order of a tensor whose axes have these roles: leading unit axes dropped,
+    "B" as h (b = 1), a missing b or h as a unit dim in front; "" for anything else."""
+    if roles is None:
+        return ""
+    rest = list(roles)
+    while rest and rest[0] == "1":
+        rest.pop(0)
+    if "B" in rest:
+        if "b" in rest or "h" in rest:
+            return ""
+        rest = ["h" if x == "B" else x for x in rest]
+    rest = (["b"] if "b" not in rest else []) + (["h"] if "h" not in rest else []) + rest
+    order = "".join(rest)
+    return order if sorted(order) == sorted("bhsd") and order[0] == "b" else ""
+
+
+def _groups(op: ir.Operation) -> list[list[int]]:
+    from iree.compiler import ir
+
+    return [[ir.IntegerAttr(i).value for i in ir.ArrayAttr(g)] for g in ir.ArrayAttr(op.attributes["reassociation"])]
+
+
+def _reshaped(op: ir.Operation, roles: tuple[str, ...], *, down: bool) -> tuple[str, ...] | None:
+    """The roles of the axes on the other side of a reshape (or barrier): going down, of its
+    result from its source's; going up, of its source from its result's. An axis split in two is
+    "B" into b and h, or one role and unit dims; axes merged are b and h into "B", or one role
+    and unit dims. None where the roles cannot be told."""
+    if op.name not in ("tensor.collapse_shape", "tensor.expand_shape"):
+        return roles
+    source, result = tensor_facts(op.operands[0].type).shape, tensor_facts(op.results[0].type).shape
+    groups = _groups(op)
+    splits = (op.name == "tensor.expand_shape") == down  # the wide side is the one being found
+    wide = result if op.name == "tensor.expand_shape" else source
+    out: list[str] = []
+    if splits:
+        for role, group in zip(roles, groups):
+            sizes = [wide[i] for i in group]
+            if len(group) == 1:
+                out.append(role)
+            elif role == "B" and len(group) == 2 and 1 not in sizes:
+                out += ["b", "h"]
+            elif sizes.count(1) == len(group) - 1:
+                out += [role if size != 1 else "1" for size in sizes]
+            else:
+                return None
+        return tuple(out)
+    for group in groups:
+        parts = [roles[i] for i in group if wide[i] != 1] or ["1"]  # unit axes merge away
+        if tuple(parts) == ("b", "h"):
+            out.append("B")
+        elif len(parts) == 1:
+            out.append(parts[0])
+        else:
+            return None
+    return tuple(out)
 
 
 class _Reader:
@@ -113,6 +205,30 @@ class _Reader:
         if _users(op.results[0]) != 1:
             self.fail(f"{op.name} at {location(op)} in the chain has {_users(op.results[0])} users; each op "
                       "of the chain must feed only the next, as the kernel leaves no intermediate value")
+
+    def through_roles(self, value: ir.Value, path: tuple[int, ...], roles: tuple[str, ...] | None):
+        """`through` reshapes and barriers, following the roles of the value's axes."""
+        while True:
+            owner = _owner(value)
+            if owner is None or owner.name not in _THROUGH:
+                return value, path, roles
+            self.take(owner)
+            roles = None if roles is None else _reshaped(owner, roles, down=False)
+            value, path = owner.operands[0], path + (0,)
+
+    def further(self, near: Input, value: ir.Value, roles: tuple[str, ...] | None) -> tuple[Input, ...]:
+        """`near`, and the tensor before the plain transpose that makes it (a projection's
+        [b, s, h, d] before the heads are transposed out of it), where that transpose has no
+        other user: it then dies with the chain."""
+        owner = _owner(value)
+        permutation = None if owner is None or roles is None or _users(value) != 1 else plain_transpose(owner)
+        if permutation is None:
+            return (near,)
+        self.ops.append(owner)
+        value = owner.operands[0]
+        before = tuple(roles[permutation[j]] for j in range(len(permutation)))
+        value, path, before = self.through_roles(value, near.path + (0,), before)
+        return (near, Input(path, tensor_facts(value.type), _order(before)))
 
     def through(self, value: ir.Value, path: tuple[int, ...], *, casts: bool = False):
         """Up through reshapes and barriers (and casts, where asked): the value and its path."""
@@ -140,39 +256,52 @@ def read_chain(anchor: ir.Operation) -> Chain:
     qk = _owner(scores)
     if qk is None or qk.name not in MATMULS:
         r.fail(f"the scores come from {'a function argument' if qk is None else qk.name}, not from a matmul of Q and K")
-        q = k = Input(s_path, tensor_facts(scores.type))
+        q_options = k_options = (Input(s_path, tensor_facts(scores.type)),)
         k_value, scale, scale_text, mask = None, None, "not read", None
     else:
         r.take(qk)
-        q, k, k_value = _q_and_k(r, qk, s_path)
+        q_options, k_options, k_value = _q_and_k(r, qk, s_path)
         scale, scale_text, mask = _scale_and_mask(r, program)
-    v_value, v_path = r.through(anchor.operands[1], (1,))
-    v = Input(v_path, tensor_facts(v_value.type))
-    down = _down(anchor, len(q.tensor.shape))
+    v_value, v_path, v_roles = r.through_roles(anchor.operands[1], (1,), _roles(anchor.operands[1], "sd"))
+    v_options = r.further(Input(v_path, tensor_facts(v_value.type), _order(v_roles)), v_value, v_roles)
+    down, o_roles = _down(anchor, len(q_options[0].tensor.shape))
     for op in down[:-1]:
         r.take(op)
     marked = len(down) - 1
-    q, k, v = (Input((0,) * marked + x.path, x.tensor) for x in (q, k, v))
-    if len({len(x.tensor.shape) for x in (q, k, v)}) != 1:
-        r.fail(f"Q {q.tensor.text}, K {k.tensor.text} and V {v.tensor.text} reach the chain in different layouts")
+    options = tuple(tuple(Input((0,) * marked + x.path, x.tensor, x.order) for x in xs) for xs in (q_options, k_options, v_options))
+    q, k, v = (xs[0] for xs in options)
     out = tensor_facts(down[-1].results[0].type)
-    return Chain(q, k, v, out, marked, scale, scale_text, mask, repeated_heads(k_value, v_value), r.problem, tuple(r.ops) + (down[-1],))
+    return Chain(q, k, v, out, marked, scale, scale_text, mask, repeated_heads(k_value, v_value), r.problem,
+                 tuple(r.ops) + (down[-1],), options, _order(o_roles))
 
 
-def _down(anchor: ir.Operation, rank: int) -> list:
-    """The anchor and its single users down to the op replaced: the first whose result is the
-    kernel's O (Q's rank, a 16-bit float: the truncation of the f32 accumulator, and where Q is
-    [b, h, s, d], the expand_shape of [b*h, s, d] back to it); the anchor where none is."""
-    ops = [anchor]
-    while True:
-        facts = tensor_facts(ops[-1].results[0].type)
-        if len(facts.shape) == rank and facts.dtype in ("f16", "bf16"):
-            return ops
+def _down(anchor: ir.Operation, rank: int) -> tuple[list, tuple | None]:
+    """The anchor and its single users down to the op replaced, and the roles of that op's
+    result's axes. The op replaced is the first whose result is the kernel's O: Q's rank, a
+    16-bit float (the truncation of the f32 accumulator, and where Q is [b, h, s, d], the
+    expand_shape of [b*h, s, d] back to it); else the first 16-bit result of an order a kernel
+    names (a truncation that also transposes the heads back to [b, s, h, d]); the anchor where
+    neither is."""
+    ops, roles = [anchor], [_roles(anchor.results[0], "sd")]
+    while len(ops) <= _SEARCH:
         users = list(ops[-1].results[0].uses)
         user = users[0].owner.operation if len(users) == 1 else None
-        if user is None or not (user.name in _THROUGH or _is_cast(user)) or len(user.results) != 1:
-            return [anchor]
+        if user is None or len(user.results) != 1 or roles[-1] is None:
+            break
+        if user.name in _THROUGH:
+            after = _reshaped(user, roles[-1], down=True)
+        elif _cast_permutation(user) is not None:
+            permutation = _cast_permutation(user)  # input dim j is output dim permutation[j]
+            after = tuple(roles[-1][permutation.index(i)] for i in range(len(permutation)))
+        else:
+            break
         ops.append(user)
+        roles.append(after)
+    sixteen = [i for i, op in enumerate(ops) if tensor_facts(op.results[0].type).dtype in ("f16", "bf16") and _order(roles[i])]
+    same_rank = [i for i in sixteen if len(tensor_facts(ops[i].results[0].type).shape) == rank
+                 and all(op.name in _THROUGH or _is_cast(op) for op in ops[1:i + 1])]
+    chosen = same_rank[0] if same_rank else sixteen[0] if sixteen else 0
+    return ops[:chosen + 1], roles[chosen]
 
 
 def _int(attr: ir.Attribute) -> int:
@@ -196,33 +325,33 @@ def _plain_matmul(r: _Reader, op: ir.Operation, what: str) -> bool:
     return maps == [lead + (m, k), lead + (k, n), lead + (m, n)]
 
 
-def _q_and_k(r: _Reader, qk: ir.Operation, path: tuple[int, ...]) -> tuple[Input, Input, ir.Value]:
+def _q_and_k(r: _Reader, qk: ir.Operation, path: tuple[int, ...]) -> tuple[tuple[Input, ...], tuple[Input, ...], ir.Value]:
     """Q as the matmul's A; K as the input of the transpose that makes its B, or its B where the
-    matmul's maps read B transposed (Q K^T with K [.., n, k])."""
+    matmul's maps read B transposed (Q K^T with K [.., n, k]), or K^T itself (its B, [.., d, s])
+    where no transpose makes it; each also before a plain transpose of the heads."""
     from iree.compiler import ir
 
-    q_value, q_path = r.through(qk.operands[0], path + (0,))
+    q_value, q_path, q_roles = r.through_roles(qk.operands[0], path + (0,), _roles(qk.operands[0], "sd"))
+    q_options = r.further(Input(q_path, tensor_facts(q_value.type), _order(q_roles)), q_value, q_roles)
     b_value, b_path = qk.operands[1], path + (1,)
     if _plain_matmul(r, qk, "Q K^T"):
-        b_value, b_path = r.through(b_value, b_path)
+        b_value, b_path, b_roles = r.through_roles(b_value, b_path, _roles(b_value, "ds"))
         transpose = _owner(b_value)
         rank = len(tensor_facts(b_value.type).shape)
         swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
-        if transpose is None or plain_transpose(transpose) != swap:
-            made = "a function argument" if transpose is None else (
-                "a linalg.generic that does more than transpose K (IREE fused K's projection or cast into it)"
-                if transpose.name == "linalg.generic" else transpose.name)
-            r.fail(f"K^T is made by {made}: no K [.., s, d] exists for the kernel to read")
-        else:
+        if transpose is not None and plain_transpose(transpose) == swap and _users(b_value) == 1:
             r.take(transpose)
-            b_value, b_path = r.through(transpose.operands[0], b_path + (0,))
+            b_roles = None if b_roles is None else tuple(b_roles[i] for i in swap)
+            b_value, b_path, b_roles = r.through_roles(transpose.operands[0], b_path + (0,), b_roles)
     else:
+        b_roles = _roles(b_value, "sd")
         maps = [map_dims(a) for a in ir.ArrayAttr(qk.attributes["indexing_maps"])]
         lead = tuple(range(len(maps[2]) - 2))
         m, n, k = len(lead), len(lead) + 1, len(lead) + 2
         if maps != [lead + (m, k), lead + (n, k), lead + (m, n)]:
             r.fail(f"the Q K^T matmul reads its operands through maps {maps}, not Q [.., m, d] and K [.., n, d]")
-    return Input(q_path, tensor_facts(q_value.type)), Input(b_path, tensor_facts(b_value.type)), b_value
+    k_options = r.further(Input(b_path, tensor_facts(b_value.type), _order(b_roles)), b_value, b_roles)
+    return q_options, k_options, b_value
 
 
 @dataclass(frozen=True)
@@ -280,7 +409,15 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list) -> list[
     args = list(block.arguments)
     current = args[flowing]
     steps: list[_Step] = []
+    selects = _mask_selects(op, args, maps)
     for inner in block.operations:
+        if inner.name == "arith.select" and inner.results[0] in selects:
+            continue  # an additive mask made from a boolean one: read where the scores get it
+        if inner.name == "arith.addf" and current in list(inner.operands) and any(v in selects for v in inner.operands):
+            index = selects[next(v for v in inner.operands if v in selects)]
+            steps.append(_Step("select", mask=op.operands[index], mask_map=maps[index], loops=len(maps[-1])))
+            current = inner.results[0]
+            continue
         if inner.name == "linalg.yield":
             if inner.operands[0] != current:
                 r.fail("the generic before the softmax yields something else than the scores' value")
@@ -313,6 +450,20 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list) -> list[
             return steps
         current = inner.results[0]
     return steps
+
+
+def _mask_selects(op: ir.Operation, args: list, maps: list) -> dict:
+    """The body's select(keep, 0, masked) of a boolean input (the dynamo exporter's
+    Where(mask, 0, lowest) added to the scores), each with its input's index: added to the
+    scores, it masks exactly where `keep` is false, as a boolean mask does."""
+    found = {}
+    for inner in op.regions[0].blocks[0].operations:
+        if inner.name != "arith.select" or inner.operands[0] not in args[:len(op.operands) - 1]:
+            continue
+        zero, masked = (_constant(v, op, args, maps) for v in inner.operands[1:])
+        if zero is not None and zero[0] == 0 and masked is not None and is_masked_value(masked[0], str(inner.results[0].type)):
+            found[inner.results[0]] = args.index(inner.operands[0])
+    return found
 
 
 def _constant(value: ir.Value, op: ir.Operation, args: list, maps: list) -> tuple[float, str] | None:

@@ -211,6 +211,15 @@ def _slice(op: ir.Operation, value: ir.Value) -> np.ndarray:
     return values[index]
 
 
+def _global(op: ir.Operation, value: ir.Value) -> np.ndarray:
+    """A util.global.load: the values live in a parameter archive, not in the model (what
+    `iree-import-onnx --externalize-params` makes of initializers of `--num-elements-threshold`
+    (default 100) elements or more, a constant mask among them)."""
+    name = str(op.attributes["global"]) if "global" in op.attributes else "a global"
+    raise _Unreadable(f"the model's global {name}, whose values are not in the model (a parameter: import with "
+                      "iree-import-onnx --num-elements-threshold above the mask's element count to keep it a constant)")
+
+
 def _same(op: ir.Operation, value: ir.Value) -> np.ndarray:
     return _evaluate(op.operands[0])
 
@@ -329,6 +338,7 @@ _PRODUCERS: dict[str, Callable] = {
     "tensor.collapse_shape": _reshape,
     "tensor.expand_shape": _reshape,
     "tensor.cast": _same,
+    "util.global.load": _global,
     "tensor.extract_slice": _slice,
     "iree_tensor_ext.compute_barrier.start": _same,
     "iree_tensor_ext.compute_barrier.end": _same,

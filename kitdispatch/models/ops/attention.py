@@ -22,7 +22,7 @@ from kitdispatch.models.ops.base import (
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
-from kitdispatch.models.ops._decomposed import MATMULS, Chain, looks_like_attention, read_chain, repeated_heads
+from kitdispatch.models.ops._decomposed import MATMULS, Chain, Input, looks_like_attention, read_chain, repeated_heads
 from kitdispatch.models.ops._masks import CAUSAL, NONE, OTHER, MaskForm, mask_ops, read_mask
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
@@ -31,6 +31,11 @@ if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded wher
 HEAD_DIMS = (64, 128)  # the head dims the kernel has code for
 BATCH_DIMS = 2  # the kernel's b and h; an op with one batch dim runs as b = 1
 ROLES = ("Q", "K", "V", "O")
+PLAIN = ("bhsd",) * 4  # every tensor [b, h, s, d]
+# The orders a kernel's tensors may have, named by their dims (b, h, s, d): projections leave
+# Q, K, V [b, s, h, d] before their heads are transposed out, K as K^T [b, h, d, s], and O goes
+# back to [b, s, h, d] (_decomposed.py reads which the op gives).
+ORDERS = (("bhsd", "bshd"), ("bhsd", "bshd", "bhds"), ("bhsd", "bshd"), ("bhsd", "bshd"))
 
 
 @dataclass(frozen=True)
@@ -91,11 +96,18 @@ class Attention(OpKind):
         shapes = {b.type.shape for b in args + [result]}
         dtypes = {b.type.dtype for b in args + [result]}
         expect(
-            len(shapes) == 1 and len(dtypes) == 1 and len(result.type.shape) == BATCH_DIMS + 2,
+            len(dtypes) == 1 and len(result.type.shape) == BATCH_DIMS + 2,
             "Q, K, V and O must be one type [b, h, s, d] (same names, one element type)",
             where,
         )
-        return Layout(tuple(args), result, accumulates=False)
+        layout = Layout(tuple(args), result, accumulates=False)
+        expect(
+            len(shapes) == 1 or all(o in allowed for o, allowed in zip(kernel_orders(layout), ORDERS)),
+            "Q, K, V and O must be one type [b, h, s, d], or name their dims b, h, s, d in the orders the kit "
+            "reads: Q, V and O [b, h, s, d] or [b, s, h, d], K also [b, h, d, s] (K^T)",
+            where,
+        )
+        return layout
 
     def semantic_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout) -> str | None:
         """The op must be plain attention in the kernel's layout: Q (batch, m, k1), K (batch, k2, k1),
@@ -107,6 +119,9 @@ class Attention(OpKind):
         if a.chain is not None and a.chain.problem:
             return f"decomposed attention: {a.chain.problem}"
         why = _mask_mismatch(a, kernel.replaces.mask)
+        if why:
+            return why
+        why = _order_mismatch(a, kernel_orders(layout))
         if why:
             return why
         if not a.plain_scores:
@@ -123,9 +138,11 @@ class Attention(OpKind):
         """Types and sizes in the kernel's [b, h, s, d] (an op with one batch dim runs as b = 1),
         the head dim, one static s for queries and keys, and the scale the kernel computes.
         Fills `sizes` with the kernel's dimensions (replace_when's limits are not read)."""
-        tensors = list(op.inputs) + [op.result]
+        orders = kernel_orders(layout)
+        tensors = [x.tensor for x in _read(op, orders)] + [op.result]
         buffers = list(layout.inputs) + [layout.result]
-        seq_q, seq_k = op.inputs[0].shape[-2], op.inputs[1].shape[-2]
+        s_and_d = [_s_and_d(t, o) for t, o in zip(tensors, orders)]
+        seq_q, seq_k = s_and_d[0][0], s_and_d[1][0]
         if None not in (seq_q, seq_k) and seq_q != seq_k:
             return (f"cross-attention: {seq_q} queries and {seq_k} keys; the kernel takes one sequence length for both "
                     "(it would need a key length of its own)")
@@ -136,27 +153,78 @@ class Attention(OpKind):
             why = type_mismatch(role, padded, buffer, sizes)
             if why:
                 return why
-        unknown = [r for r, t in zip(ROLES, tensors) if None in t.shape[-2:]]
+        unknown = [r for r, sd in zip(ROLES, s_and_d) if None in sd]
         if unknown:
             return f"shape: the sequence length or head dim of {unknown[0]} is dynamic, and the kernel's must be checked"
-        head = op.inputs[0].shape[-1]
+        head = s_and_d[0][1]
         if head not in HEAD_DIMS:
             return f"head dim {head}: the kernel has code for {' and '.join(map(str, HEAD_DIMS))} only"
         return _scale_mismatch(op.detail, head)
 
     def call(self, op: OpFacts, layout: Layout) -> Call:
         """Q, K and V (V through its transpose where the op reads it so; for decomposed
-        attention, up the chain); an op with fewer batch dims than the kernel through an adapter
-        that adds them as unit dims."""
-        batch = len(op.detail.maps[0]) - 2
-        pad = BATCH_DIMS - batch
-        reshape = Reshape(((*range(pad + 1),), *((i + pad,) for i in range(1, batch + 2)))) if pad > 0 else None
+        attention, up the chain, each as the kernel's order reads it); an op tensor with fewer
+        dims than the kernel's four through an adapter that adds them in front as unit dims."""
         chain = op.detail.chain
         if chain is not None:
-            paths, marked = [chain.q.path, chain.k.path, chain.v.path], chain.marked
+            inputs = _read(op, kernel_orders(layout))
+            paths, ranks, marked = [x.path for x in inputs], [len(x.tensor.shape) for x in inputs], chain.marked
         else:
             paths, marked = [(0,), (1,), (2, 0) if op.detail.v_transposed else (2,)], 0
-        return Call(tuple(Operand(p, reshape) for p in paths), result=reshape, marked=marked, variant=f"_batch{batch}" if pad > 0 else "")
+            ranks = [len(op.detail.maps[0])] * 3
+        ranks.append(len(op.result.shape))
+        reshapes = [_unit_dims(rank) for rank in ranks]
+        if len(set(ranks)) == 1:
+            variant = f"_batch{ranks[0] - 2}" if ranks[0] < BATCH_DIMS + 2 else ""
+        else:
+            variant = "_rank" + "".join(map(str, ranks))
+        return Call(tuple(Operand(p, r) for p, r in zip(paths, reshapes)), result=reshapes[3], marked=marked, variant=variant)
+
+
+def kernel_orders(layout: Layout) -> tuple[str, ...]:
+    """The order of the kernel's Q, K, V and O ("bhsd" for all where they are one type)."""
+    shapes = [b.type.shape for b in (*layout.inputs, layout.result)]
+    if len(set(shapes)) == 1:
+        return PLAIN
+    return tuple("".join(map(str, shape)) for shape in shapes)
+
+
+def _read(op: OpFacts, orders: tuple[str, ...]) -> tuple[Input, ...]:
+    """Q, K and V as a kernel of these orders reads them (the op's inputs where it cannot)."""
+    chain = op.detail.chain
+    if chain is None:
+        return tuple(Input((), t) for t in op.inputs)
+    return chain.read_as(orders) or (chain.q, chain.k, chain.v)
+
+
+def _s_and_d(tensor: TensorFacts, order: str) -> tuple[int | None, int | None]:
+    padded = (1,) * (BATCH_DIMS + 2 - len(tensor.shape)) + tensor.shape
+    return padded[order.index("s")], padded[order.index("d")]
+
+
+def _unit_dims(rank: int) -> Reshape | None:
+    """[.., s, d] of `rank` dims as the kernel's four, unit dims in front."""
+    pad = BATCH_DIMS + 2 - rank
+    return Reshape(((*range(pad + 1),), *((i + pad,) for i in range(1, rank)))) if pad > 0 else None
+
+
+def _order_mismatch(a: AttentionFacts, orders: tuple[str, ...]) -> str | None:
+    """The kernel reads Q, K, V and writes O in `orders`; the op must give them so."""
+    if a.chain is None:
+        return None if orders == PLAIN else "layout: the op's Q, K, V and O are [b, h, s, d], the kernel's " + _orders_text(orders)
+    if a.chain.read_as(orders) is not None:
+        return None
+    given = [" or ".join(_dims(x.order) for x in options if x.order) or "(not a layout a kernel names)" for options in a.chain.options]
+    shown = ", ".join(f"{r} {g}" for r, g in zip(ROLES, given + [_dims(a.chain.o_order) or "(not a layout a kernel names)"]))
+    return f"layout: the op gives {shown}; the kernel's {_orders_text(orders)}"
+
+
+def _dims(order: str) -> str:
+    return f"[{', '.join(order)}]" if order else ""
+
+
+def _orders_text(orders: tuple[str, ...]) -> str:
+    return ", ".join(f"{r} {_dims(o)}" for r, o in zip(ROLES, orders))
 
 
 def _attention_facts(op: ir.Operation) -> OpFacts:
