@@ -119,15 +119,21 @@ def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
         (["--form", "flat", "--mask", "zero"], "attention_f16"),  # [b*h, s, d], K^T by the matmul's maps
         (["--form", "flat", "--mask", "causal"], "attention_causal_f16"),
         (["--mask", "causal-where"], "attention_causal_f16"),  # Where(keep, scores, lowest), as GPT-2's eager attention
+        # projected: K^T [b, h, d, s] made by a transposing truncf, O transposed back to [b, s, h, d] (BERT, ViT)
+        (["--form", "layer"], "attention_kt_f16"),
+        (["--form", "layer", "--mask", "where-add"], "attention_kt_f16"),  # the dynamo exporter's all-true mask
+        (["--form", "layer", "--mask", "where-add-causal", "--seq", 197], "attention_causal_kt_f16"),
+        (["--form", "split", "--mask", "where-add-causal"], "attention_causal_kt_f16"),  # GPT-2's one QKV projection
     ],
-    ids=["causal", "zero-mask", "mul-scale", "flat", "flat-causal", "where-causal"],
+    ids=["causal", "zero-mask", "mul-scale", "flat", "flat-causal", "where-causal", "layer", "layer-where-add",
+         "layer-where-causal-197", "split-where-causal"],
 )
 def test_decomposed_attention_is_replaced_whole(tmp_path, args, kernel):
     decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path)
     d = attention_decision(decisions)
     assert d.kernel is not None and d.kernel.name == kernel, d.reasons
     assert d.op.detail.chain is not None and d.op.detail.summary == "decomposed, ending in linalg.batch_matmul"
-    assert d.op.detail.scale_text in ("1 / 8.000000e+00 : f16", "1.250000e-01 : f16")
+    assert d.op.detail.scale_text in ("1 / 8.000000e+00 : f16", "1.250000e-01 : f16", "1.250000e-01 : f32")
     # every op of the chain (the softmax among them) gives way: none is replaced on its own
     others = [x for x in decisions if x is not d]
     assert any(x.op.kind == "linalg.softmax" for x in others)
@@ -142,10 +148,9 @@ def test_decomposed_attention_is_replaced_whole(tmp_path, args, kernel):
         (["--head-dim", 96], "head dim 96: the kernel has code for 64 and 128 only"),
         (["--scale", "wrong"], "the op's scale is 5.000000e-01 : f16, the kernel's 1/sqrt(64) = 0.125"),
         (["--kv-seq", 64], "cross-attention: 128 queries and 64 keys"),
-        (["--form", "layer"], "decomposed attention: K^T is made by a linalg.generic that does more than transpose K"),
         (["--kv-heads", 2, "--mask", "causal"], "grouped-query attention: K is 2x2x128x64xf16 broadcast to 2x2x2x64x128xf16"),
     ],
-    ids=["arbitrary-mask", "f16-scale-128", "head-dim-96", "scale", "cross-attention", "projected-layer", "gqa-repeat-kv"],
+    ids=["arbitrary-mask", "f16-scale-128", "head-dim-96", "scale", "cross-attention", "gqa-repeat-kv"],
 )
 def test_decomposed_attention_near_misses(tmp_path, args, reason):
     d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path))
@@ -194,10 +199,9 @@ def test_attention_forms_build_to_one_kernel_dispatch(tmp_path, kind, args, kern
 
 @needs_iree_compile
 def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
-    """Q, K, V projected in the model (as a BERT layer writes them): K exists only transposed,
-    so the attention is kept with the reason, and its f32 [b, h, s, s] softmax runs as b*h*s
-    rows of the library's row softmax. In f16 the softmax's rounding to f16, which IREE fuses
-    into the softmax's dispatch, would run alone: that softmax is kept, saying so."""
+    """Q, K, V projected in the model (as a BERT layer writes them), in f32: the library has no
+    f32 attention, so the attention is kept with the reason, and its f32 [b, h, s, s] softmax
+    runs as b*h*s rows of the library's row softmax."""
     model = make_model(tmp_path, "onnx", "attn.onnx", "--form", "layer")
     result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
     by_kind = {d.op.kind: d for d in result.decisions if d.op.kind in ("linalg.softmax", "iree_linalg_ext.attention")}
@@ -205,10 +209,47 @@ def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
     assert by_kind["iree_linalg_ext.attention"].kernel is None
     assert "row_softmax" in dump_module(result.vmfb)
     assert iree_dispatches(result.baseline_vmfb, "softmax") and not iree_dispatches(result.vmfb, "softmax")
-    f16 = make_model(tmp_path, "onnx", "attn16.onnx", "--f16", "--form", "layer")
-    result = build_model(None, f16, BuildOptions.create(ARCHS), tmp_path / "out16")
-    [softmax] = [d for d in result.decisions if d.op.kind == "linalg.softmax"]
-    assert softmax.kernel is None and any("is fused by IREE into the softmax's dispatch" in r for r in softmax.reasons), softmax.reasons
+
+
+@needs_iree_compile
+@pytest.mark.parametrize(
+    "args, kernel",
+    [
+        (["--form", "layer", "--mask", "where-add"], "attention_kt_f16"),
+        (["--form", "split", "--mask", "where-add-causal"], "attention_causal_kt_f16"),
+    ],
+    ids=["layer-where-add", "split-where-causal"],
+)
+def test_projected_attention_builds_to_no_more_dispatches_than_iree(tmp_path, args, kernel):
+    """The projected f16 layer as the dynamo exporter writes it: the whole chain, with the
+    transposing truncf of its output to [b, s, h, d], becomes the one kernel (K read as the K^T
+    the projection leaves); IREE's attention matmuls and softmax are gone, and the module has
+    no more dispatches than IREE's own."""
+    model = make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args)
+    result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
+    [attention] = [d for d in result.decisions if d.op.kind == "iree_linalg_ext.attention"]
+    assert attention.kernel is not None and attention.kernel.name == kernel, attention.reasons
+    assert attention.op.result.shape == (2, 128, 4, 64)  # O as [b, s, h, d]: the output transpose is the kernel's
+    assert kernel in dump_module(result.vmfb)
+    assert not iree_dispatches(result.vmfb, "softmax") and not iree_dispatches(result.vmfb, "batch_matmul")
+    assert iree_dispatches(result.baseline_vmfb, "softmax")
+    assert _dispatch_calls(result.vmfb) <= _dispatch_calls(result.baseline_vmfb)
+
+
+def test_mask_in_a_parameter_is_kept_saying_how_to_import_it(tmp_path):
+    """iree-import-onnx --externalize-params makes the dynamo exporter's boolean mask (an
+    initializer) a parameter: its values are not in the model, so the attention is kept."""
+    pytest.importorskip("onnx")
+    from kitdispatch.iree.tools import find_tool
+
+    model = make_model(tmp_path, "onnx", "attn.onnx", "--f16", "--form", "layer", "--mask", "where-add")
+    mlir = tmp_path / "attn.mlir"
+    subprocess.run([find_tool("iree-import-onnx"), str(model), "--externalize-params", "--num-elements-threshold", "1000",
+                    "--save-params-to", str(tmp_path / "attn.irpa"), "-o", str(mlir)], check=True, timeout=300)
+    d = attention_decision(decisions_of(mlir, tmp_path))
+    assert d.kernel is None
+    assert "a mask kitdispatch cannot read: the model's global @keep, whose values are not in the model" in d.reasons[0], d.reasons
+    assert "--num-elements-threshold" in d.reasons[0]
 
 
 # ----------------------------------------------------------------- GPU: against IREE alone

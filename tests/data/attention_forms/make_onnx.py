@@ -5,13 +5,18 @@ axis, MatMul with V. The inputs are Q, K, V [b, h, s, d] (`--form heads`, or `[b
 Transpose, as a BERT/GPT-2 layer writes it).
 
     python tests/data/attention_onnx/make_model.py OUT.onnx [--batch 2 --heads 4 --seq 128 --head-dim 64]
-        [--f16] [--mask none|zero|causal|causal-where|arbitrary] [--scale div|mul|wrong] [--kv-seq N] [--form heads|flat|layer]
+        [--f16] [--mask none|zero|causal|causal-where|where-add|where-add-causal|arbitrary] [--scale div|mul|wrong]
+        [--kv-seq N] [--form heads|flat|layer|split]
         [--kv-heads N]
 
 Masks are constant initializers [s, s] added to the scores: all zero, causal (0 on and below
 the diagonal, the dtype's lowest value above it, as HF builds it) or arbitrary (random);
 `causal-where` is a boolean [s, s] initializer applied with Where(keep, scores, lowest), as
-GPT-2's eager attention does.
+GPT-2's eager attention does; `where-add` and `where-add-causal` add Where(keep, 0, lowest) of
+a boolean [1, 1, s, s] initializer (all true, or causal) to the scores, as torch's dynamo
+exporter writes SDPA with the mask transformers builds (/work/hf exports).
+`--form split` projects x with one MatMul to Q, K and V side by side and splits them (GPT-2's
+c_attn), each then reshaped and transposed to heads.
 """
 
 from __future__ import annotations
@@ -39,7 +44,21 @@ def make_model(
     scale_value = {"div": np.sqrt(head_dim), "mul": 1 / np.sqrt(head_dim), "wrong": 0.5}[scale]
     inits = [const("scale", scale_value)]
     nodes = []
-    if form == "layer":
+    if form == "split":  # one QKV projection, split in three (GPT-2's c_attn)
+        hidden = heads * head_dim
+        inputs = [helper.make_tensor_value_info("x", elem, [batch, seq, hidden])]
+        inits.append(numpy_helper.from_array(np.array([batch, seq, heads, head_dim], np.int64), "heads_shape"))
+        inits.append(numpy_helper.from_array(np.array([batch, seq, hidden], np.int64), "out_shape"))
+        inits.append(numpy_helper.from_array(np.array([hidden] * 3, np.int64), "split_sizes"))
+        inits.append(const("w_qkv", rng.standard_normal((hidden, 3 * hidden)) / np.sqrt(hidden)))
+        nodes += [node("MatMul", ["x", "w_qkv"], ["qkv"]), node("Split", ["qkv", "split_sizes"], ["q_proj", "k_proj", "v_proj"], axis=2)]
+        for p in "qkv":
+            nodes += [
+                node("Reshape", [f"{p}_proj", "heads_shape"], [f"{p}_split"]),
+                node("Transpose", [f"{p}_split"], [p], perm=[0, 2, 1, 3]),
+            ]
+        out_shape = [batch, seq, hidden]
+    elif form == "layer":
         hidden = heads * head_dim
         inputs = [helper.make_tensor_value_info("x", elem, [batch, seq, hidden])]
         inits.append(numpy_helper.from_array(np.array([batch, seq, heads, head_dim], np.int64), "heads_shape"))
@@ -80,6 +99,14 @@ def make_model(
         inits.append(const("lowest", np.finfo(dtype).min))
         nodes.append(node("Where", ["keep", "scores", "lowest"], ["masked"]))
         scores = "masked"
+    elif mask in ("where-add", "where-add-causal"):  # the dynamo exporter's SDPA mask
+        keep = np.ones((seq, kv_seq), bool) if mask == "where-add" else np.tril(np.ones((seq, kv_seq), bool))
+        inits.append(numpy_helper.from_array(keep.reshape(1, 1, seq, kv_seq), "keep"))
+        inits.append(const("zeros", 0.0))
+        inits.append(const("lowest", np.finfo(dtype).min))
+        nodes.append(node("Where", ["keep", "zeros", "lowest"], ["additive"]))
+        nodes.append(node("Add", ["scores", "additive"], ["masked"]))
+        scores = "masked"
     elif mask != "none":
         lowest = np.finfo(dtype).min
         values = {
@@ -92,7 +119,7 @@ def make_model(
         scores = "masked"
     nodes.append(node("Softmax", [scores], ["probs"], axis=-1))
     nodes.append(node("MatMul", ["probs", v_name], ["attn"]))
-    if form == "layer":
+    if form in ("layer", "split"):
         nodes.append(node("Transpose", ["attn"], ["attn_t"], perm=[0, 2, 1, 3]))
         nodes.append(node("Reshape", ["attn_t", "out_shape"], ["y"]))
     else:
@@ -112,9 +139,9 @@ def main() -> None:
     p.add_argument("--kv-seq", type=int, default=None)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--f16", action="store_true")
-    p.add_argument("--mask", choices=["none", "zero", "causal", "causal-where", "arbitrary"], default="none")
+    p.add_argument("--mask", choices=["none", "zero", "causal", "causal-where", "where-add", "where-add-causal", "arbitrary"], default="none")
     p.add_argument("--scale", choices=["div", "mul", "wrong"], default="div")
-    p.add_argument("--form", choices=["heads", "flat", "layer"], default="heads")
+    p.add_argument("--form", choices=["heads", "flat", "layer", "split"], default="heads")
     p.add_argument("--kv-heads", type=int, default=None, help="fewer K/V heads, repeated (GQA; --form heads)")
     args = p.parse_args()
     model = make_model(args.batch, args.heads, args.seq, args.head_dim, f16=args.f16, mask=args.mask, scale=args.scale,
