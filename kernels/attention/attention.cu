@@ -46,27 +46,29 @@ struct Problem {
   long long q_row, k_row, v_row, o_row;  // elements between rows (between keys of K^T's d rows)
 };
 
-// This block's head of a tensor of layout L: its first element and the distance between rows.
+// Head `head` of `heads` of a tensor of layout L in this block's batch: its first element, and
+// the distance between its rows.
 template <Order L>
-__device__ __forceinline__ long long head_offset(int h, int s, int d) {
-  const long long head = (long long)blockIdx.z * h + blockIdx.y;
-  return L == BSHD ? ((long long)blockIdx.z * s * h + blockIdx.y) * d : head * s * d;
+__device__ __forceinline__ long long head_offset(int heads, int head, int s, int d) {
+  return L == BSHD ? ((long long)blockIdx.z * s * heads + head) * d : ((long long)blockIdx.z * heads + head) * s * d;
 }
 
 template <Order L>
-__device__ __forceinline__ long long row_stride(int h, int s, int d) {
-  return L == BSHD ? (long long)h * d : L == BHDS ? s : d;
+__device__ __forceinline__ long long row_stride(int heads, int s, int d) {
+  return L == BSHD ? (long long)heads * d : L == BHDS ? s : d;
 }
 
 // The block's query rows: blocks start in reverse order, so the causal variant's longest rows
-// (the last ones) go first and the short ones fill in at the end.
+// (the last ones) go first and the short ones fill in at the end. K and V have g heads, each
+// shared by h / g query heads (g = h: one each; g < h: grouped-query attention).
 template <Order QL, Order KL, Order VL, Order OL>
 __device__ __forceinline__ Problem block_problem(const half_bits* q, const half_bits* k, const half_bits* v,
-                                                 half_bits* o, int h, int s, int d) {
+                                                 half_bits* o, int h, int g, int s, int d, float scale) {
   const int q_block = gridDim.x - 1 - blockIdx.x;
-  return Problem{q + head_offset<QL>(h, s, d), k + head_offset<KL>(h, s, d), v + head_offset<VL>(h, s, d),
-                 o + head_offset<OL>(h, s, d), s, q_block * BM, rsqrtf(float(d)) * kLog2e,
-                 row_stride<QL>(h, s, d), row_stride<KL>(h, s, d), row_stride<VL>(h, s, d), row_stride<OL>(h, s, d)};
+  const int head = blockIdx.y, kv_head = head / (h / g);
+  return Problem{q + head_offset<QL>(h, head, s, d), k + head_offset<KL>(g, kv_head, s, d), v + head_offset<VL>(g, kv_head, s, d),
+                 o + head_offset<OL>(h, head, s, d), s, q_block * BM, scale * kLog2e,
+                 row_stride<QL>(h, s, d), row_stride<KL>(g, s, d), row_stride<VL>(g, s, d), row_stride<OL>(h, s, d)};
 }
 
 // The max of a row over its quad of lanes (each holds a quarter of the row's columns).
@@ -449,16 +451,22 @@ __device__ void fill_nan(const Problem& p, int d) {
 // maps of the sm_90a path describe [b * h, s, d] tensors).
 template <class E, bool kCausal, Order QL = BHSD, Order KL = BHSD, Order VL = BHSD, Order OL = BHSD>
 __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k, const half_bits* v, half_bits* o,
-                                          int b, int h, int s, int d) {
+                                          int b, int h, int s, int d, int g = 0, float scale = 0.f) {
   extern __shared__ __align__(1024) char dyn_smem[];
-  const Problem p = block_problem<QL, KL, VL, OL>(q, k, v, o, h, s, d);
+  const bool grouped = g > 0 && g != h;
+  const float softmax_scale = scale > 0.f ? scale : rsqrtf(float(d));  // the op's, where the entry takes it
+  const Problem p = block_problem<QL, KL, VL, OL>(q, k, v, o, h, grouped && h % g == 0 ? g : h, s, d, softmax_scale);
+  if (grouped && h % g != 0) {  // query heads not a multiple of K/V heads: loud, not wrong
+    fill_nan(p, d);
+    return;
+  }
   half_bits* smem = reinterpret_cast<half_bits*>(dyn_smem);
   const bool aligned = kit::aligned16(q) && kit::aligned16(k) && kit::aligned16(v) && kit::aligned16(o);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kPlain = QL == BHSD && KL == BHSD && VL == BHSD && OL == BHSD;
   __shared__ __align__(1024) char stat[hopper::kStaticBytes];
   const unsigned stat_addr = kit::smem_addr(stat);
-  if (kPlain && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
+  if (kPlain && !grouped && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
     const hopper::Args a{q, k, v, b * h, int(blockIdx.z) * h + int(blockIdx.y), 0};
     if (d == 128) {
       hopper::block<E, 128, kCausal>(p, a, stat_addr, dyn_smem);
@@ -522,3 +530,19 @@ KIT_ATTENTION_VARIANT(attention_bshd_bf16, kit::BF16, false, BSHD, BSHD, BSHD, B
 KIT_ATTENTION_VARIANT(attention_causal_bshd_bf16, kit::BF16, true, BSHD, BSHD, BSHD, BSHD)
 KIT_ATTENTION_VARIANT(attention_kt_bf16, kit::BF16, false, BHSD, BHDS, BHSD, BSHD)
 KIT_ATTENTION_VARIANT(attention_causal_kt_bf16, kit::BF16, true, BHSD, BHDS, BHSD, BSHD)
+
+// Grouped-query attention (Llama's GQA as the dynamo exporter leaves it): Q [b, h, s, d], K
+// [b, g, s, d] (after RoPE), V [b, s, g, d] (its projection's heads), O [b, s, h, d]; query head
+// i reads K and V head i / (h / g). The softmax scale is an argument (the op's constant: f16
+// models scale by 1/sqrt(d) rounded to f16).
+#define KIT_ATTENTION_GQA(NAME, E, CAUSAL)                                                                            \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
+  NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
+       half_bits* __restrict__ o, float scale, int b, int h, int g, int s, int d) {                                   \
+    attention<E, CAUSAL, BHSD, BHSD, BSHD, BSHD>(q, k, v, o, b, h, s, d, g, scale);                                  \
+  }
+
+KIT_ATTENTION_GQA(attention_gqa_f16, kit::F16, false)
+KIT_ATTENTION_GQA(attention_causal_gqa_f16, kit::F16, true)
+KIT_ATTENTION_GQA(attention_gqa_bf16, kit::BF16, false)
+KIT_ATTENTION_GQA(attention_causal_gqa_bf16, kit::BF16, true)

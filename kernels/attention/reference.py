@@ -3,9 +3,9 @@
 import numpy as np
 
 
-def _attention(q, k, v, causal):
+def _attention(q, k, v, causal, scale=None):
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
-    scores = q64 @ np.swapaxes(k64, -1, -2) / np.sqrt(q.shape[-1])
+    scores = q64 @ np.swapaxes(k64, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
     if causal:  # query i sees keys 0..i (PyTorch's is_causal)
         s = q.shape[-2]
         scores = np.where(np.tril(np.ones((s, s), dtype=bool)), scores, -np.inf)
@@ -61,3 +61,22 @@ def attention_causal_kt_f16(q, kt, v):
 
 attention_bshd_bf16, attention_causal_bshd_bf16 = attention_bshd_f16, attention_causal_bshd_f16
 attention_kt_bf16, attention_causal_kt_bf16 = attention_kt_f16, attention_causal_kt_f16
+
+
+def _gqa_variant(q, k, v, scale, causal):
+    """q [b, h, s, d], k [b, g, s, d], v [b, s, g, d] -> o [b, s, h, d]; query head i reads K/V head i // (h // g)."""
+    group = q.shape[1] // k.shape[1]
+    k_heads = np.repeat(k, group, axis=1)
+    v_heads = np.repeat(np.swapaxes(v, 1, 2), group, axis=1)
+    return _bhsd(_attention(q, k_heads, v_heads, causal, float(scale)))
+
+
+def attention_gqa_f16(q, k, v, scale):
+    return _gqa_variant(q, k, v, scale, causal=False)
+
+
+def attention_causal_gqa_f16(q, k, v, scale):
+    return _gqa_variant(q, k, v, scale, causal=True)
+
+
+attention_gqa_bf16, attention_causal_gqa_bf16 = attention_gqa_f16, attention_causal_gqa_f16

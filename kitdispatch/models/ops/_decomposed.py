@@ -134,19 +134,21 @@ def _roles(value: ir.Value, last: str) -> tuple[str, ...] | None:
 
 def _order(roles: tuple[str, ...] | None) -> str:
     """The kernel order of a tensor whose axes have these roles: leading unit axes dropped,
-    "B" as h (b = 1), a missing b or h as a unit dim in front; "" for anything else."""
+    "B" as h (b = 1), a missing b or h as a unit dim in front; "" for anything else. K and V
+    read before their heads are repeated name their heads g."""
     if roles is None:
         return ""
     rest = list(roles)
     while rest and rest[0] == "1":
         rest.pop(0)
+    heads = "g" if "g" in rest else "h"  # g: K/V heads each shared by several query heads
     if "B" in rest:
-        if "b" in rest or "h" in rest:
+        if "b" in rest or heads in rest:
             return ""
-        rest = ["h" if x == "B" else x for x in rest]
-    rest = (["b"] if "b" not in rest else []) + (["h"] if "h" not in rest else []) + rest
+        rest = [heads if x == "B" else x for x in rest]
+    rest = (["b"] if "b" not in rest else []) + ([heads] if heads not in rest else []) + rest
     order = "".join(rest)
-    return order if sorted(order) == sorted("bhsd") and order[0] == "b" else ""
+    return order if sorted(order) == sorted("bsd" + heads) and order[0] == "b" else ""
 
 
 def _groups(op: ir.Operation) -> list[list[int]]:
@@ -221,6 +223,9 @@ class _Reader:
         [b, s, h, d] before the heads are transposed out of it), where that transpose has no
         other user: it then dies with the chain."""
         owner = _owner(value)
+        grouped = _grouped(self, near, value, roles)
+        if grouped is not None:
+            return (near, grouped)
         permutation = None if owner is None or roles is None or _users(value) != 1 else plain_transpose(owner)
         if permutation is None:
             return (near,)
@@ -238,6 +243,50 @@ class _Reader:
                 return value, path
             self.take(owner)
             value, path = owner.operands[0], path + (0,)
+
+
+def _grouped(r: _Reader, near: Input, value: ir.Value, roles: tuple[str, ...] | None) -> Input | None:
+    """K or V before its heads are repeated (GQA as transformers' repeat_kv leaves it: a
+    broadcast generic kv_heads -> kv_heads x group, collapsed into the query heads), its heads
+    named g; None where `value` is not made so. `value` is the collapse (its heads "B"), or the
+    broadcast where the chain was read through the collapse (its heads split as b, h). The
+    broadcast and the collapse die with the chain."""
+    owner = _owner(value)
+    if roles is None or owner is None or _users(value) != 1:
+        return None
+    if owner.name == "tensor.collapse_shape":
+        groups = _groups(owner)
+        merged = [i for i, g in enumerate(groups) if len(g) == 2]
+        if len(merged) != 1 or len(groups) != len(roles) or roles[merged[0]] != "B" or _users(owner.operands[0]) != 1:
+            return None
+        wide = [role for role, g in zip(roles, groups) for _ in g]
+        (kv, repeat), ops, path = groups[merged[0]], [owner], near.path + (0,)
+        owner = _owner(owner.operands[0])
+    elif "b" in roles and "h" in roles and roles.index("h") == roles.index("b") + 1:
+        wide, kv, repeat, ops, path = list(roles), roles.index("b"), roles.index("h"), [], near.path
+    else:
+        return None
+    source = _broadcast_source(owner, kv, repeat)
+    if source is None:
+        return None
+    wide[kv], wide[repeat] = "g", "r"
+    r.ops.extend((*ops, owner))
+    return Input(path + (0,), tensor_facts(owner.operands[0].type), _order(tuple(wide[dim] for dim in source)))
+
+
+def _broadcast_source(op: ir.Operation | None, kv: int, repeat: int) -> tuple[int, ...] | None:
+    """For a generic that only broadcasts its one input along dim `repeat` (and may permute the
+    others), the input map's dims (input dim j is output dim map[j]); None for anything else."""
+    from iree.compiler import ir
+
+    if op is None or op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
+        return None
+    maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    body = [o.name for o in op.regions[0].blocks[0].operations]
+    rank = len(maps[1]) if maps[1] is not None else 0
+    if None in maps or maps[1] != tuple(range(rank)) or body != ["linalg.yield"] or kv not in maps[0]:
+        return None
+    return maps[0] if sorted(maps[0]) == [i for i in range(rank) if i != repeat] else None
 
 
 def read_chain(anchor: ir.Operation) -> Chain:

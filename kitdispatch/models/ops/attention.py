@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from kitdispatch.describe.kernel import Kernel
+from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
 from kitdispatch.models.ops.base import (
-    Call, Layout, OpFacts, OpKind, Operand, Reshape, TensorFacts, expect, function_of, kernel_buffers, location, map_dims, op_name,
+    Call, Constant, Layout, OpFacts, OpKind, Operand, Reshape, TensorFacts, expect, function_of, kernel_buffers, location, map_dims, op_name,
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
@@ -32,10 +33,12 @@ HEAD_DIMS = (64, 128)  # the head dims the kernel has code for
 BATCH_DIMS = 2  # the kernel's b and h; an op with one batch dim runs as b = 1
 ROLES = ("Q", "K", "V", "O")
 PLAIN = ("bhsd",) * 4  # every tensor [b, h, s, d]
+SCALE = "scale"  # an f32 scalar argument: the kernel scales the scores by the op's constant
 # The orders a kernel's tensors may have, named by their dims (b, h, s, d): projections leave
 # Q, K, V [b, s, h, d] before their heads are transposed out, K as K^T [b, h, d, s], and O goes
 # back to [b, s, h, d] (_decomposed.py reads which the op gives).
-ORDERS = (("bhsd", "bshd"), ("bhsd", "bshd", "bhds"), ("bhsd", "bshd"), ("bhsd", "bshd"))
+ORDERS = (("bhsd", "bshd"), ("bhsd", "bshd", "bhds", "bgsd", "bsgd"), ("bhsd", "bshd", "bgsd", "bsgd"), ("bhsd", "bshd"))
+# g: K and V with fewer heads than Q (GQA/MQA), query head i reading K/V head i / (h / g)
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class Attention(OpKind):
         return (op,) + (mask_ops(op.operands[4]) if len(op.operands) == 6 else ())
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
-        args, result = kernel_buffers(kernel, self.name, where)
+        args, result = kernel_buffers(_without_scale(kernel), self.name, where)
         expect(len(args) == 3 and result.access != "inout", "it must take Q, K and V in that order and write one new result O", where)
         shapes = {b.type.shape for b in args + [result]}
         dtypes = {b.type.dtype for b in args + [result]}
@@ -100,11 +103,14 @@ class Attention(OpKind):
             "Q, K, V and O must be one type [b, h, s, d] (same names, one element type)",
             where,
         )
-        layout = Layout(tuple(args), result, accumulates=False)
+        # The function's arguments in its order, by role: input buffer i, or "scale" (the op's constant)
+        roles = tuple(args.index(p) if isinstance(p, Buffer) else p.name for p in kernel.function_arguments)
+        layout = Layout(tuple(args), result, accumulates=False, pattern=roles if SCALE in roles else None)
         expect(
             len(shapes) == 1 or all(o in allowed for o, allowed in zip(kernel_orders(layout), ORDERS)),
             "Q, K, V and O must be one type [b, h, s, d], or name their dims b, h, s, d in the orders the kit "
-            "reads: Q, V and O [b, h, s, d] or [b, s, h, d], K also [b, h, d, s] (K^T)",
+            "reads: Q, V and O [b, h, s, d] or [b, s, h, d], K also [b, h, d, s] (K^T); K and V [b, g, s, d] or "
+            "[b, s, g, d] for g K/V heads shared by the h query heads",
             where,
         )
         return layout
@@ -113,7 +119,7 @@ class Attention(OpKind):
         """The op must be plain attention in the kernel's layout: Q (batch, m, k1), K (batch, k2, k1),
         V (batch, k2, n), O (batch, m, n), with no mask and an unmodified score."""
         a = op.detail
-        if a.repeated_heads is not None:
+        if a.repeated_heads is not None and not any("g" in o for o in kernel_orders(layout)):
             return (f"grouped-query attention: {a.repeated_heads}; the kernel reads one K and V head per query head "
                     "and has no code for shared heads (it would need K and V [b, kv_heads, s, d] and h / kv_heads query heads per K/V head)")
         if a.chain is not None and a.chain.problem:
@@ -153,12 +159,16 @@ class Attention(OpKind):
             why = type_mismatch(role, padded, buffer, sizes)
             if why:
                 return why
+        if sizes.get("g") and sizes.get("h") and sizes["h"] % sizes["g"]:
+            return f"grouped-query attention: {sizes['h']} query heads are not a multiple of {sizes['g']} K/V heads"
         unknown = [r for r, sd in zip(ROLES, s_and_d) if None in sd]
         if unknown:
             return f"shape: the sequence length or head dim of {unknown[0]} is dynamic, and the kernel's must be checked"
         head = s_and_d[0][1]
         if head not in HEAD_DIMS:
             return f"head dim {head}: the kernel has code for {' and '.join(map(str, HEAD_DIMS))} only"
+        if layout.pattern is not None:  # the kernel scales by the op's constant
+            return None if op.detail.scale is not None else f"the op's scale is {op.detail.scale_text}, not a constant"
         return _scale_mismatch(op.detail, head)
 
     def call(self, op: OpFacts, layout: Layout) -> Call:
@@ -178,7 +188,18 @@ class Attention(OpKind):
             variant = f"_batch{ranks[0] - 2}" if ranks[0] < BATCH_DIMS + 2 else ""
         else:
             variant = "_rank" + "".join(map(str, ranks))
-        return Call(tuple(Operand(p, r) for p, r in zip(paths, reshapes)), result=reshapes[3], marked=marked, variant=variant)
+        arguments = [Operand(p, r) for p, r in zip(paths, reshapes)]
+        if layout.pattern is not None:
+            given = {**dict(enumerate(arguments)), SCALE: Constant("f32", repr(float(np.float32(op.detail.scale))))}
+            arguments = [given[role] for role in layout.pattern]
+        return Call(tuple(arguments), result=reshapes[3], marked=marked, variant=variant)
+
+
+def _without_scale(kernel: Kernel) -> Kernel:
+    """The kernel as kernel_buffers checks it: a `scale` scalar (f32) is the op's to give."""
+    if not any(isinstance(p, Scalar) and p.name == SCALE and p.dtype == "f32" and kernel.is_function_argument(p) for p in kernel.params):
+        return kernel
+    return dataclasses.replace(kernel, params=tuple(p for p in kernel.params if not (isinstance(p, Scalar) and p.name == SCALE)))
 
 
 def kernel_orders(layout: Layout) -> tuple[str, ...]:
