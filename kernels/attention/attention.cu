@@ -535,14 +535,19 @@ KIT_ATTENTION_VARIANT(attention_causal_kt_bf16, kit::BF16, true, BHSD, BHDS, BHS
 // [b, g, s, d] (after RoPE), V [b, s, g, d] (its projection's heads), O [b, s, h, d]; query head
 // i reads K and V head i / (h / g). The softmax scale is an argument (the op's constant: f16
 // models scale by 1/sqrt(d) rounded to f16).
-#define KIT_ATTENTION_GQA(NAME, E, CAUSAL)                                                                            \
+#define KIT_ATTENTION_GQA(NAME, E, CAUSAL, KL)                                                                        \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
   NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
        half_bits* __restrict__ o, float scale, int b, int h, int g, int s, int d) {                                   \
-    attention<E, CAUSAL, BHSD, BHSD, BSHD, BSHD>(q, k, v, o, b, h, s, d, g, scale);                                  \
+    attention<E, CAUSAL, BHSD, KL, BSHD, BSHD>(q, k, v, o, b, h, s, d, g, scale);                                    \
   }
 
-KIT_ATTENTION_GQA(attention_gqa_f16, kit::F16, false)
-KIT_ATTENTION_GQA(attention_causal_gqa_f16, kit::F16, true)
-KIT_ATTENTION_GQA(attention_gqa_bf16, kit::BF16, false)
-KIT_ATTENTION_GQA(attention_causal_gqa_bf16, kit::BF16, true)
+// _gqa: K [b, g, s, d] (Llama's K, materialized by RoPE); _gqa_bshd: K [b, s, g, d] (its projection's heads).
+KIT_ATTENTION_GQA(attention_gqa_f16, kit::F16, false, BHSD)
+KIT_ATTENTION_GQA(attention_causal_gqa_f16, kit::F16, true, BHSD)
+KIT_ATTENTION_GQA(attention_gqa_bf16, kit::BF16, false, BHSD)
+KIT_ATTENTION_GQA(attention_causal_gqa_bf16, kit::BF16, true, BHSD)
+KIT_ATTENTION_GQA(attention_gqa_bshd_f16, kit::F16, false, BSHD)
+KIT_ATTENTION_GQA(attention_causal_gqa_bshd_f16, kit::F16, true, BSHD)
+KIT_ATTENTION_GQA(attention_gqa_bshd_bf16, kit::BF16, false, BSHD)
+KIT_ATTENTION_GQA(attention_causal_gqa_bshd_bf16, kit::BF16, true, BSHD)

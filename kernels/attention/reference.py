@@ -65,7 +65,7 @@ attention_kt_bf16, attention_causal_kt_bf16 = attention_kt_f16, attention_causal
 
 def _gqa_variant(q, k, v, scale, causal):
     """q [b, h, s, d], k [b, g, s, d], v [b, s, g, d] -> o [b, s, h, d]; query head i reads K/V head i // (h // g)."""
-    group = q.shape[1] // k.shape[1]
+    group = q.shape[1] // v.shape[2]
     k_heads = np.repeat(k, group, axis=1)
     v_heads = np.repeat(np.swapaxes(v, 1, 2), group, axis=1)
     return _bhsd(_attention(q, k_heads, v_heads, causal, float(scale)))
@@ -80,3 +80,14 @@ def attention_causal_gqa_f16(q, k, v, scale):
 
 
 attention_gqa_bf16, attention_causal_gqa_bf16 = attention_gqa_f16, attention_causal_gqa_f16
+
+
+def attention_gqa_bshd_f16(q, k, v, scale):  # k [b, s, g, d]
+    return _gqa_variant(q, _bhsd(k), v, scale, causal=False)
+
+
+def attention_causal_gqa_bshd_f16(q, k, v, scale):
+    return _gqa_variant(q, _bhsd(k), v, scale, causal=True)
+
+
+attention_gqa_bshd_bf16, attention_causal_gqa_bshd_bf16 = attention_gqa_bshd_f16, attention_causal_gqa_bshd_f16

@@ -271,6 +271,7 @@ def adapter_lines(decision: Decision) -> dict:
             arguments.append((body.add(f"arith.constant {argument.value} : {argument.type}"), kernel_type))
             continue
         i, facts = next(tensors)
+        facts = argument.tensor or facts
         value = f"%x{i}"
         params.append(f"{value}: {tensor_text(facts)}")
         if argument.reshape is not None:

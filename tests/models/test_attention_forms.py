@@ -103,8 +103,12 @@ def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
     """enable_gqa: IREE broadcasts K and V from 2 heads to 8 before the op."""
     d = attention_decision(decisions_of(make_model(tmp_path, "sdpa", "gqa.mlir", "--kv-heads", 2), tmp_path))
     assert d.kernel is None
+    plain, grouped = (r for r in d.reasons if "attention_f16" in r), [r for r in d.reasons if "_gqa" in r]
     assert all("grouped-query attention: K is 2x2x256x64xf16 broadcast to 2x2x4x256x64xf16" in r
-               and "it would need K and V [b, kv_heads, s, d]" in r for r in d.reasons), d.reasons
+               and "it would need K and V [b, kv_heads, s, d]" in r for r in plain), d.reasons
+    # the GQA entries read K, V [b, g, s, d] / [b, s, g, d] and write O [b, s, h, d]: another layout (or mask)
+    assert grouped and all("layout: the op's Q, K, V and O are [b, h, s, d]" in r or "mask" in r for r in grouped), d.reasons
+    assert not any("no code for shared heads" in r for r in grouped)
 
 
 # ----------------------------------------------------------------- decomposed attention (ONNX)
@@ -124,16 +128,19 @@ def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
         (["--form", "layer", "--mask", "where-add"], "attention_kt_f16"),  # the dynamo exporter's all-true mask
         (["--form", "layer", "--mask", "where-add-causal", "--seq", 197], "attention_causal_kt_f16"),
         (["--form", "split", "--mask", "where-add-causal"], "attention_causal_kt_f16"),  # GPT-2's one QKV projection
+        # GQA projected as Llama's (repeat_kv's broadcast read through: K and V [b, s, g, d]), d = 128 scaled by f16's 1/11.3125
+        (["--form", "layer", "--kv-heads", 2, "--batch", 1, "--mask", "where-add-causal", "--head-dim", 128],
+         "attention_causal_gqa_bshd_f16"),
     ],
     ids=["causal", "zero-mask", "mul-scale", "flat", "flat-causal", "where-causal", "layer", "layer-where-add",
-         "layer-where-causal-197", "split-where-causal"],
+         "layer-where-causal-197", "split-where-causal", "layer-gqa-d128"],
 )
 def test_decomposed_attention_is_replaced_whole(tmp_path, args, kernel):
     decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path)
     d = attention_decision(decisions)
     assert d.kernel is not None and d.kernel.name == kernel, d.reasons
     assert d.op.detail.chain is not None and d.op.detail.summary == "decomposed, ending in linalg.batch_matmul"
-    assert d.op.detail.scale_text in ("1 / 8.000000e+00 : f16", "1.250000e-01 : f16", "1.250000e-01 : f32")
+    assert d.op.detail.scale_text in ("1 / 8.000000e+00 : f16", "1.250000e-01 : f16", "1.250000e-01 : f32", "1 / 1.131250e+01 : f16")
     # every op of the chain (the softmax among them) gives way: none is replaced on its own
     others = [x for x in decisions if x is not d]
     assert any(x.op.kind == "linalg.softmax" for x in others)
@@ -217,8 +224,9 @@ def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
     [
         (["--form", "layer", "--mask", "where-add"], "attention_kt_f16"),
         (["--form", "split", "--mask", "where-add-causal"], "attention_causal_kt_f16"),
+        (["--form", "layer", "--kv-heads", 2, "--batch", 1, "--mask", "where-add-causal"], "attention_causal_gqa_bshd_f16"),
     ],
-    ids=["layer-where-add", "split-where-causal"],
+    ids=["layer-where-add", "split-where-causal", "layer-gqa"],
 )
 def test_projected_attention_builds_to_no_more_dispatches_than_iree(tmp_path, args, kernel):
     """The projected f16 layer as the dynamo exporter writes it: the whole chain, with the
@@ -229,7 +237,7 @@ def test_projected_attention_builds_to_no_more_dispatches_than_iree(tmp_path, ar
     result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
     [attention] = [d for d in result.decisions if d.op.kind == "iree_linalg_ext.attention"]
     assert attention.kernel is not None and attention.kernel.name == kernel, attention.reasons
-    assert attention.op.result.shape == (2, 128, 4, 64)  # O as [b, s, h, d]: the output transpose is the kernel's
+    assert attention.op.result.shape[-3:] == (128, 4, 64)  # O as [b, s, h, d]: the output transpose is the kernel's
     assert kernel in dump_module(result.vmfb)
     assert not iree_dispatches(result.vmfb, "softmax") and not iree_dispatches(result.vmfb, "batch_matmul")
     assert iree_dispatches(result.baseline_vmfb, "softmax")

@@ -179,16 +179,17 @@ class Attention(OpKind):
         if chain is not None:
             inputs = _read(op, kernel_orders(layout))
             paths, ranks, marked = [x.path for x in inputs], [len(x.tensor.shape) for x in inputs], chain.marked
+            tensors = [x.tensor for x in inputs]
         else:
             paths, marked = [(0,), (1,), (2, 0) if op.detail.v_transposed else (2,)], 0
-            ranks = [len(op.detail.maps[0])] * 3
+            ranks, tensors = [len(op.detail.maps[0])] * 3, list(op.inputs)
         ranks.append(len(op.result.shape))
         reshapes = [_unit_dims(rank) for rank in ranks]
         if len(set(ranks)) == 1:
             variant = f"_batch{ranks[0] - 2}" if ranks[0] < BATCH_DIMS + 2 else ""
         else:
             variant = "_rank" + "".join(map(str, ranks))
-        arguments = [Operand(p, r) for p, r in zip(paths, reshapes)]
+        arguments = [Operand(p, r, t if t != given else None) for p, r, t, given in zip(paths, reshapes, tensors, op.inputs)]
         if layout.pattern is not None:
             given = {**dict(enumerate(arguments)), SCALE: Constant("f32", repr(float(np.float32(op.detail.scale))))}
             arguments = [given[role] for role in layout.pattern]

@@ -109,6 +109,7 @@ class Operand:
 
     path: tuple[int, ...]
     reshape: Reshape | None = None
+    tensor: TensorFacts | None = None  # its type, where it is not the op's input of its place (attention's layouts)
 
 
 @dataclass(frozen=True)

@@ -63,13 +63,26 @@ def make_model(
         inputs = [helper.make_tensor_value_info("x", elem, [batch, seq, hidden])]
         inits.append(numpy_helper.from_array(np.array([batch, seq, heads, head_dim], np.int64), "heads_shape"))
         inits.append(numpy_helper.from_array(np.array([batch, seq, hidden], np.int64), "out_shape"))
+        kv = kv_heads or heads
+        inits.append(numpy_helper.from_array(np.array([batch, seq, kv, head_dim], np.int64), "kv_shape"))
         for p in "qkv":
-            inits.append(const(f"w_{p}", rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)))
+            width = hidden if p == "q" else kv * head_dim
+            inits.append(const(f"w_{p}", rng.standard_normal((hidden, width)) / np.sqrt(hidden)))
             nodes += [
                 node("MatMul", ["x", f"w_{p}"], [f"{p}_proj"]),
-                node("Reshape", [f"{p}_proj", "heads_shape"], [f"{p}_split"]),
+                node("Reshape", [f"{p}_proj", "heads_shape" if p == "q" else "kv_shape"], [f"{p}_split"]),
                 node("Transpose", [f"{p}_split"], [p], perm=[0, 2, 1, 3]),
             ]
+        if kv_heads:  # transformers' repeat_kv: Unsqueeze, Expand, Reshape
+            inits.append(numpy_helper.from_array(np.array([2], np.int64), "axis2"))
+            inits.append(numpy_helper.from_array(np.array([batch, kv, heads // kv, seq, head_dim], np.int64), "repeat"))
+            inits.append(numpy_helper.from_array(np.array([batch, heads, seq, head_dim], np.int64), "merged"))
+            for p in ("k", "v"):
+                nodes += [
+                    node("Unsqueeze", [p, "axis2"], [f"{p}_u"]),
+                    node("Expand", [f"{p}_u", "repeat"], [f"{p}_e"]),
+                    node("Reshape", [f"{p}_e", "merged"], [f"{p}_r"]),
+                ]
         out_shape = [batch, seq, hidden]
     else:
         lead = [batch * heads] if form == "flat" else [batch, heads]
@@ -88,7 +101,7 @@ def make_model(
                     node("Expand", [f"{p}_u", "repeat"], [f"{p}_e"]),
                     node("Reshape", [f"{p}_e", "merged"], [f"{p}_r"]),
                 ]
-    k_name, v_name = ("k_r", "v_r") if kv_heads and form != "layer" else ("k", "v")
+    k_name, v_name = ("k_r", "v_r") if kv_heads and form in ("heads", "flat", "layer") else ("k", "v")
     rank = 3 if form == "flat" else 4
     nodes.append(node("Transpose", [k_name], ["kt"], perm=list(range(rank - 2)) + [rank - 1, rank - 2]))
     nodes.append(node("MatMul", ["q", "kt"], ["qk"]))
@@ -142,7 +155,7 @@ def main() -> None:
     p.add_argument("--mask", choices=["none", "zero", "causal", "causal-where", "where-add", "where-add-causal", "arbitrary"], default="none")
     p.add_argument("--scale", choices=["div", "mul", "wrong"], default="div")
     p.add_argument("--form", choices=["heads", "flat", "layer", "split"], default="heads")
-    p.add_argument("--kv-heads", type=int, default=None, help="fewer K/V heads, repeated (GQA; --form heads)")
+    p.add_argument("--kv-heads", type=int, default=None, help="fewer K/V heads, repeated (GQA; --form heads or layer)")
     args = p.parse_args()
     model = make_model(args.batch, args.heads, args.seq, args.head_dim, f16=args.f16, mask=args.mask, scale=args.scale,
                        kv_seq=args.kv_seq, form=args.form, kv_heads=args.kv_heads)
