@@ -121,9 +121,9 @@ def test_matmul_any_shape(tensor_core_builds, function, shape):
     assert _rel_err(got, ref) <= RESULT_TOL[out_type]
 
 
-def _attention_reference(q, k, v, causal):
+def _attention_reference(q, k, v, causal, scale=None):
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    scores = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
     if causal:
         s = q.shape[-2]
         scores = np.where(np.tril(np.ones((s, s), dtype=bool)), scores, -np.inf)
@@ -132,7 +132,7 @@ def _attention_reference(q, k, v, causal):
 
 
 # (b, h, s, d): partial 128-row query blocks and key tiles, one token, both head dims.
-ATTENTION_SHAPES = [(1, 2, 128, 64), (2, 3, 257, 128), (1, 1, 1, 64), (2, 2, 300, 64), (1, 2, 1000, 128)]
+ATTENTION_SHAPES = [(1, 2, 128, 64), (2, 3, 257, 128), (1, 1, 1, 64), (2, 2, 300, 64), (1, 2, 1000, 128), (1, 2, 200, 96), (2, 1, 129, 80)]
 
 
 @pytest.mark.gpu
@@ -148,7 +148,7 @@ def test_attention_shapes(tensor_core_builds, dtype, causal, shape):
 
 
 # (b, h, s, d): s = 197 (ViT) leaves K^T's rows unaligned, which the _kt entries read element-wise.
-LAYOUT_SHAPES = [(1, 12, 128, 64), (2, 3, 197, 64), (2, 2, 300, 128), (1, 1, 1, 64)]
+LAYOUT_SHAPES = [(1, 12, 128, 64), (2, 3, 197, 64), (2, 2, 300, 128), (1, 1, 1, 64), (1, 4, 197, 80), (2, 2, 130, 96)]
 
 
 @pytest.mark.gpu
@@ -157,23 +157,50 @@ LAYOUT_SHAPES = [(1, 12, 128, 64), (2, 3, 197, 64), (2, 2, 300, 128), (1, 1, 1, 
 @pytest.mark.parametrize("variant", ["bshd", "kt"])
 @pytest.mark.parametrize("shape", LAYOUT_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_attention_layout_variants(tensor_core_builds, dtype, causal, variant, shape):
-    """_bshd: Q, K, V, O [b, s, h, d]; _kt: Q, V [b, h, s, d], K^T [b, h, d, s], O [b, s, h, d]."""
+    """_bshd: Q, K, V, O [b, s, h, d]; _kt: Q, V [b, h, s, d], K^T [b, h, d, s], O [b, s, h, d];
+    the scale an argument (here 1/sqrt(d) rounded to f16, as f16 models give it)."""
     rng = np.random.default_rng(sum(shape))
     q, k, v = (rng.standard_normal(shape).astype(_numpy_dtype(dtype)) for _ in range(3))  # [b, h, s, d]
     function = f"attention{'_causal' if causal else ''}_{variant}_{dtype}"
-    expected = np.swapaxes(_attention_reference(q, k, v, causal), 1, 2)  # [b, s, h, d]
+    scale = float(np.float16(1 / np.sqrt(shape[-1])))
+    expected = np.swapaxes(_attention_reference(q, k, v, causal, scale), 1, 2)  # [b, s, h, d]
     if variant == "bshd":
         args = [np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k, v)]
     else:
         args = [q, np.ascontiguousarray(np.swapaxes(k, -1, -2)), v]
-    got = _module(tensor_core_builds, "attention").call(function, *args)
+    got = _module(tensor_core_builds, "attention").call(function, *args, np.float32(scale))
     assert got.shape == expected.shape
+    assert _rel_err(got, expected) <= RESULT_TOL[dtype]
+
+
+# (b, h, g, s, d): K/V heads shared by 2 or 4 query heads, MQA, Llama's d = 128.
+GQA_SHAPES = [(1, 16, 4, 128, 128), (2, 8, 2, 197, 64), (1, 4, 1, 300, 96)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant", ["gqa", "gqa_bshd"])
+@pytest.mark.parametrize("shape", GQA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_attention_gqa(tensor_core_builds, dtype, causal, variant, shape):
+    """Q [b, h, s, d], K [b, g, s, d] (_gqa) or [b, s, g, d] (_gqa_bshd), V [b, s, g, d], O [b, s, h, d]:
+    query head i reads K/V head i // (h // g)."""
+    b, h, g, s, d = shape
+    rng = np.random.default_rng(sum(shape))
+    make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))  # noqa: E731
+    q, k, v = make(b, h, s, d), make(b, g, s, d), make(b, g, s, d)
+    scale = float(np.float16(1 / np.sqrt(d)))
+    k_heads, v_heads = (np.repeat(x, h // g, axis=1) for x in (k, v))
+    expected = np.swapaxes(_attention_reference(q, k_heads, v_heads, causal, scale), 1, 2)
+    k_arg = k if variant == "gqa" else np.ascontiguousarray(np.swapaxes(k, 1, 2))
+    function = f"attention{'_causal' if causal else ''}_{variant}_{dtype}"
+    got = _module(tensor_core_builds, "attention").call(function, q, k_arg, np.ascontiguousarray(np.swapaxes(v, 1, 2)), np.float32(scale))
     assert _rel_err(got, expected) <= RESULT_TOL[dtype]
 
 
 @pytest.mark.gpu
 def test_attention_refuses_other_head_dims_loudly(tensor_core_builds):
-    q = np.ones((1, 1, 10, 96), np.float16)
+    q = np.ones((1, 1, 10, 72), np.float16)  # 64, 80, 96 and 128 have code
     got = _module(tensor_core_builds, "attention").call("attention_f16", q, q, q)
     assert np.isnan(got.astype(np.float32)).all()
 

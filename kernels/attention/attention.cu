@@ -43,7 +43,8 @@ struct Problem {
   int s;          // sequence length (queries and keys)
   int q0;         // first query row of this block
   float scale2;   // softmax scale times log2(e): exp(x * scale) = exp2(x * scale2)
-  long long q_row, k_row, v_row, o_row;  // elements between rows (between keys of K^T's d rows)
+  long long q_row, k_row, v_row, o_row;
+  int d;          // the head dim (80 and 96 run as 128: zero columns past d, never written)  // elements between rows (between keys of K^T's d rows)
 };
 
 // Head `head` of `heads` of a tensor of layout L in this block's batch: its first element, and
@@ -68,7 +69,7 @@ __device__ __forceinline__ Problem block_problem(const half_bits* q, const half_
   const int head = blockIdx.y, kv_head = head / (h / g);
   return Problem{q + head_offset<QL>(h, head, s, d), k + head_offset<KL>(g, kv_head, s, d), v + head_offset<VL>(g, kv_head, s, d),
                  o + head_offset<OL>(h, head, s, d), s, q_block * BM, scale * kLog2e,
-                 row_stride<QL>(h, s, d), row_stride<KL>(g, s, d), row_stride<VL>(g, s, d), row_stride<OL>(h, s, d)};
+                 row_stride<QL>(h, s, d), row_stride<KL>(g, s, d), row_stride<VL>(g, s, d), row_stride<OL>(h, s, d), d};
 }
 
 // The max of a row over its quad of lanes (each holds a quarter of the row's columns).
@@ -95,6 +96,7 @@ __device__ __forceinline__ void write_rows(const Problem& p, int row_a, float l_
   const int col = lane % 4 * 2, row_b = row_a + 8;
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
+    if (j * 8 >= p.d) break;  // a head dim padded to D
     if (row_a < p.s)
       *reinterpret_cast<unsigned*>(p.o + row_a * p.o_row + j * 8 + col) = kit::pack2<E>(o(j, 0) * inv_a, o(j, 1) * inv_a);
     if (row_b < p.s)
@@ -118,14 +120,14 @@ struct Smem {
   __device__ static int at(int row, int chunk) { return row * kRow + ((chunk ^ (row & 7)) << 3); }
 };
 
-// rows [r0, r0 + rows) of an [s, D] matrix whose rows are `stride` elements apart -> shared at
-// `dst`, zeros past row s; all threads.
+// rows [r0, r0 + rows) of an [s, d] matrix whose rows are `stride` elements apart -> shared at
+// `dst` as [rows, D], zeros past row s and column d; all threads.
 template <int D>
-__device__ __forceinline__ void load_rows(half_bits* dst, const half_bits* src, int r0, int rows, int s, long long stride) {
+__device__ __forceinline__ void load_rows(half_bits* dst, const half_bits* src, int r0, int rows, int s, long long stride, int d) {
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
-    const bool ok = r0 + r < s;
+    const bool ok = r0 + r < s && c * 8 < d;  // zeros past the head dim d <= D
     kit::cp_async16(dst + Smem<D>::at(r, c), ok ? src + (r0 + r) * stride + c * 8 : src, ok);
   }
 }
@@ -134,10 +136,10 @@ __device__ __forceinline__ void load_rows(half_bits* dst, const half_bits* src, 
 // zeros past key s; all threads. Element loads, consecutive threads on consecutive keys: a
 // K^T row need not be 16-byte aligned (s = 197).
 template <int D>
-__device__ __forceinline__ void load_transposed(half_bits* dst, const half_bits* src, int r0, int rows, int s, long long stride) {
+__device__ __forceinline__ void load_transposed(half_bits* dst, const half_bits* src, int r0, int rows, int s, long long stride, int d) {
   for (int i = threadIdx.x; i < rows * D; i += kThreads) {
     const int r = i % rows, e = i / rows;
-    const half_bits x = r0 + r < s ? src[e * stride + r0 + r] : half_bits(0);
+    const half_bits x = r0 + r < s && e < d ? src[e * stride + r0 + r] : half_bits(0);
     dst[Smem<D>::at(r, e / 8) + e % 8] = x;
   }
 }
@@ -145,9 +147,9 @@ __device__ __forceinline__ void load_transposed(half_bits* dst, const half_bits*
 template <int D, Order KL>
 __device__ __forceinline__ void load_keys(half_bits* dst, const Problem& p, int r0) {
   if constexpr (KL == BHDS) {
-    load_transposed<D>(dst, p.k, r0, BN, p.s, p.k_row);
+    load_transposed<D>(dst, p.k, r0, BN, p.s, p.k_row, p.d);
   } else {
-    load_rows<D>(dst, p.k, r0, BN, p.s, p.k_row);
+    load_rows<D>(dst, p.k, r0, BN, p.s, p.k_row, p.d);
   }
 }
 
@@ -158,9 +160,9 @@ __device__ void block(const Problem& p, half_bits* smem) {
   const int last_key = kCausal ? min(p.s, p.q0 + BM) : p.s;  // keys past it are masked for every row
   const int ntiles = (last_key + BN - 1) / BN;
 
-  load_rows<D>(smem + L::kQ, p.q, p.q0, BM, p.s, p.q_row);
+  load_rows<D>(smem + L::kQ, p.q, p.q0, BM, p.s, p.q_row, p.d);
   load_keys<D, KL>(smem + L::kK, p, 0);
-  load_rows<D>(smem + L::kV, p.v, 0, BN, p.s, p.v_row);
+  load_rows<D>(smem + L::kV, p.v, 0, BN, p.s, p.v_row, p.d);
   kit::cp_async_commit();
 
   const bool computes = warp < kComputeWarps;
@@ -175,7 +177,7 @@ __device__ void block(const Problem& p, half_bits* smem) {
     if (t + 1 < ntiles) {
       const int nb = (t + 1) % 2;
       load_keys<D, KL>(smem + L::kK + nb * BN * D, p, (t + 1) * BN);
-      load_rows<D>(smem + L::kV + nb * BN * D, p.v, (t + 1) * BN, BN, p.s, p.v_row);
+      load_rows<D>(smem + L::kV + nb * BN * D, p.v, (t + 1) * BN, BN, p.s, p.v_row, p.d);
     }
     kit::cp_async_commit();
     if (!computes) continue;
@@ -476,7 +478,7 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
     return;
   }
 #endif
-  if (aligned && d == 128) {
+  if (aligned && (d == 128 || d == 96 || d == 80)) {  // 80 and 96 padded to 128 in shared memory and registers
     ampere::block<E, 128, kCausal, KL>(p, smem);
   } else if (aligned && d == 64) {
     ampere::block<E, 64, kCausal, KL>(p, smem);
@@ -514,12 +516,13 @@ attention_causal_bf16(const half_bits* __restrict__ q, const half_bits* __restri
 // Layout variants (mma.sync path): what exporters' projected attention leaves.
 // _bshd: Q, K, V and O [b, s, h, d] (GPT-2's split of one QKV projection, the heads never
 // transposed); _kt: Q and V [b, h, s, d], K^T [b, h, d, s], O [b, s, h, d] (BERT, ViT: the
-// projections' transposes keep their bias adds, the output's transpose goes).
+// projections' transposes keep their bias adds, the output's transpose goes). The softmax scale
+// is an argument (the op's constant: f16 models scale by 1/sqrt(d) rounded to f16).
 #define KIT_ATTENTION_VARIANT(NAME, E, CAUSAL, QL, KL, VL, OL)                                                        \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
   NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
-       half_bits* __restrict__ o, int b, int h, int s, int d) {                                                       \
-    attention<E, CAUSAL, QL, KL, VL, OL>(q, k, v, o, b, h, s, d);                                                    \
+       half_bits* __restrict__ o, float scale, int b, int h, int s, int d) {                                          \
+    attention<E, CAUSAL, QL, KL, VL, OL>(q, k, v, o, b, h, s, d, 0, scale);                                          \
   }
 
 KIT_ATTENTION_VARIANT(attention_bshd_f16, kit::F16, false, BSHD, BSHD, BSHD, BSHD)

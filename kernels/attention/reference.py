@@ -35,28 +35,28 @@ def _bhsd(x):  # [b, s, h, d] -> [b, h, s, d]
     return np.swapaxes(x, 1, 2)
 
 
-def _bshd_variant(q, k, v, causal):
-    return _bhsd(_attention(_bhsd(q), _bhsd(k), _bhsd(v), causal))
+def _bshd_variant(q, k, v, scale, causal):
+    return _bhsd(_attention(_bhsd(q), _bhsd(k), _bhsd(v), causal, float(scale)))
 
 
-def _kt_variant(q, kt, v, causal):
-    return _bhsd(_attention(q, np.swapaxes(kt, -1, -2), v, causal))
+def _kt_variant(q, kt, v, scale, causal):
+    return _bhsd(_attention(q, np.swapaxes(kt, -1, -2), v, causal, float(scale)))
 
 
-def attention_bshd_f16(q, k, v):
-    return _bshd_variant(q, k, v, causal=False)
+def attention_bshd_f16(q, k, v, scale):
+    return _bshd_variant(q, k, v, scale, causal=False)
 
 
-def attention_causal_bshd_f16(q, k, v):
-    return _bshd_variant(q, k, v, causal=True)
+def attention_causal_bshd_f16(q, k, v, scale):
+    return _bshd_variant(q, k, v, scale, causal=True)
 
 
-def attention_kt_f16(q, kt, v):
-    return _kt_variant(q, kt, v, causal=False)
+def attention_kt_f16(q, kt, v, scale):
+    return _kt_variant(q, kt, v, scale, causal=False)
 
 
-def attention_causal_kt_f16(q, kt, v):
-    return _kt_variant(q, kt, v, causal=True)
+def attention_causal_kt_f16(q, kt, v, scale):
+    return _kt_variant(q, kt, v, scale, causal=True)
 
 
 attention_bshd_bf16, attention_causal_bshd_bf16 = attention_bshd_f16, attention_causal_bshd_f16

@@ -29,7 +29,7 @@ from kitdispatch.models.ops._masks import CAUSAL, NONE, OTHER, MaskForm, mask_op
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
 
-HEAD_DIMS = (64, 128)  # the head dims the kernel has code for
+HEAD_DIMS = (64, 80, 96, 128)  # the head dims the kernel has code for (80 and 96 padded to 128)
 BATCH_DIMS = 2  # the kernel's b and h; an op with one batch dim runs as b = 1
 ROLES = ("Q", "K", "V", "O")
 PLAIN = ("bhsd",) * 4  # every tensor [b, h, s, d]
@@ -166,7 +166,7 @@ class Attention(OpKind):
             return f"shape: the sequence length or head dim of {unknown[0]} is dynamic, and the kernel's must be checked"
         head = s_and_d[0][1]
         if head not in HEAD_DIMS:
-            return f"head dim {head}: the kernel has code for {' and '.join(map(str, HEAD_DIMS))} only"
+            return f"head dim {head}: the kernel has code for {', '.join(map(str, HEAD_DIMS[:-1]))} and {HEAD_DIMS[-1]} only"
         if layout.pattern is not None:  # the kernel scales by the op's constant
             return None if op.detail.scale is not None else f"the op's scale is {op.detail.scale_text}, not a constant"
         return _scale_mismatch(op.detail, head)
@@ -204,11 +204,12 @@ def _without_scale(kernel: Kernel) -> Kernel:
 
 
 def kernel_orders(layout: Layout) -> tuple[str, ...]:
-    """The order of the kernel's Q, K, V and O ("bhsd" for all where they are one type)."""
-    shapes = [b.type.shape for b in (*layout.inputs, layout.result)]
-    if len(set(shapes)) == 1:
-        return PLAIN
-    return tuple("".join(map(str, shape)) for shape in shapes)
+    """The order of the kernel's Q, K, V and O, read from their dims' names where those are the
+    kit's (b, h, s, d, g); "bhsd" for all where they are one type of other names."""
+    orders = tuple("".join(map(str, b.type.shape)) for b in (*layout.inputs, layout.result))
+    if all(o in allowed for o, allowed in zip(orders, ORDERS)):
+        return orders
+    return PLAIN
 
 
 def _read(op: OpFacts, orders: tuple[str, ...]) -> tuple[Input, ...]:

@@ -16,6 +16,7 @@ GPU_CASES = {
     "onnx-layer-gqa-d128": ("onnx", ["--f16", "--form", "layer", "--kv-heads", "2", "--batch", "1", "--mask", "where-add-causal",
                                      "--head-dim", "128"],
                             "attention_causal_gqa_bshd_f16"),
+    "onnx-layer-d96-197": ("onnx", ["--f16", "--form", "layer", "--head-dim", "96", "--seq", "197"], "attention_kt_f16"),
     "onnx-split-causal": ("onnx", ["--f16", "--form", "split", "--mask", "where-add-causal"], "attention_causal_kt_f16"),  # f32: in f16 its rounding keeps the softmax IREE's
 }
 ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdispatch.toml)
