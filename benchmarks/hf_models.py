@@ -7,7 +7,10 @@ iree-compile and a model's weights would not fit the trip there twice (replaced 
 
        python benchmarks/hf_models.py build ONNX_DIR BUILD_DIR [--arch sm_90a]
 
-   Each model is imported with its weights as parameters (`iree-import-onnx --externalize-params`),
+   Each model is imported with its weights as parameters (`iree-import-onnx --externalize-params`;
+   initializers under KEEP_INLINE elements stay constants: the dynamo exporter's attention mask,
+   a boolean [1, 1, s, s], must be one for the kit to read it, and biases and norm weights are
+   the ones transformers initialises anyway),
    built with the whole library and a baseline (`kitdispatch build --model M.mlir --with-baseline`),
    and its parameters described in NAME.params.npz: the shape and type of every float weight,
    and the values of the others (position ids and other integer constants).
@@ -75,6 +78,9 @@ def describe_parameters(mlir: Path, irpa: Path, dest: Path) -> None:
     np.savez(dest, **kept)
 
 
+KEEP_INLINE = 300_000  # elements: a [512, 512] mask (262144) stays a constant, a 768 x 768 weight (589824) does not
+
+
 def build(onnx_dir: Path, out: Path, archs: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tools = Path(sys.executable).parent
@@ -88,7 +94,8 @@ def build(onnx_dir: Path, out: Path, archs: str) -> None:
         if taken:  # never overwrite or delete what this script did not write in this run
             print(f"{name}: skipped, {', '.join(taken)} already there (remove it or choose another BUILD_DIR)", flush=True)
             continue
-        subprocess.run([str(tools / "iree-import-onnx"), str(onnx), "--externalize-params", "--save-params-to", str(irpa), "-o", str(mlir)],
+        subprocess.run([str(tools / "iree-import-onnx"), str(onnx), "--externalize-params", "--num-elements-threshold", str(KEEP_INLINE),
+                        "--save-params-to", str(irpa), "-o", str(mlir)],
                        check=True, timeout=900)
         describe_parameters(mlir, irpa, out / f"{name}.params.npz")
         irpa.unlink()  # the GPU machine draws its own
