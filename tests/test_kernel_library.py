@@ -198,6 +198,24 @@ def test_attention_gqa(tensor_core_builds, dtype, causal, variant, shape):
     assert _rel_err(got, expected) <= RESULT_TOL[dtype]
 
 
+# (b, h, s, t, d): fewer and more keys than queries, partial tiles, one key, d = 96 padded.
+CROSS_SHAPES = [(1, 2, 128, 77, 64), (2, 3, 100, 300, 128), (1, 1, 5, 1, 64), (1, 2, 197, 64, 96)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("shape", CROSS_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_attention_cross(tensor_core_builds, dtype, shape):
+    """Q [b, h, s, d] against K and V [b, h, t, d]: t keys for s queries, the scale an argument."""
+    b, h, s, t, d = shape
+    rng = np.random.default_rng(sum(shape))
+    make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))  # noqa: E731
+    q, k, v = make(b, h, s, d), make(b, h, t, d), make(b, h, t, d)
+    scale = float(np.float16(1 / np.sqrt(d)))
+    got = _module(tensor_core_builds, "attention").call(f"attention_cross_{dtype}", q, k, v, np.float32(scale))
+    assert _rel_err(got, _attention_reference(q, k, v, False, scale)) <= RESULT_TOL[dtype]
+
+
 @pytest.mark.gpu
 def test_attention_refuses_other_head_dims_loudly(tensor_core_builds):
     q = np.ones((1, 1, 10, 72), np.float16)  # 64, 80, 96 and 128 have code

@@ -44,7 +44,8 @@ struct Problem {
   int q0;         // first query row of this block
   float scale2;   // softmax scale times log2(e): exp(x * scale) = exp2(x * scale2)
   long long q_row, k_row, v_row, o_row;
-  int d;          // the head dim (80 and 96 run as 128: zero columns past d, never written)  // elements between rows (between keys of K^T's d rows)
+  int d;          // the head dim (80 and 96 run as 128: zero columns past d, never written)
+  int sk;         // keys (s but for cross-attention)  // elements between rows (between keys of K^T's d rows)
 };
 
 // Head `head` of `heads` of a tensor of layout L in this block's batch: its first element, and
@@ -64,12 +65,12 @@ __device__ __forceinline__ long long row_stride(int heads, int s, int d) {
 // shared by h / g query heads (g = h: one each; g < h: grouped-query attention).
 template <Order QL, Order KL, Order VL, Order OL>
 __device__ __forceinline__ Problem block_problem(const half_bits* q, const half_bits* k, const half_bits* v,
-                                                 half_bits* o, int h, int g, int s, int d, float scale) {
+                                                 half_bits* o, int h, int g, int s, int d, float scale, int sk) {
   const int q_block = gridDim.x - 1 - blockIdx.x;
   const int head = blockIdx.y, kv_head = head / (h / g);
-  return Problem{q + head_offset<QL>(h, head, s, d), k + head_offset<KL>(g, kv_head, s, d), v + head_offset<VL>(g, kv_head, s, d),
+  return Problem{q + head_offset<QL>(h, head, s, d), k + head_offset<KL>(g, kv_head, sk, d), v + head_offset<VL>(g, kv_head, sk, d),
                  o + head_offset<OL>(h, head, s, d), s, q_block * BM, scale * kLog2e,
-                 row_stride<QL>(h, s, d), row_stride<KL>(g, s, d), row_stride<VL>(g, s, d), row_stride<OL>(h, s, d), d};
+                 row_stride<QL>(h, s, d), row_stride<KL>(g, sk, d), row_stride<VL>(g, sk, d), row_stride<OL>(h, s, d), d, sk};
 }
 
 // The max of a row over its quad of lanes (each holds a quarter of the row's columns).
@@ -147,9 +148,9 @@ __device__ __forceinline__ void load_transposed(half_bits* dst, const half_bits*
 template <int D, Order KL>
 __device__ __forceinline__ void load_keys(half_bits* dst, const Problem& p, int r0) {
   if constexpr (KL == BHDS) {
-    load_transposed<D>(dst, p.k, r0, BN, p.s, p.k_row, p.d);
+    load_transposed<D>(dst, p.k, r0, BN, p.sk, p.k_row, p.d);
   } else {
-    load_rows<D>(dst, p.k, r0, BN, p.s, p.k_row, p.d);
+    load_rows<D>(dst, p.k, r0, BN, p.sk, p.k_row, p.d);
   }
 }
 
@@ -157,12 +158,12 @@ template <class E, int D, bool kCausal, Order KL>
 __device__ void block(const Problem& p, half_bits* smem) {
   using L = Smem<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int last_key = kCausal ? min(p.s, p.q0 + BM) : p.s;  // keys past it are masked for every row
+  const int last_key = kCausal ? min(p.sk, p.q0 + BM) : p.sk;  // keys past it are masked for every row
   const int ntiles = (last_key + BN - 1) / BN;
 
   load_rows<D>(smem + L::kQ, p.q, p.q0, BM, p.s, p.q_row, p.d);
   load_keys<D, KL>(smem + L::kK, p, 0);
-  load_rows<D>(smem + L::kV, p.v, 0, BN, p.s, p.v_row, p.d);
+  load_rows<D>(smem + L::kV, p.v, 0, BN, p.sk, p.v_row, p.d);
   kit::cp_async_commit();
 
   const bool computes = warp < kComputeWarps;
@@ -177,7 +178,7 @@ __device__ void block(const Problem& p, half_bits* smem) {
     if (t + 1 < ntiles) {
       const int nb = (t + 1) % 2;
       load_keys<D, KL>(smem + L::kK + nb * BN * D, p, (t + 1) * BN);
-      load_rows<D>(smem + L::kV + nb * BN * D, p.v, (t + 1) * BN, BN, p.s, p.v_row, p.d);
+      load_rows<D>(smem + L::kV + nb * BN * D, p.v, (t + 1) * BN, BN, p.sk, p.v_row, p.d);
     }
     kit::cp_async_commit();
     if (!computes) continue;
@@ -204,7 +205,7 @@ __device__ void block(const Problem& p, half_bits* smem) {
 
     // Online softmax over this tile, in the log2 domain.
     const int key0 = t * BN + lane % 4 * 2;
-    const bool masked = t * BN + BN > p.s || (kCausal && t * BN + BN - 1 > p.q0 + warp * 16);
+    const bool masked = t * BN + BN > p.sk || (kCausal && t * BN + BN - 1 > p.q0 + warp * 16);
     float mx_a = m_a, mx_b = m_b;
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
@@ -213,7 +214,7 @@ __device__ void block(const Problem& p, half_bits* smem) {
         float x = sc[nt][e] * p.scale2;
         if (masked) {
           const int key = key0 + nt * 8 + (e & 1), row = e < 2 ? row_a : row_b;
-          if (key >= p.s || (kCausal && key > row)) x = kit::neg_inf();
+          if (key >= p.sk || (kCausal && key > row)) x = kit::neg_inf();
         }
         sc[nt][e] = x;
         if (e < 2) mx_a = fmaxf(mx_a, x); else mx_b = fmaxf(mx_b, x);
@@ -453,11 +454,12 @@ __device__ void fill_nan(const Problem& p, int d) {
 // maps of the sm_90a path describe [b * h, s, d] tensors).
 template <class E, bool kCausal, Order QL = BHSD, Order KL = BHSD, Order VL = BHSD, Order OL = BHSD>
 __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k, const half_bits* v, half_bits* o,
-                                          int b, int h, int s, int d, int g = 0, float scale = 0.f) {
+                                          int b, int h, int s, int d, int g = 0, float scale = 0.f, int t = 0) {
   extern __shared__ __align__(1024) char dyn_smem[];
   const bool grouped = g > 0 && g != h;
   const float softmax_scale = scale > 0.f ? scale : rsqrtf(float(d));  // the op's, where the entry takes it
-  const Problem p = block_problem<QL, KL, VL, OL>(q, k, v, o, h, grouped && h % g == 0 ? g : h, s, d, softmax_scale);
+  const int keys = t > 0 ? t : s;  // cross-attention: t keys for s queries
+  const Problem p = block_problem<QL, KL, VL, OL>(q, k, v, o, h, grouped && h % g == 0 ? g : h, s, d, softmax_scale, keys);
   if (grouped && h % g != 0) {  // query heads not a multiple of K/V heads: loud, not wrong
     fill_nan(p, d);
     return;
@@ -468,7 +470,7 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
   constexpr bool kPlain = QL == BHSD && KL == BHSD && VL == BHSD && OL == BHSD;
   __shared__ __align__(1024) char stat[hopper::kStaticBytes];
   const unsigned stat_addr = kit::smem_addr(stat);
-  if (kPlain && !grouped && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
+  if (kPlain && !grouped && keys == s && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
     const hopper::Args a{q, k, v, b * h, int(blockIdx.z) * h + int(blockIdx.y), 0};
     if (d == 128) {
       hopper::block<E, 128, kCausal>(p, a, stat_addr, dyn_smem);
@@ -554,3 +556,14 @@ KIT_ATTENTION_GQA(attention_gqa_bshd_f16, kit::F16, false, BSHD)
 KIT_ATTENTION_GQA(attention_causal_gqa_bshd_f16, kit::F16, true, BSHD)
 KIT_ATTENTION_GQA(attention_gqa_bshd_bf16, kit::BF16, false, BSHD)
 KIT_ATTENTION_GQA(attention_causal_gqa_bshd_bf16, kit::BF16, true, BSHD)
+
+// Cross-attention (unmasked): Q and O [b, h, s, d], K and V [b, h, t, d], t keys of another sequence.
+#define KIT_ATTENTION_CROSS(NAME, E)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
+  NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
+       half_bits* __restrict__ o, float scale, int b, int h, int s, int t, int d) {                                   \
+    attention<E, false>(q, k, v, o, b, h, s, d, 0, scale, t);                                                        \
+  }
+
+KIT_ATTENTION_CROSS(attention_cross_f16, kit::F16)
+KIT_ATTENTION_CROSS(attention_cross_bf16, kit::BF16)

@@ -91,3 +91,10 @@ def attention_causal_gqa_bshd_f16(q, k, v, scale):
 
 
 attention_gqa_bshd_bf16, attention_causal_gqa_bshd_bf16 = attention_gqa_bshd_f16, attention_causal_gqa_bshd_f16
+
+
+def attention_cross_f16(q, k, v, scale):  # q [b, h, s, d], k and v [b, h, t, d]
+    return _attention(q, k, v, False, float(scale))
+
+
+attention_cross_bf16 = attention_cross_f16

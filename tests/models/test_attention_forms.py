@@ -131,18 +131,25 @@ def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
         # GQA projected as Llama's (repeat_kv's broadcast read through: K and V [b, s, g, d]), d = 128 scaled by f16's 1/11.3125
         (["--form", "layer", "--kv-heads", 2, "--batch", 1, "--mask", "where-add-causal", "--head-dim", 128],
          "attention_causal_gqa_bshd_f16"),
+        (["--kv-seq", 77], "attention_cross_f16"),  # K and V [b, h, t, d]
+        # scales the fixed-scale entries refuse (1/sqrt(d) rounded to f16, another): the entry given the scale
+        (["--head-dim", 128], "attention_cross_f16"),
+        (["--head-dim", 96], "attention_cross_f16"),
+        (["--scale", "wrong"], "attention_cross_f16"),
         (["--form", "layer", "--head-dim", 80], "attention_kt_f16"),  # padded to 128 in the kernel; the op's f16 scale
         (["--form", "layer", "--head-dim", 96, "--seq", 197], "attention_kt_f16"),
     ],
     ids=["causal", "zero-mask", "mul-scale", "flat", "flat-causal", "where-causal", "layer", "layer-where-add",
-         "layer-where-causal-197", "split-where-causal", "layer-gqa-d128", "layer-d80", "layer-d96-197"],
+         "layer-where-causal-197", "split-where-causal", "layer-gqa-d128", "cross-77", "f16-scale-d128", "f16-scale-d96", "scale-0.5", "layer-d80",
+         "layer-d96-197"],
 )
 def test_decomposed_attention_is_replaced_whole(tmp_path, args, kernel):
     decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path)
     d = attention_decision(decisions)
     assert d.kernel is not None and d.kernel.name == kernel, d.reasons
     assert d.op.detail.chain is not None and d.op.detail.summary == "decomposed, ending in linalg.batch_matmul"
-    assert d.op.detail.scale_text in ("1 / 8.000000e+00 : f16", "1.250000e-01 : f16", "1.250000e-01 : f32", "1 / 1.131250e+01 : f16", "1 / 8.945310e+00 : f16", "1 / 9.796870e+00 : f16")
+    assert d.op.detail.scale_text in ("1 / 8.000000e+00 : f16", "1.250000e-01 : f16", "1.250000e-01 : f32", "1 / 1.131250e+01 : f16", "1 / 8.945310e+00 : f16", "1 / 9.796870e+00 : f16",
+                                      "5.000000e-01 : f16")
     # every op of the chain (the softmax among them) gives way: none is replaced on its own
     others = [x for x in decisions if x is not d]
     assert any(x.op.kind == "linalg.softmax" for x in others)
@@ -153,14 +160,11 @@ def test_decomposed_attention_is_replaced_whole(tmp_path, args, kernel):
     "args, reason",
     [
         (["--mask", "arbitrary"], "an additive mask of values other than 0 and -inf: the library has no kernel for an arbitrary mask"),
-        (["--head-dim", 128], "the op's scale is 1 / 1.131250e+01 : f16, the kernel's 1/sqrt(128)"),  # sqrt(128) rounded to f16
         (["--head-dim", 72], "head dim 72: the kernel has code for 64, 80, 96 and 128 only"),
-        (["--head-dim", 96], "the op's scale is 1 / 9.796870e+00 : f16, the kernel's 1/sqrt(96)"),  # f16's sqrt(96); the layout entries take it
-        (["--scale", "wrong"], "the op's scale is 5.000000e-01 : f16, the kernel's 1/sqrt(64) = 0.125"),
-        (["--kv-seq", 64], "cross-attention: 128 queries and 64 keys"),
+        (["--kv-seq", 64, "--mask", "causal"], "an additive mask neither empty nor causal"),  # a masked cross-attention
         (["--kv-heads", 2, "--mask", "causal"], "grouped-query attention: K is 2x2x128x64xf16 broadcast to 2x2x2x64x128xf16"),
     ],
-    ids=["arbitrary-mask", "f16-scale-128", "head-dim-72", "head-dim-96-f16-scale", "scale", "cross-attention", "gqa-repeat-kv"],
+    ids=["arbitrary-mask", "head-dim-72", "masked-cross-attention", "gqa-repeat-kv"],
 )
 def test_decomposed_attention_near_misses(tmp_path, args, reason):
     d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path))

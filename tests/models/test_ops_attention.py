@@ -145,6 +145,34 @@ def test_attention_hits_bf16_head_dim_128_and_four_dims():
     assert d.kernel.name == "attention_f16" and not d.call.needs_adapter and d.function == "kitdispatch_attention_f16"  # [b, h, s, d] as the kernel: no adapter
 
 
+def test_cross_attention_takes_the_cross_entry():
+    """256 queries, 128 keys: the entries of one sequence length say so; attention_cross_f16
+    (K and V [b, h, t, d]) takes it, with the op's scale as its argument."""
+    d = only(decide(attention_ops(attention_model(seq_k=128)), attention_kernels()))
+    assert d.kernel is not None and d.kernel.name == "attention_cross_f16", d.reasons
+    assert d.call.arguments[-1].value == "0.125"
+    near = only(decide(attention_ops(attention_model(seq_k=128)), [k for k in attention_kernels() if k.name == "attention_f16"]))
+    assert "cross-attention: 256 queries and 128 keys; the kernel takes one sequence length for both" in near.reasons[0]
+
+
+@pytest.mark.parametrize(
+    "model, reason, value",
+    [
+        (attention_model(scale="5.000000e-01 : f32"), "the op's scale is 5.000000e-01 : f32, the kernel's 1/sqrt(64) = 0.125 (f32)", "0.5"),
+        (attention_model(head=128, scale="8.837890e-02 : f16"), "the op's scale is 8.837890e-02 : f16, the kernel's 1/sqrt(128)",
+         "0.08837890625"),
+    ],
+    ids=["scale", "f16-scale"],
+)
+def test_another_scale_takes_the_entry_given_the_scale(model, reason, value):
+    """The fixed-scale entries (1/sqrt(d) in f32) refuse another scale; attention_cross_f16, which
+    takes the scale as an argument (and t = s keys), computes it."""
+    d = only(decide(attention_ops(model), attention_kernels()))
+    assert d.kernel is not None and d.kernel.name == "attention_cross_f16" and d.call.arguments[-1].value == value
+    fixed = only(decide(attention_ops(model), [k for k in attention_kernels() if k.name.startswith("attention_f16")]))
+    assert fixed.kernel is None and reason in fixed.reasons[0], fixed.reasons
+
+
 @pytest.mark.parametrize(
     "model, reason",
     [
@@ -153,16 +181,13 @@ def test_attention_hits_bf16_head_dim_128_and_four_dims():
         (attention_model(seq=64, v_map="(d0, d2, d4)"),  # V stored transposed: square, so the types fit
          "operand maps: Q (d0, d1, d3) of 5 loops, K (d0, d4, d3) of 5 loops, V (d0, d2, d4) of 5 loops"),
         (attention_model(seq=64, k_map="(d0, d3, d4)"), "K (d0, d3, d4) of 5 loops"),
-        (attention_model(scale="5.000000e-01 : f32"), "the op's scale is 5.000000e-01 : f32, the kernel's 1/sqrt(64) = 0.125 (f32)"),
-        (attention_model(head=128, scale="8.837890e-02 : f16"), "the op's scale is 8.837890e-02 : f16, the kernel's 1/sqrt(128)"),
         (attention_model(scale_argument=True), "the op's scale is computed by a function argument, not a constant"),
         (attention_model(mask=True), "the op's mask is a mask kitdispatch cannot read: an input of the model's function (known at run time only): "
          "the library has no kernel for an arbitrary mask"),
-        (attention_model(seq_k=128), "cross-attention: 256 queries and 128 keys; the kernel takes one sequence length for both"),
         (attention_model(scores="%s2").replace("iree_linalg_ext.yield %s2", "%s2 = arith.mulf %s, %s : f32\n    iree_linalg_ext.yield %s2"),
          "the op's score region changes the scores"),
     ],
-    ids=["dtype", "head-dim", "v-map", "k-map", "scale", "f16-scale", "scale-not-constant", "mask", "cross-attention", "score-region"],
+    ids=["dtype", "head-dim", "v-map", "k-map", "scale-not-constant", "mask", "score-region"],
 )
 def test_attention_near_misses(model, reason):
     d = only(decide(attention_ops(model), attention_kernels()))

@@ -41,8 +41,9 @@ def test_the_library_causal_attention_kernels_declare_their_mask():
     from kitdispatch.describe.manifest import load_manifest
 
     kernels = {k.name: k.replaces for k in load_manifest(REPO / "kernels" / "attention").kernels}
-    assert {n: r.mask for n, r in kernels.items()} == {
-        "attention_f16": None, "attention_causal_f16": "causal", "attention_bf16": None, "attention_causal_bf16": "causal"}
+    assert {n: r.mask for n, r in kernels.items()} == {n: "causal" if "_causal" in n else None for n in kernels}
+    assert {"attention_f16", "attention_causal_f16", "attention_bf16", "attention_causal_bf16"} <= set(kernels)
+    assert len(kernels) == 22  # plain, _bshd, _kt, _gqa, _gqa_bshd (each plain and causal), _cross; f16 and bf16
 
 
 @pytest.mark.parametrize(

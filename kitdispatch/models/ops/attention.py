@@ -34,6 +34,7 @@ BATCH_DIMS = 2  # the kernel's b and h; an op with one batch dim runs as b = 1
 ROLES = ("Q", "K", "V", "O")
 PLAIN = ("bhsd",) * 4  # every tensor [b, h, s, d]
 SCALE = "scale"  # an f32 scalar argument: the kernel scales the scores by the op's constant
+KEYS = "t"  # K and V's sequence dim where a kernel takes another key length (cross-attention)
 # The orders a kernel's tensors may have, named by their dims (b, h, s, d): projections leave
 # Q, K, V [b, s, h, d] before their heads are transposed out, K as K^T [b, h, d, s], and O goes
 # back to [b, s, h, d] (_decomposed.py reads which the op gives).
@@ -110,7 +111,7 @@ class Attention(OpKind):
             len(shapes) == 1 or all(o in allowed for o, allowed in zip(kernel_orders(layout), ORDERS)),
             "Q, K, V and O must be one type [b, h, s, d], or name their dims b, h, s, d in the orders the kit "
             "reads: Q, V and O [b, h, s, d] or [b, s, h, d], K also [b, h, d, s] (K^T); K and V [b, g, s, d] or "
-            "[b, s, g, d] for g K/V heads shared by the h query heads",
+            "[b, s, g, d] for g K/V heads shared by the h query heads (t for K and V's s: another key length)",
             where,
         )
         return layout
@@ -149,7 +150,7 @@ class Attention(OpKind):
         buffers = list(layout.inputs) + [layout.result]
         s_and_d = [_s_and_d(t, o) for t, o in zip(tensors, orders)]
         seq_q, seq_k = s_and_d[0][0], s_and_d[1][0]
-        if None not in (seq_q, seq_k) and seq_q != seq_k:
+        if None not in (seq_q, seq_k) and seq_q != seq_k and KEYS not in layout.inputs[1].type.shape:
             return (f"cross-attention: {seq_q} queries and {seq_k} keys; the kernel takes one sequence length for both "
                     "(it would need a key length of its own)")
         for role, tensor, buffer in zip(ROLES, tensors, buffers):
@@ -205,8 +206,9 @@ def _without_scale(kernel: Kernel) -> Kernel:
 
 def kernel_orders(layout: Layout) -> tuple[str, ...]:
     """The order of the kernel's Q, K, V and O, read from their dims' names where those are the
-    kit's (b, h, s, d, g); "bhsd" for all where they are one type of other names."""
-    orders = tuple("".join(map(str, b.type.shape)) for b in (*layout.inputs, layout.result))
+    kit's (b, h, s, d, g; t, K and V's sequence, is s); "bhsd" for all where they are one type of
+    other names."""
+    orders = tuple("".join(map(str, b.type.shape)).replace(KEYS, "s") for b in (*layout.inputs, layout.result))
     if all(o in allowed for o, allowed in zip(orders, ORDERS)):
         return orders
     return PLAIN

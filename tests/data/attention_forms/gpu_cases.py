@@ -17,6 +17,7 @@ GPU_CASES = {
                                      "--head-dim", "128"],
                             "attention_causal_gqa_bshd_f16"),
     "onnx-layer-d96-197": ("onnx", ["--f16", "--form", "layer", "--head-dim", "96", "--seq", "197"], "attention_kt_f16"),
+    "onnx-cross-77": ("onnx", ["--f16", "--kv-seq", "77"], "attention_cross_f16"),
     "onnx-split-causal": ("onnx", ["--f16", "--form", "split", "--mask", "where-add-causal"], "attention_causal_kt_f16"),  # f32: in f16 its rounding keeps the softmax IREE's
 }
 ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdispatch.toml)
