@@ -187,7 +187,7 @@ def test_attention_gqa(tensor_core_builds, dtype, causal, variant, shape):
     query head i reads K/V head i // (h // g)."""
     b, h, g, s, d = shape
     rng = np.random.default_rng(sum(shape))
-    make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))  # noqa: E731
+    make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))
     q, k, v = make(b, h, s, d), make(b, g, s, d), make(b, g, s, d)
     scale = float(np.float16(1 / np.sqrt(d)))
     k_heads, v_heads = (np.repeat(x, h // g, axis=1) for x in (k, v))
@@ -209,7 +209,7 @@ def test_attention_cross(tensor_core_builds, dtype, shape):
     """Q [b, h, s, d] against K and V [b, h, t, d]: t keys for s queries, the scale an argument."""
     b, h, s, t, d = shape
     rng = np.random.default_rng(sum(shape))
-    make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))  # noqa: E731
+    make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))
     q, k, v = make(b, h, s, d), make(b, h, t, d), make(b, h, t, d)
     scale = float(np.float16(1 / np.sqrt(d)))
     got = _module(tensor_core_builds, "attention").call(f"attention_cross_{dtype}", q, k, v, np.float32(scale))
