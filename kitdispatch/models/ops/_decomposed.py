@@ -208,15 +208,18 @@ class _Reader:
             self.fail(f"{op.name} at {location(op)} in the chain has {_users(op.results[0])} users; each op "
                       "of the chain must feed only the next, as the kernel leaves no intermediate value")
 
-    def through_roles(self, value: ir.Value, path: tuple[int, ...], roles: tuple[str, ...] | None):
-        """`through` reshapes and barriers, following the roles of the value's axes."""
+    def through_roles(self, value: ir.Value, path: tuple[int, ...], roles: tuple[str, ...] | None, *, known: bool = False):
+        """`through` reshapes and barriers, following the roles of the value's axes (`known`:
+        only while they can be told, and each reshape with no other user)."""
         while True:
             owner = _owner(value)
             if owner is None or owner.name not in _THROUGH:
                 return value, path, roles
+            before = None if roles is None else _reshaped(owner, roles, down=False)
+            if known and (before is None or _users(value) != 1):
+                return value, path, roles
             self.take(owner)
-            roles = None if roles is None else _reshaped(owner, roles, down=False)
-            value, path = owner.operands[0], path + (0,)
+            roles, value, path = before, owner.operands[0], path + (0,)
 
     def further(self, near: Input, value: ir.Value, roles: tuple[str, ...] | None) -> tuple[Input, ...]:
         """`near`, and the tensor before the plain transpose that makes it (a projection's
@@ -232,7 +235,7 @@ class _Reader:
         self.ops.append(owner)
         value = owner.operands[0]
         before = tuple(roles[permutation[j]] for j in range(len(permutation)))
-        value, path, before = self.through_roles(value, near.path + (0,), before)
+        value, path, before = self.through_roles(value, near.path + (0,), before, known=True)
         return (near, Input(path, tensor_facts(value.type), _order(before)))
 
     def through(self, value: ir.Value, path: tuple[int, ...], *, casts: bool = False):

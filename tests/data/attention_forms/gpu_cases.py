@@ -9,7 +9,7 @@ GPU_CASES = {
     "onnx-causal": ("onnx", ["--f16", "--mask", "causal"], "attention_causal_f16"),
     "onnx-where-causal": ("onnx", ["--f16", "--mask", "causal-where"], "attention_causal_f16"),
     "onnx-flat-300": ("onnx", ["--f16", "--form", "flat", "--mask", "zero", "--seq", "300"], "attention_f16"),
-    "onnx-layer-softmax-rows": ("onnx", ["--form", "layer"], "row_softmax"),
+    "onnx-layer-softmax-rows": ("onnx", ["--form", "layer"], "row_softmax"),  # f32: no f32 attention kernel
     "onnx-layer-kt": ("onnx", ["--f16", "--form", "layer", "--mask", "where-add"], "attention_kt_f16"),
     "onnx-layer-kt-causal-197": ("onnx", ["--f16", "--form", "layer", "--mask", "where-add-causal", "--seq", "197"],
                                  "attention_causal_kt_f16"),
@@ -18,7 +18,7 @@ GPU_CASES = {
                             "attention_causal_gqa_bshd_f16"),
     "onnx-layer-d96-197": ("onnx", ["--f16", "--form", "layer", "--head-dim", "96", "--seq", "197"], "attention_kt_f16"),
     "onnx-cross-77": ("onnx", ["--f16", "--kv-seq", "77"], "attention_cross_f16"),
-    "onnx-split-causal": ("onnx", ["--f16", "--form", "split", "--mask", "where-add-causal"], "attention_causal_kt_f16"),  # f32: in f16 its rounding keeps the softmax IREE's
+    "onnx-split-causal": ("onnx", ["--f16", "--form", "split", "--mask", "where-add-causal"], "attention_causal_bshd_f16"),
 }
 ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdispatch.toml)
 
