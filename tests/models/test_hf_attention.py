@@ -1,0 +1,40 @@
+"""The attention of real HF exports (torch's dynamo exporter, f16, random weights: the ONNX files
+in /work/hf/x that benchmarks/investigations/export_hf_models.py writes), built with the whole
+library: each model's attention is one library kernel, IREE's attention matmuls and softmax are
+gone, and the module has no more dispatches than IREE alone. Skipped where the exports are not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import dump_module, iree_dispatches, needs_iree_compile
+
+from kitdispatch import BuildOptions
+from kitdispatch.models.pipeline import build_model
+
+EXPORTS = Path("/work/hf/x")
+ARCHS = "sm_90a,sm_80"
+
+
+@needs_iree_compile
+@pytest.mark.parametrize(
+    "model, kernel",
+    [
+        ("bert-f16-b1s128", "attention_kt_f16"),  # K^T from its projection, the dynamo exporter's all-true mask
+        ("gpt2-f16-b1s128", "attention_causal_bshd_f16"),  # one QKV projection split, its causal mask
+        ("vit-f16-b1s128", "attention_kt_f16"),  # 197 tokens
+        ("llama-f16-b1s128", "attention_causal_gqa_f16"),  # 16 query heads, 4 K/V heads, d = 128
+    ],
+)
+def test_hf_export_attention_is_one_kernel(tmp_path, model, kernel):
+    onnx = EXPORTS / f"{model}.onnx"
+    if not onnx.is_file():
+        pytest.skip(f"{onnx} is not here (benchmarks/investigations/export_hf_models.py writes it)")
+    result = build_model(None, onnx, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
+    [attention] = [d for d in result.decisions if d.op.kind == "iree_linalg_ext.attention"]
+    assert attention.kernel is not None and attention.kernel.name == kernel, attention.reasons
+    assert kernel in dump_module(result.vmfb)
+    assert not iree_dispatches(result.vmfb, "softmax")
+    calls = [dump_module(v).count("vm.call.variadic @hal.command_buffer.dispatch") for v in (result.vmfb, result.baseline_vmfb)]
+    assert calls[0] <= calls[1], calls
