@@ -190,5 +190,68 @@ def mlp_onnx(path: Path, *, m: int = M, width: int = K, seed: int = 0) -> Path:
     return path
 
 
-if __name__ == "__main__":  # tools/prebuild.py: python tests/models/epilogue_models.py OUT.onnx {ffn|mlp}
-    {"ffn": ffn_onnx, "mlp": mlp_onnx}[sys.argv[2]](Path(sys.argv[1]))
+def post_ln_layer_onnx(path: Path, *, batch: int = 2, seq: int = 32, hidden: int = 128, heads: int = 2, inner: int = 256,
+                       head_bias: str = "split", seed: int = 0) -> Path:
+    """A BERT-style post-LN layer in f16 on 3-D activations x [batch, seq, hidden], as torch's
+    dynamo exporter writes it (opset 18, /work/hf/x*/bert: `MatMul(x3d, W) + b`, Reshape to
+    heads, Transpose; LayerNormalization; GELU spelled Div/Erf/Add/Mul/Mul):
+        h = LN(x); q = Transpose(Reshape(h Wq + bq)); a = LN(h Wo + bo + h)
+        y = LN(GELU(a W1 + b1) W2 + b2 + a)
+    Outputs q [batch, heads, seq, hidden/heads] and y. IREE reads each `x3d @ W` as a collapse,
+    a 2-D matmul and an expand_shape. `head_bias`: "split" adds bq as above (IREE adds it in
+    the transposing generic after the expand); "per_head" outputs `Reshape(h Wq) + bq` with bq
+    [hidden/heads] (a bias over part of n, which no kernel's bias [n] is), not transposed."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    d = hidden // heads
+    inits = []
+
+    def weight(name: str, shape: tuple, scale: float = 1.0) -> str:
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float16), name))
+        return name
+
+    def const(name: str, value, dtype=np.float16) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    nodes = []
+
+    def node(op: str, ins: list[str], **attrs) -> str:
+        out = f"t{len(nodes)}"
+        nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    def layer_norm(x: str, tag: str) -> str:
+        ins = [x, weight(f"ln{tag}_w", (hidden,), 0.1), weight(f"ln{tag}_b", (hidden,), 0.1)]
+        return node("LayerNormalization", ins, axis=-1, epsilon=1e-12, stash_type=1)
+
+    def linear(x: str, tag: str, n_in: int, n_out: int) -> str:
+        return node("Add", [node("MatMul", [x, weight(f"W{tag}", (n_in, n_out), n_in ** -0.5)]), weight(f"b{tag}", (n_out,), 0.5)])
+
+    h = layer_norm("x", "0")
+    if head_bias == "split":
+        view = node("Reshape", [linear(h, "q", hidden, hidden), const("heads", [batch, seq, heads, d], np.int64)], allowzero=1)
+        q, q_shape = node("Transpose", [view], perm=[0, 2, 1, 3]), [batch, heads, seq, d]
+    else:
+        view = node("Reshape", [node("MatMul", [h, weight("Wq", (hidden, hidden), hidden ** -0.5)]), const("heads", [batch, seq, heads, d], np.int64)], allowzero=1)
+        q, q_shape = node("Add", [view, weight("bq", (d,), 0.5)]), [batch, seq, heads, d]
+    a = layer_norm(node("Add", [linear(h, "o", hidden, hidden), h]), "1")
+    f = linear(a, "1", hidden, inner)
+    gelu = node("Mul", [f, node("Mul", [const("half", 0.5), node("Add", [node("Erf", [node("Div", [f, const("s2", 1.4142)])]), const("one", 1.0)])])])
+    y = layer_norm(node("Add", [linear(gelu, "2", inner, hidden), a]), "2")
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes, "post_ln_layer", [helper.make_tensor_value_info("x", f16, [batch, seq, hidden])],
+        [helper.make_tensor_value_info(q, f16, q_shape), helper.make_tensor_value_info(y, f16, [batch, seq, hidden])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+if __name__ == "__main__":  # tools/prebuild.py: python tests/models/epilogue_models.py OUT.onnx {ffn|mlp|post_ln}
+    {"ffn": ffn_onnx, "mlp": mlp_onnx, "post_ln": post_ln_layer_onnx}[sys.argv[2]](Path(sys.argv[1]))
