@@ -167,7 +167,8 @@ def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
     # leaves it before the next op: a transposing reader after it runs in a dispatch of its own
     # (BERT's QKV projections and their bias-adding transposes, IREE 3.13 --compile-to=flow).
     expanded = any(op.name == EXPAND for op, _ in chain)
-    return EpilogueChain(tuple(forms), stop, None if expanded else fused_consumer(value))
+    widens = [u.owner.operation for u in value.uses if u.owner.operation.name == GENERIC and _only_widens(u.owner.operation)]
+    return EpilogueChain(tuple(forms), stop, None if expanded or widens else fused_consumer(value))
 
 
 def _elementwise_user(value: ir.Value, shape: tuple, expanded: bool) -> tuple[tuple[ir.Operation, int] | None, str]:
