@@ -152,10 +152,16 @@ def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
         return EpilogueChain((Epilogue(0, None, result, why=why),), f"the op accumulates in {result.dtype}")
     forms = [Epilogue(0, "none", result, ops=())]
     chain: list[tuple[ir.Operation, int]] = []
-    value, shape, stop = matmul.results[0], result.shape, "the chain ends"
+    value, shape, stop, earlier = matmul.results[0], result.shape, "the chain ends", None
     while len(forms) <= limit:
         expanded = any(op.name == EXPAND for op, _ in chain)
         user, stop = _elementwise_user(value, shape, expanded)
+        if user is not None and user[0].name == GENERIC:
+            earlier = _earlier_matmul(user[0], user[1], matmul)
+            if earlier is not None:
+                stop = (f"its user also reads the result of an earlier {earlier.name}, into whose dispatch IREE fuses it "
+                        "(Llama's SwiGLU product goes with the gate matmul, IREE 3.13 --compile-to=flow)")
+                break
         if user is None:
             break
         chain.append(user)
@@ -168,7 +174,7 @@ def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
     # (BERT's QKV projections and their bias-adding transposes, IREE 3.13 --compile-to=flow).
     expanded = any(op.name == EXPAND for op, _ in chain)
     widens = [u.owner.operation for u in value.uses if u.owner.operation.name == GENERIC and _only_widens(u.owner.operation)]
-    return EpilogueChain(tuple(forms), stop, None if expanded or widens else fused_consumer(value))
+    return EpilogueChain(tuple(forms), stop, None if expanded or widens or earlier else fused_consumer(value))
 
 
 def _elementwise_user(value: ir.Value, shape: tuple, expanded: bool) -> tuple[tuple[ir.Operation, int] | None, str]:
@@ -208,6 +214,22 @@ def _elementwise_user(value: ir.Value, shape: tuple, expanded: bool) -> tuple[tu
     if _only_widens(owner):
         return None, "its user only widens it (extf), which IREE clones into its readers' dispatches"
     return (owner, index), ""
+
+
+def _earlier_matmul(user: ir.Operation, index: int, matmul: ir.Operation) -> ir.Operation | None:
+    """A matmul before `matmul` in its block whose result `user` also reads (through a chain of
+    one-input generics and reshapes): IREE fuses such a product of two matmuls' results into
+    the dispatch of the one that comes first."""
+    for i in range(len(user.operands) - len(user.results)):
+        if i == index:
+            continue
+        owner, steps = user.operands[i].owner, 0
+        while steps < 6 and op_name(owner) in (GENERIC, COLLAPSE, EXPAND) and len(owner.operands) - len(owner.results) in (0, 1):
+            owner, steps = owner.operands[0].owner, steps + 1
+        if op_name(owner) in ("linalg.matmul", "linalg.batch_matmul") and owner.operation.block == matmul.block:
+            if owner.operation.is_before_in_block(matmul):
+                return owner.operation
+    return None
 
 
 def _only_widens(op: ir.Operation) -> bool:
@@ -298,6 +320,12 @@ def _formulas() -> dict[str, tuple]:
         "residual": _add(ACC, RESIDUAL),
         "bias_residual": _add(ACC, BIAS, RESIDUAL),
         "scale": _mul(WILD, ACC),
+        # GELU where the exporter folded a zero bias away (GPT-2's c_fc from random weights).
+        "gelu_erf": _mul(half, ACC, _add(one, ("fn", "erf", _mul(ACC, _const(SQRT1_2, "k"))))),
+        "gelu_tanh": _mul(half, ACC, _add(one, ("fn", "tanh", _mul(WILD, _add(ACC, _mul(_const(GELU_CUBE, "k"), ACC, ACC, ACC)))))),
+        # SwiGLU as IREE fuses it into the gate matmul's dispatch: silu(x Wg) * up, up = x Wu read
+        # whole (the `residual` role: an [m, n] tensor of the result's type).
+        "silu_mul": _mul(ACC, ("fn", "recip", _add(one, ("fn", "exp", _neg(ACC)))), RESIDUAL),
     }
 
 
@@ -608,9 +636,9 @@ def _show(expr: tuple) -> str:
 # What each epilogue reads beyond A and B (buffers, in the kernel's order) and the scalar it takes.
 READS = {
     "bias": ("bias",), "bias_gelu_erf": ("bias",), "bias_gelu_tanh": ("bias",), "bias_relu": ("bias",),
-    "bias_silu": ("bias",), "residual": ("residual",), "bias_residual": ("bias", "residual"),
+    "bias_silu": ("bias",), "residual": ("residual",), "bias_residual": ("bias", "residual"), "silu_mul": ("residual",),
 }
-SCALAR = {"bias_gelu_tanh": "gelu_c", "scale": "alpha"}
+SCALAR = {"bias_gelu_tanh": "gelu_c", "gelu_tanh": "gelu_c", "scale": "alpha"}
 
 
 @dataclass(frozen=True)
