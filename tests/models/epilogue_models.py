@@ -75,6 +75,10 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
         inner = node("Add", [x, node("Mul", [cube, const("c1", 0.044715)])])
         t = node("Tanh", [node("Mul", [inner, const("c0", 0.7978845608028654)])])
         y = node("Mul", [x, node("Mul", [node("Add", [t, const("one", 1.0)]), const("half", 0.5)])])
+    elif kind == "gelu_nobias":  # opset 20's Gelu on the product itself (a zero bias folded away)
+        y = node("Gelu", [y])
+    elif kind == "gelu_tanh_nobias":
+        y = node("Gelu", [y], approximate="tanh")
     elif kind == "relu":
         y = node("Relu", [bias(y)])
     elif kind == "silu":  # x * Sigmoid(x), as torch exports SiLU
@@ -190,6 +194,30 @@ def mlp_onnx(path: Path, *, m: int = M, width: int = K, seed: int = 0) -> Path:
     return path
 
 
+def swiglu_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, up_first: bool = False, seed: int = 0) -> Path:
+    """Llama's MLP in f16 as the dynamo exporter writes it: `(g * Sigmoid(g)) * u @ Wd` with
+    g = x Wg, u = x Wu; `up_first` writes the up projection's MatMul node before the gate's."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * shape[0] ** -0.5).astype(np.float16), name)
+             for name, shape in (("Wg", (hidden, inner)), ("Wu", (hidden, inner)), ("Wd", (inner, hidden)))]
+    gate, up = helper.make_node("MatMul", ["x", "Wg"], ["g"]), helper.make_node("MatMul", ["x", "Wu"], ["u"])
+    nodes = [up, gate] if up_first else [gate, up]
+    nodes += [helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["silu"]),
+              helper.make_node("Mul", ["silu", "u"], ["h"]), helper.make_node("MatMul", ["h", "Wd"], ["y"])]
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes, "swiglu", [helper.make_tensor_value_info("x", f16, [m, hidden])], [helper.make_tensor_value_info("y", f16, [m, hidden])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
 def post_ln_layer_onnx(path: Path, *, batch: int = 2, seq: int = 32, hidden: int = 128, heads: int = 2, inner: int = 256,
                        head_bias: str = "split", seed: int = 0) -> Path:
     """A BERT-style post-LN layer in f16 on 3-D activations x [batch, seq, hidden], as torch's
@@ -253,5 +281,5 @@ def post_ln_layer_onnx(path: Path, *, batch: int = 2, seq: int = 32, hidden: int
     return path
 
 
-if __name__ == "__main__":  # tools/prebuild.py: python tests/models/epilogue_models.py OUT.onnx {ffn|mlp|post_ln}
-    {"ffn": ffn_onnx, "mlp": mlp_onnx, "post_ln": post_ln_layer_onnx}[sys.argv[2]](Path(sys.argv[1]))
+if __name__ == "__main__":  # tools/prebuild.py: python tests/models/epilogue_models.py OUT.onnx {ffn|mlp|post_ln|swiglu}
+    {"ffn": ffn_onnx, "mlp": mlp_onnx, "post_ln": post_ln_layer_onnx, "swiglu": swiglu_onnx}[sys.argv[2]](Path(sys.argv[1]))
