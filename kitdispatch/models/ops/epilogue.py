@@ -174,7 +174,7 @@ def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
     # (BERT's QKV projections and their bias-adding transposes, IREE 3.13 --compile-to=flow).
     expanded = any(op.name == EXPAND for op, _ in chain)
     widens = [u.owner.operation for u in value.uses if u.owner.operation.name == GENERIC and _only_widens(u.owner.operation)]
-    return EpilogueChain(tuple(forms), stop, None if expanded or widens or earlier else fused_consumer(value))
+    return EpilogueChain(tuple(forms), stop, None if expanded or widens or earlier else fused_consumer(_past_unit_reshapes(value)))
 
 
 def _elementwise_user(value: ir.Value, shape: tuple, expanded: bool) -> tuple[tuple[ir.Operation, int] | None, str]:
@@ -214,6 +214,25 @@ def _elementwise_user(value: ir.Value, shape: tuple, expanded: bool) -> tuple[tu
     if _only_widens(owner):
         return None, "its user only widens it (extf), which IREE clones into its readers' dispatches"
     return (owner, index), ""
+
+
+def _past_unit_reshapes(value: ir.Value) -> ir.Value:
+    """The value after reshapes that only add or drop unit dims, its one user each: IREE folds
+    them away, so the reader after them fuses into the producer's dispatch as if they were not
+    there (Llama's P.V batch_matmul, expanded [16, 512, 128] -> [16, 1, 512, 128], then
+    transposed and rounded: one dispatch, IREE 3.13 --compile-to=flow)."""
+    for _ in range(4):
+        users = {id(u.owner.operation): u.owner.operation for u in value.uses}
+        if len(users) != 1:
+            return value
+        user = next(iter(users.values()))
+        if user.name not in (COLLAPSE, EXPAND):
+            return value
+        before = [d for d in tensor_facts(value.type).shape if d != 1]
+        if before != [d for d in tensor_facts(user.results[0].type).shape if d != 1]:
+            return value
+        value = user.results[0]
+    return value
 
 
 def _earlier_matmul(user: ir.Operation, index: int, matmul: ir.Operation) -> ir.Operation | None:
