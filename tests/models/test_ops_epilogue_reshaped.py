@@ -17,16 +17,18 @@ from kitdispatch.models.ops.epilogue import read_chain
 needs_iree = pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
 
 
-def chain_of(mlir: str):
-    """The epilogue chain of the module's one matmul."""
+def chain_of(mlir: str, op: str = "linalg.matmul"):
+    """The epilogue chain of the module's one `op` (other dialects' ops allowed: `test.use`)."""
     from iree.compiler import ir
 
-    module = ir.Module.parse(mlir, ir.Context())
+    context = ir.Context()
+    context.allow_unregistered_dialects = True
+    module = ir.Module.parse(mlir, context)
     found = []
 
-    def visit(op):
-        if op.name == "linalg.matmul":
-            found.append(read_chain(op))
+    def visit(operation):
+        if operation.name == op:
+            found.append(read_chain(operation))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
@@ -78,7 +80,7 @@ def test_bias_and_residual_after_the_expand():
     kernel's result and residual are that generic's [2, 32, 256], collapsed by ((0, 1), (2,))."""
     chain = chain_of(expanded("[2, 32, 256]", "[[0, 1], [2]]", BIAS_RESIDUAL, side="%bv: tensor<256xf16>, %rv: tensor<2x32x256xf16>",
                               side_map="affine_map<(d0, d1, d2) -> (d2)>, affine_map<(d0, d1, d2) -> (d0, d1, d2)>",
-                              args="%in: f32, %bias: f16, %res: f16").replace("ins(%e, %bv, %rv", "ins(%e, %bv, %rv"))
+                              args="%in: f32, %bias: f16, %res: f16"))
     form = chain.forms[-1]
     assert (form.name, form.covers, form.groups) == ("bias_residual", 2, ((0, 1), (2,))), form.why
     assert form.result.shape == (2, 32, 256) and form.bias[1].shape == (256,) and form.residual[1].shape == (2, 32, 256)
@@ -96,15 +98,7 @@ def test_expand_into_heads_then_a_transposing_reader():
   } -> tensor<2x4x32x64xf16>
   "test.use"(%t2) : (tensor<2x4x32x64xf16>) -> ()
 """
-    mlir = expanded("[2, 32, 4, 64]", "[[0, 1], [2, 3]]", TRUNC, after=transposing).replace("func.func @f", "func.func @f", 1)
-    from iree.compiler import ir
-
-    context = ir.Context()
-    context.allow_unregistered_dialects = True
-    module = ir.Module.parse(mlir, context)
-    found = []
-    module.operation.walk(lambda op: (found.append(read_chain(op)) if op.name == "linalg.matmul" else None, ir.WalkResult.ADVANCE)[1])
-    chain = found[0]
+    chain = chain_of(expanded("[2, 32, 4, 64]", "[[0, 1], [2, 3]]", TRUNC, after=transposing))
     form = chain.forms[-1]
     assert (form.name, form.covers, form.groups, chain.fused_next) == ("none", 2, ((0, 1), (2, 3)), None)
 
@@ -227,3 +221,28 @@ def test_3d_layer_agrees_with_iree_on_gpu(request, prebuilt_dir):
     assert result.agree, result.worst
     assert any(n.startswith("matmul_nn_f16_bias_residual") for n in result.kernel_names), result.kernel_names
     assert any(n.startswith("layer_norm_f16") for n in result.kernel_names), result.kernel_names
+
+
+def test_a_reader_past_unit_dims_is_fused():
+    """Llama's P.V: a batch_matmul [16, 512, 128], expanded to [16, 1, 512, 128] (a unit dim),
+    then transposed and rounded. IREE folds the unit dim and fuses the transposing truncf into
+    the batch_matmul's dispatch, so the kernel may not leave it alone (fused_next)."""
+    mlir = """
+func.func @f(%p: tensor<16x512x512xf16>, %v: tensor<16x512x128xf16>) -> tensor<1x512x16x128xf16> {
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<16x512x128xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%empty : tensor<16x512x128xf32>) -> tensor<16x512x128xf32>
+  %mm = linalg.batch_matmul ins(%p, %v : tensor<16x512x512xf16>, tensor<16x512x128xf16>) outs(%f : tensor<16x512x128xf32>) -> tensor<16x512x128xf32>
+  %e = tensor.expand_shape %mm [[0], [1, 2], [3]] output_shape [16, 1, 512, 128] : tensor<16x512x128xf32> into tensor<16x1x512x128xf32>
+  %o = tensor.empty() : tensor<1x512x16x128xf16>
+  %t = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d2, d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>],
+                       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%e : tensor<16x1x512x128xf32>) outs(%o : tensor<1x512x16x128xf16>) {
+  ^bb0(%in: f32, %out: f16):
+    %y = arith.truncf %in : f32 to f16
+    linalg.yield %y : f16
+  } -> tensor<1x512x16x128xf16>
+  return %t : tensor<1x512x16x128xf16>
+}"""
+    chain = chain_of(mlir, "linalg.batch_matmul")
+    assert len(chain.forms) == 1 and chain.fused_next == "linalg.generic {truncf}", (chain.stop, chain.fused_next)
