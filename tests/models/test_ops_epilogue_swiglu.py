@@ -91,3 +91,49 @@ def test_swiglu_agrees_with_iree_on_gpu(request, prebuilt_dir):
     result = compare_model(folder)
     assert result.agree, result.worst
     assert any(n.startswith("matmul_nn_f16_silu_mul") for n in result.kernel_names), result.kernel_names
+
+
+RESIDUAL_OF_AN_EARLIER_MATMUL = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @f(%x: tensor<64x64xf16>, %w1: tensor<64x64xf16>, %w2: tensor<64x64xf16>) -> tensor<64x64xf16> {
+  %zero = arith.constant 0.0 : f32
+  %e32 = tensor.empty() : tensor<64x64xf32>
+  %e16 = tensor.empty() : tensor<64x64xf16>
+  %f = linalg.fill ins(%zero : f32) outs(%e32 : tensor<64x64xf32>) -> tensor<64x64xf32>
+  %m1 = linalg.matmul ins(%x, %w1 : tensor<64x64xf16>, tensor<64x64xf16>) outs(%f : tensor<64x64xf32>) -> tensor<64x64xf32>
+  %h = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]} ins(%m1 : tensor<64x64xf32>) outs(%e16 : tensor<64x64xf16>) {
+  ^bb0(%in: f32, %out: f16):
+    %t = arith.truncf %in : f32 to f16
+    linalg.yield %t : f16
+  } -> tensor<64x64xf16>
+  %m2 = linalg.matmul ins(%h, %w2 : tensor<64x64xf16>, tensor<64x64xf16>) outs(%f : tensor<64x64xf32>) -> tensor<64x64xf32>
+  %y = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]} ins(%m2, %h : tensor<64x64xf32>, tensor<64x64xf16>) outs(%e16 : tensor<64x64xf16>) {
+  ^bb0(%in: f32, %r: f16, %out: f16):
+    %t = arith.truncf %in : f32 to f16
+    %s = arith.addf %t, %r : f16
+    linalg.yield %s : f16
+  } -> tensor<64x64xf16>
+  return %y : tensor<64x64xf16>
+}"""
+
+
+def test_a_residual_that_an_earlier_matmul_makes_stays_in_the_later_chain():
+    """h = x W1 (rounded), y = h W2 + h: h is read twice (by the second matmul too), so IREE
+    cannot fuse the add into the first matmul's dispatch; the second matmul's chain keeps it
+    (its residual epilogue), unlike SwiGLU's product, whose other operand is read once."""
+    from iree.compiler import ir
+
+    from kitdispatch.models.ops.epilogue import read_chain
+
+    module = ir.Module.parse(RESIDUAL_OF_AN_EARLIER_MATMUL, ir.Context())
+    chains = []
+
+    def visit(op):
+        if op.name == "linalg.matmul":
+            chains.append(read_chain(op))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    first, second = chains
+    assert "2 users" in first.stop
+    assert (second.longest.name, second.longest.covers) == ("residual", 1), [(f.name, f.why) for f in second.forms]

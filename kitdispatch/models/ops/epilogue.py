@@ -236,19 +236,32 @@ def _past_unit_reshapes(value: ir.Value) -> ir.Value:
 
 
 def _earlier_matmul(user: ir.Operation, index: int, matmul: ir.Operation) -> ir.Operation | None:
-    """A matmul before `matmul` in its block whose result `user` also reads (through a chain of
-    one-input generics and reshapes): IREE fuses such a product of two matmuls' results into
-    the dispatch of the one that comes first."""
+    """A matmul before `matmul` in its block whose result `user` alone reads (through a chain of
+    one-input generics and reshapes, each value read once): IREE fuses such a product of two
+    matmuls' results into the dispatch of the one that comes first."""
     for i in range(len(user.operands) - len(user.results)):
         if i == index:
             continue
-        owner, steps = user.operands[i].owner, 0
-        while steps < 6 and op_name(owner) in (GENERIC, COLLAPSE, EXPAND) and len(owner.operands) - len(owner.results) in (0, 1):
-            owner, steps = owner.operands[0].owner, steps + 1
-        if op_name(owner) in ("linalg.matmul", "linalg.batch_matmul") and owner.operation.block == matmul.block:
+        value, steps = user.operands[i], 0
+        while steps < 6 and _read_once(value) and op_name(value.owner) in (GENERIC, COLLAPSE, EXPAND):
+            owner = value.owner
+            if len(owner.operands) - len(owner.results) not in (0, 1):
+                break
+            value, steps = owner.operands[0], steps + 1
+        owner = value.owner
+        if op_name(owner) in ("linalg.matmul", "linalg.batch_matmul") and _read_once(value) and owner.operation.block == matmul.block:
             if owner.operation.is_before_in_block(matmul):
                 return owner.operation
     return None
+
+
+def _read_once(value: ir.Value) -> bool:
+    """Whether one op reads `value` (one Python object per access: compare the operations)."""
+    owners: list = []
+    for use in value.uses:
+        if not any(use.owner.operation == o for o in owners):
+            owners.append(use.owner.operation)
+    return len(owners) == 1
 
 
 def _only_widens(op: ir.Operation) -> bool:
