@@ -123,8 +123,9 @@ def _parser() -> argparse.ArgumentParser:
 
     cmp = sub.add_parser("compare", parents=[common], help="run a model with and without its replacements on the GPU")
     cmp.add_argument("built", help="a folder written by `build PROJECT --model MODEL --with-baseline -o DIR`")
-    prof = sub.add_parser("profile", parents=[common], help="list a model's heaviest dispatches on the GPU")
-    prof.add_argument("built", help="a folder written by `build ... --model MODEL` (its baseline module is profiled)")
+    prof = sub.add_parser("profile", parents=[common], help="a model's dispatches on the GPU: time, rate against peak, the kernel that stands in")
+    prof.add_argument("built", help="a folder written by `build ... --model MODEL` (its kit build is profiled)")
+    prof.add_argument("--baseline", action="store_true", help="profile IREE's own build (built with --with-baseline) instead of the kit's")
     for cmd in (cmp, prof):
         cmd.add_argument("--inputs", default=None, metavar="FILE.npz", help="inputs in argument order (default: random by dtype)")
         cmd.add_argument("--function", default=None, help="function to run (default: the model's first)")
@@ -373,11 +374,12 @@ def _cmd_compare(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace, out: _Out) -> int:
-    from kitdispatch.models.compare import format_dispatch, profile_module
+    from kitdispatch.models.compare import format_profile, profile_module
 
-    vmfb, times = profile_module(Path(args.built), inputs=args.inputs, function=args.function, device=args.device, parameters=args.parameters)
-    text = "\n".join([f"heaviest dispatches of {vmfb} (device time, Nsight Compute):"] + [format_dispatch(t) for t in times])
-    out.result({"vmfb": vmfb, "dispatches": [t.to_json() for t in times]}, text)
+    result = profile_module(
+        Path(args.built), inputs=args.inputs, function=args.function, device=args.device, parameters=args.parameters, baseline=args.baseline,
+    )
+    out.result(result.to_json(), format_profile(result))
     return 0
 
 

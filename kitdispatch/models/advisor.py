@@ -14,8 +14,10 @@ kernel names Nsight Compute reports). The summary names the dispatch's costliest
   `contract`, `conv`, `reduction`, ...); loop ranges are the op's static loop ranges (`D`:
   dynamic), so a matmul is MxNxK and a batch_matmul BxMxNxK; the types are every operand's
   element type in order, outs included, collapsed to one where all are the same;
-- a softmax or a LinalgExt op (attention, ...): `{op}_{shape of its largest tensor}x{type}`,
-  then `_{op}` of its one user where it has one (`softmax_8x12x512x512xf32_generic`);
+- a softmax or a LinalgExt op: `{op}_{shape of its largest tensor}x{type}`, then `_{op}` of
+  its one user where it has one (`softmax_8x12x512x512xf32_generic`); but an
+  `iree_linalg_ext.attention` is `attention_{its loop ranges}`, no types (iree-compile 3.13 names
+  Q, K, V of 8x512x64xf16 `attention_8x512x64x64x512`: batch, sq, dv, d, sk in its maps' order);
 - `slow_memcpy` for a dispatch that only copies; `unpack_` / `_pack` around a summary.
 A kit kernel keeps its own export name (the pass skips external executables): the report's
 `kernel_entry`.
@@ -245,7 +247,7 @@ class ReportOp:
             return op.kind == "softmax" and _rows(loops) == _rows(tuple(int(d or 0) for d in a.shape))
         if self.kind == "iree_linalg_ext.attention":
             if op.kind == "attention":
-                return any(loops == tuple(int(d or 0) for d in t.shape) for t in (*self.inputs, self.result))
+                return sorted(loops) == sorted(self._attention_loops())
             return self.decomposed and self._decomposed_matches(op, loops)
         if self.kind == "linalg.generic":
             return op.kind == "elementwise" and math.prod(loops) == _numel(self.result)
@@ -258,6 +260,11 @@ class ReportOp:
         if self.kind == "linalg.batch_matmul" and len(a) == 3:
             return a[0], a[1], n, a[2]
         return 1, math.prod(a[:-1]), n, a[-1]
+
+    def _attention_loops(self) -> list[int]:
+        """Its loop ranges: Q's batch dims, sq and d, then sk (from K) and dv (from the result)."""
+        q, key = (tuple(int(d or 0) for d in t.shape) for t in self.inputs[:2])
+        return [*q, key[-2], int(self.result.shape[-1] or 0)]
 
     def _decomposed_matches(self, op: DispatchOp, loops: tuple[int, ...]) -> bool:
         """Q K^T (b*h, sq, sk, d), its softmax (b*h*sq rows of sk) and P V (b*h, sq, d, sk)."""
@@ -371,7 +378,7 @@ def peaks_for(device_name: str | None, capability: int | None = None) -> Peaks |
     if not device_name:
         return None
     for key, cc, peaks in PEAKS:
-        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![0-9])", device_name) and capability in (None, cc):
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", device_name) and capability in (None, cc):
             return peaks
     return None
 
@@ -542,6 +549,8 @@ def advise(
             # In the kit's build IREE's dispatches compute only what was kept.
             served = [o for o in ops if o.matches(op) and not (kit_build and o.kernel_entry)]
             work, what = dispatch_work(op), op.text
+            if work.flops is None and op.kind == "attention" and served:  # its name has no roles: the op's
+                work = Work(served[0].flops(), work.bytes, work.bytes_exact)
             stand_in = _iree_stand_in(r, served, instances, rows, kernels)
             new = kit_build and bool(other) and unnumbered(r.name) not in other_names
             note = _note(op, served, new, stand_in) if r.per_call_us / total >= NOTE_SHARE or new else ""
