@@ -27,7 +27,7 @@ import numpy as np
 
 from kitdispatch._files import open_regular
 from kitdispatch._proc import run_tool
-from kitdispatch.errors import KitError, ToolError
+from kitdispatch.errors import KitError, ToolError, UsageError
 from kitdispatch.iree.tools import find_tool
 from kitdispatch.describe.model_record import ModelFunction, read_model_record
 from kitdispatch.models.advisor import Advice, Peaks, Timed, advise, format_advice, peaks_for, read_tune, report_ops, unnumbered
@@ -454,7 +454,7 @@ def profile_module(
     IREE's own build (needs `--with-baseline`), else the kit's."""
     folder, record = read_model_record(target)
     if baseline and not record.baseline_vmfb:
-        raise KitError(f"{folder} has no baseline module", fix="build it with --with-baseline, or profile the kit's build (leave out --baseline)")
+        raise UsageError(f"{folder} has no baseline module", fix="build it with --with-baseline, or profile the kit's build (leave out --baseline)")
     require_cuda(device)
     sig = record.function(function)
     mine, theirs = (record.baseline_vmfb, record.vmfb) if baseline else (record.vmfb, record.baseline_vmfb)
