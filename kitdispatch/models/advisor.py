@@ -107,7 +107,8 @@ def parse_summary(summary: str) -> DispatchOp:
         shaped = _SHAPED.fullmatch(token)
         if shaped and (shaped[1] or "x" not in token):
             dims = _loops(shaped[1].rstrip("x")) if shaped[1] else ()
-            return DispatchOp(prefix, dims, (shaped[2],), "_".join(tokens[i + 1:]) or None, shaped=True)
+            user = "_".join(tokens[i + 1:])  # the op's one user: the dispatch's store is no fused op
+            return DispatchOp(prefix, dims, (shaped[2],), None if user in ("", "dispatch_tensor_store") else user, shaped=True)
     return DispatchOp(summary)
 
 

@@ -63,6 +63,9 @@ REAL_NAMES = [
     ("main_graph_async_dispatch_4_transpose_8x512x12x64_f16", "transpose", (8, 512, 12, 64), ("f16",), None),
     ("main_graph_async_dispatch_2_conv_8x768x14x14x3x16x16_f16xf16xf32", "conv", (8, 768, 14, 14, 3, 16, 16), ("f16", "f16", "f32"), None),
     ("_initializer_2_dispatch_0_elementwise_broadcast_8x512_i64", "elementwise_broadcast", (8, 512), ("i64",), None),
+    # iree-compile 3.13 on conftest's LINALG_MODEL: a softmax whose one user is the dispatch's store
+    ("forward_dispatch_1_softmax_512x1000xf32_dispatch_tensor_store", "softmax", (512, 1000), ("f32",), None),
+    ("forward_dispatch_0_matmul_512x1000x256_f32", "matmul", (512, 1000, 256), ("f32",), None),
     # iree-compile 3.13 on tests/models/test_ops_attention.py's attention_model(batch=8, seq=512, head=64)
     ("forward_dispatch_0_attention_8x512x64x64x512", "attention", (8, 512, 64, 64, 512), (), None),
 ]
@@ -101,6 +104,7 @@ def test_contraction_flops_and_bytes_from_the_name():
 
 @pytest.mark.parametrize("index, moved", [
     (3, 8 * 12 * 512 * 512 * 4),  # softmax then a fused consumer: its input read once
+    (12, 512 * 1000 * 4 * 2),  # softmax alone: read and written
     (4, 3145728 * (4 + 2)),  # f32 in, f16 out
     (5, 4096 * 3072 * 2 * 2),  # a collapsed type: one in, one out
     (6, 8 * 12 * 512 * 64 * (4 + 2)),
@@ -276,6 +280,37 @@ def test_report_ops_read_from_a_record_entry():
 
     ops = report_ops(Record())
     assert [(o.kernel_entry, o.reasons, o.arithmetic) for o in ops] == [("k", (), "tf32"), (None, ("why",), "tf32")]
+
+
+def _exports(vmfb) -> list[str]:
+    """The dispatch names a compiled module holds, as Nsight Compute reports them (`$` -> `_`)."""
+    import re
+
+    text = vmfb.read_bytes().decode("latin-1").replace("$", "_")
+    return sorted(set(re.findall(r"forward_dispatch_\d+_[A-Za-z0-9_]+?(?=_param_|\x00|$)", text)) - {""})
+
+
+@needs_iree_compile
+def test_real_builds_pair_their_dispatches_through_the_record(linalg_build):
+    """The kit's build of a matmul + two softmaxes (the project's row_softmax replaces the one
+    over the last dim) and IREE's own, compiled by iree-compile here: the dispatch names in the
+    modules and the ops in the record pair up. Times are made up (no GPU): 10 us each."""
+    from kitdispatch.describe.model_record import read_model_record
+
+    _, _, out = linalg_build
+    folder, record = read_model_record(out)
+    ops = report_ops(record)
+    baseline = [Timed(n, 10.0, 1.0) for n in _exports(folder / record.baseline_vmfb)]
+    kit = [Timed(n, 10.0, 1.0) for n in _exports(folder / record.vmfb)] + [Timed("row_softmax", 4.0, 1.0)]
+    softmaxes = [r.name for r in baseline if parse_dispatch(r.name).kind == "softmax"]
+    assert softmaxes and any(parse_dispatch(r.name).kind == "matmul" for r in baseline), [r.name for r in baseline]
+    rows = advise(baseline, ops, kit_build=False, other=kit, peaks=H100)
+    standing = [r for r in rows if r.stand_in is not None]
+    assert [r.name for r in standing] == [n for n in softmaxes if "512x1000" in n]
+    assert standing[0].stand_in.kernel == "row_softmax" and standing[0].stand_in.saving_us == pytest.approx(6.0)
+    kit_rows = advise(kit, ops, kit_build=True, other=baseline, peaks=H100)
+    assert row(kit_rows, "row_softmax").what == "linalg.softmax (512x1000xf32) -> 512x1000xf32"
+    assert row(kit_rows, "row_softmax").achieved.gbps == pytest.approx(2 * 512 * 1000 * 4 / 4e-6 / 1e9)
 
 
 # ------------------------------------------------------------------------ the tune record
