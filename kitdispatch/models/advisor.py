@@ -241,9 +241,10 @@ class ReportOp:
         a = self.inputs[0]
         if self.kind in ("linalg.matmul", "linalg.batch_matmul"):
             return _contraction(op, loops) == self._contraction_shape() and (not op.dtypes or op.dtypes[0] == a.dtype)
-        if self.kind in ("layer_norm", "rms_norm"):
+        if self.kind in ("layer_norm", "rms_norm"):  # its reductions, and a per-row step (1 / sqrt)
             cols = int(a.shape[-1] or 0)
-            return op.kind == "reduction" and len(loops) == 2 and loops == (_numel(a) // max(cols, 1), cols)
+            rows = _numel(a) // max(cols, 1)
+            return (op.kind == "reduction" and loops == (rows, cols)) or (op.kind == "elementwise" and loops == (rows,) and op.dtypes == ("f32",))
         if self.kind == "linalg.softmax":
             return op.kind == "softmax" and _rows(loops) == _rows(tuple(int(d or 0) for d in a.shape))
         if self.kind == "iree_linalg_ext.attention":
@@ -641,11 +642,21 @@ def _note(op: DispatchOp, served: Sequence[ReportOp], new: bool, stand_in: Stand
         return "not in IREE's own build: likely what IREE had fused into a replaced op's dispatch, now run alone"
     if stand_in is not None:
         return ""
-    kept = [o for o in served if o.kernel_entry is None and o.reasons]
+    # A kept generic's reasons say how it differs from each pattern kernel: not why no kernel fits.
+    kept = [o for o in served if o.kernel_entry is None and o.reasons and o.kind != "linalg.generic"]
     if kept:
-        return f"no kernel stands in: kept: {kept[0].reasons[0]}"
+        return f"no kernel stands in: kept: {short_reason(kept[0].reasons[0])}"
     after = f" read by a {op.consumer} (fused)" if op.consumer else ""
     return f"no kernel stands in: no library kernel takes {op.text}{after}" if op.kind not in ("unknown", "slow_memcpy") else "no kernel stands in"
+
+
+def short_reason(reason: str) -> str:
+    """A report reason with its list of kernels cut to the first ("k1, k2, ...: why")."""
+    head, sep, why = reason.partition(": ")
+    names = head.split(", ")
+    if not sep or len(names) < 3 or not all(re.fullmatch(r"\w+", n) for n in names):
+        return reason
+    return f"{names[0]} and {len(names) - 1} other kernels: {why}"
 
 
 def _replaced_text(ops: Sequence[ReportOp]) -> str:
@@ -713,5 +724,5 @@ def _stand_in_text(s: StandIn) -> str:
 __all__ = [
     "Achieved", "Advice", "DispatchOp", "PEAKS", "Peaks", "ReportOp", "StandIn", "Timed", "TuneProbe", "Work", "achieved",
     "advise", "dispatch_work", "format_advice", "parse_dispatch", "parse_summary", "parse_tune", "peaks_for", "read_tune",
-    "report_ops", "unnumbered",
+    "report_ops", "short_reason", "unnumbered",
 ]

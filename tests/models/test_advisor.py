@@ -35,6 +35,7 @@ from kitdispatch.models.advisor import (
     peaks_for,
     read_tune,
     report_ops,
+    short_reason,
     Work,
 )
 from kitdispatch.models.compare import Profile, format_profile, timed, DispatchTime
@@ -204,6 +205,11 @@ def test_pairing_by_kind_and_shape():
     mm = parse_dispatch(BASELINE[0].name)
     assert all(o.matches(mm) for o in MM) and not FF.matches(mm) and not LN.matches(mm)
     assert LN.matches(parse_dispatch(BASELINE[5].name)) and SM.matches(parse_dispatch(BASELINE[3].name))
+    # Llama b1 s128's RMSNorm: its reduction and its per-row step, not a row-sized i64 index
+    rms = ReportOp("rms_norm", "l", (t("128x2048xf16"), t("2048xf16")), t("128x2048xf16"), "rms_norm_f16")
+    assert rms.matches(parse_dispatch("main_graph_async_dispatch_1_reduction_128x2048_f32"))
+    assert rms.matches(parse_dispatch("main_graph_async_dispatch_2_elementwise_128_f32"))
+    assert not rms.matches(parse_dispatch("_initializer_0_dispatch_0_elementwise_128_i64"))
     batch1 = ReportOp("linalg.batch_matmul", "l", (t("1x128x768xf16"), t("1x768x3072xf16")), t("128x3072xf16"), "k")
     assert batch1.matches(parse_dispatch("main_graph_async_dispatch_5_batch_matmul_1x128x3072x768_f16xf16xf32"))  # BERT b1 s128
     assert not batch1.matches(parse_dispatch("main_graph_async_dispatch_5_batch_matmul_1x128x768x3072_f16xf16xf32"))
@@ -268,6 +274,18 @@ def test_without_the_other_build_or_a_tune_record_the_saving_is_unknown():
     text = "\n".join(format_advice(rows, peaks=None))
     assert "saving unknown" in text and "fractions of peak left out" in text
     assert text.splitlines()[-2].split()[:2] == [f"{sum(r.per_call_us for r in BASELINE):.1f}", "100.0%"]
+
+
+def test_a_kept_ops_reason_names_one_kernel_of_many():
+    many = "matmul_nn_f32_none, matmul_nn_f16_none, bmm_nn_f16_none: the op reads B transposed, W [n,k]"
+    assert short_reason(many) == "matmul_nn_f32_none and 2 other kernels: the op reads B transposed, W [n,k]"
+    assert short_reason(SOFTMAX_WHY) == SOFTMAX_WHY
+    kept = ReportOp("linalg.matmul", "l", (t("4096x768xf16"), t("768x768xf16")), t("4096x768xf32"), None, (many,))
+    (r,) = advise([BASELINE[0]], [kept], kit_build=False, peaks=H100)
+    assert r.stand_in is None and r.note == "no kernel stands in: kept: " + short_reason(many)
+    generic = ReportOp("linalg.generic", "l", (t("3145728xf32"),), t("3145728xf16"), None, ("bias_gelu: not the pattern",))
+    (r,) = advise([Timed("f_dispatch_1_elementwise_3145728_f32xf16", 80.0, 1)], [generic], kit_build=False, peaks=H100)
+    assert r.note == "no kernel stands in: no library kernel takes elementwise 3145728 f32xf16"  # a pattern's mismatch is no reason
 
 
 def test_report_ops_read_from_a_record_entry():
