@@ -29,7 +29,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kitdispatch._files import read_regular_file
@@ -134,7 +134,7 @@ class Work:
     bytes: float | None
     bytes_exact: bool = False
 
-    def __add__(self, other: "Work") -> "Work":
+    def __add__(self, other: Work) -> Work:
         def plus(a: float | None, b: float | None) -> float | None:
             return None if a is None and b is None else (a or 0.0) + (b or 0.0)
 
@@ -704,7 +704,7 @@ def format_advice(rows: Sequence[Advice], *, peaks: Peaks | None) -> list[str]:
 
 
 def _achieved_text(a: Achieved) -> str:
-    bound = "" if a.bytes_exact else ">="
+    bound = "" if a.bytes_exact or a.tflops is not None else ">="  # FLOPs are exact; bytes from a name a lower bound
     if a.tflops is not None:
         text = f"{a.tflops:.1f} TFLOP/s"
     elif a.gbps is not None:
@@ -722,7 +722,7 @@ def _stand_in_text(s: StandIn) -> str:
 
 
 __all__ = [
-    "Achieved", "Advice", "DispatchOp", "PEAKS", "Peaks", "ReportOp", "StandIn", "Timed", "TuneProbe", "Work", "achieved",
+    "PEAKS", "Achieved", "Advice", "DispatchOp", "Peaks", "ReportOp", "StandIn", "Timed", "TuneProbe", "Work", "achieved",
     "advise", "dispatch_work", "format_advice", "parse_dispatch", "parse_summary", "parse_tune", "peaks_for", "read_tune",
     "report_ops", "short_reason", "unnumbered",
 ]

@@ -26,8 +26,9 @@ from kitdispatch.models.advisor import (
     ReportOp,
     Timed,
     TuneProbe,
-    advise,
+    Work,
     achieved,
+    advise,
     dispatch_work,
     format_advice,
     parse_dispatch,
@@ -36,9 +37,8 @@ from kitdispatch.models.advisor import (
     read_tune,
     report_ops,
     short_reason,
-    Work,
 )
-from kitdispatch.models.compare import Profile, format_profile, timed, DispatchTime
+from kitdispatch.models.compare import DispatchTime, Profile, format_profile, timed
 
 H100 = peaks_for("NVIDIA H100 80GB HBM3", 90)
 
@@ -383,6 +383,18 @@ def test_profile_text_and_json_carry_the_same_rows():
     text = format_profile(profile)
     assert "(IREE's own build)" in text and "332.0 us a call in the kit's build" in text
     assert all(r.name in text for r in rows)
+
+
+def test_the_device_a_uri_names(monkeypatch):
+    from kitdispatch.models import compare
+    from kitdispatch.run.cuda_driver import CudaDevice, DriverInfo
+
+    devices = (CudaDevice(0, "NVIDIA H100 80GB HBM3", 90), CudaDevice(1, "NVIDIA L4", 89))
+    monkeypatch.setattr(compare, "driver_info", lambda: DriverInfo("13.0", devices))
+    assert compare.cuda_device("cuda") == devices[0] and compare.cuda_device("cuda://1") == devices[1]
+    assert compare.cuda_device("cuda://7") is None
+    monkeypatch.setattr(compare, "driver_info", lambda: None)
+    assert compare.cuda_device("cuda") is None
 
 
 @needs_iree_compile
