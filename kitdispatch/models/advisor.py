@@ -668,6 +668,10 @@ def _replaced_text(ops: Sequence[ReportOp]) -> str:
     return "; ".join(f"{n}x {t}" if n > 1 else t for t, n in kinds.items())
 
 
+# Clocks are left alone while profiling: a GPU may boost a little past its datasheet's clock.
+CLOCK_MARGIN = 1.05
+
+
 def achieved(work: Work, per_call_us: float, peaks: Peaks | None, dtype: str | None, arithmetic: str | None = None) -> Achieved:
     """The rate a dispatch reached: TFLOP/s against the tensor (or f32) peak of its input type
     where it computes FLOPs, else GB/s against memory bandwidth; fraction None without peaks."""
@@ -678,6 +682,9 @@ def achieved(work: Work, per_call_us: float, peaks: Peaks | None, dtype: str | N
     gbps = work.bytes / seconds / 1e9 if work.bytes else None
     if tflops is not None:
         peak = peaks.flops_peak(dtype or "", arithmetic) if peaks else None
+        if peaks and peak and dtype == "f32" and arithmetic is None and tflops > peak[0] * CLOCK_MARGIN:
+            # Faster than the CUDA cores can go: the codegen ran it on TF32 tensor cores.
+            peak = peaks.tf32_tflops, "TF32 tensor peak (beyond the f32 one: run in TF32)"
         return Achieved(tflops, gbps, tflops / peak[0] if peak else None, peak[1] if peak else None, work.bytes_exact)
     if gbps is not None and peaks is not None:
         return Achieved(None, gbps, gbps / peaks.memory_gbps, "memory bandwidth", work.bytes_exact)

@@ -166,6 +166,10 @@ def test_achieved_rate_and_fraction():
     b = achieved(Work(None, 3.35e9), 1000.0, H100, "f16")  # 3.35 GB in 1 ms: the H100's bandwidth
     assert b.tflops is None and b.gbps == pytest.approx(3350) and b.fraction == pytest.approx(1.0)
     assert achieved(mm, 10.0, None, "f16").fraction is None and achieved(mm, 0.0, H100, "f16").tflops is None
+    f32 = Work(2 * 4096**3, None)  # 137 GFLOP
+    assert achieved(f32, 4000.0, H100, "f32").of == "f32 peak (CUDA cores)"  # 34 TFLOP/s
+    tf32 = achieved(f32, 1000.0, H100, "f32")  # 137 TFLOP/s: more than the CUDA cores give
+    assert tf32.of.startswith("TF32 tensor peak") and tf32.fraction == pytest.approx(137.4 / 494.7, rel=1e-3)
 
 
 # ------------------------------------------------------------------------ pairing and savings
