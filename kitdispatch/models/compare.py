@@ -379,7 +379,8 @@ def profile_dispatches(
     log = workdir / f"{vmfb.stem}.ncu.csv"
     _run(
         [
-            ncu, "--csv", "--log-file", str(log), "--metrics", "gpu__time_duration.sum", "--clock-control", "none",
+            # Caches flushed before each kernel (ncu's default, said): a rate against memory bandwidth reads memory.
+            ncu, "--csv", "--log-file", str(log), "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--cache-control", "all",
             find_tool("iree-benchmark-module"), f"--device={device}", f"--module={vmfb}", f"--function={function}",
             *input_flags, f"--benchmark_min_time={calls}x", "--benchmark_repetitions=1",
         ],
