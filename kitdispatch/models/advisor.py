@@ -105,7 +105,7 @@ def parse_summary(summary: str) -> DispatchOp:
         if _RANGES.fullmatch(token) and i + 1 == len(tokens):
             return DispatchOp(prefix, _loops(token))
         shaped = _SHAPED.fullmatch(token)
-        if shaped and (shaped[1] or "x" not in token):
+        if shaped and (shaped[1] or shaped[2] in ELEMENT_BYTES):  # `pack_f32`: a type alone; `mmt4d` is no type
             dims = _loops(shaped[1].rstrip("x")) if shaped[1] else ()
             user = "_".join(tokens[i + 1:])  # the op's one user: the dispatch's store is no fused op
             return DispatchOp(prefix, dims, (shaped[2],), None if user in ("", "dispatch_tensor_store") else user, shaped=True)

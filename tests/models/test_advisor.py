@@ -85,6 +85,9 @@ def test_names_without_a_summary_or_not_made_by_iree():
     assert parse_dispatch("matmul_nn_f16_f32_none", ["matmul_nn_f16_f32_none"]).kind == "kit kernel"
     dynamic = parse_dispatch("f_dispatch_0_matmul_Dx768x768_f16xf16xf32")
     assert dynamic.loops == (None, 768, 768) and dispatch_work(dynamic) == Work(None, None)
+    mmt4d = parse_dispatch("f_dispatch_2_batch_mmt4d_8x16x16x64x16x16x1_f16xf16xf32")
+    assert (mmt4d.kind, mmt4d.loops) == ("batch_mmt4d", (8, 16, 16, 64, 16, 16, 1)) and dispatch_work(mmt4d).flops == 2 * 8 * 16 * 16 * 64 * 16 * 16
+    assert (parse_dispatch("f_dispatch_4_pack_f32").kind, parse_dispatch("f_dispatch_4_pack_f32").dtypes) == ("pack", ("f32",))
     packed = parse_dispatch("f_dispatch_3_unpack_elementwise_64x64_f32_pack")
     assert (packed.kind, packed.loops, packed.dtypes) == ("elementwise", (64, 64), ("f32",))
 
