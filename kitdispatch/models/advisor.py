@@ -541,26 +541,38 @@ def advise(
     for r in sorted(rows, key=lambda t: t.per_call_us, reverse=True):
         op = parse_dispatch(r.name, kernels)
         if op.kind == "kit kernel":
-            mine = [i for i in instances if i.kernel == r.name and i.op.kernel_entry]
-            work = sum((i.op.work() for i in mine), NO_WORK)
-            what = _replaced_text([i.op for i in mine])
-            stand_in, note = _kit_stand_in(r.name, mine), ""
-            dtype, arithmetic = (mine[0].op.inputs[0].dtype, mine[0].op.arithmetic) if mine else (None, None)
-            spent = r.per_call_us  # its ops' work, each run once a call
+            out.append(_kit_row(r, op, instances, total, peaks))
         else:
-            # In the kit's build IREE's dispatches compute only what was kept.
-            served = [o for o in ops if o.matches(op) and not (kit_build and o.kernel_entry)]
-            work, what = dispatch_work(op), op.text
-            if work.flops is None and op.kind == "attention" and served:  # its name has no roles: the op's
-                work = Work(served[0].flops(), work.bytes, work.bytes_exact)
-            stand_in = _iree_stand_in(r, served, instances, rows, kernels)
             new = kit_build and bool(other) and unnumbered(r.name) not in other_names
-            note = _note(op, served, new, stand_in) if r.per_call_us / total >= NOTE_SHARE or new else ""
-            dtype, arithmetic = (op.dtypes[0] if op.dtypes else None), None
-            spent = r.per_call_us / r.launches_per_call if r.launches_per_call > 0 else r.per_call_us  # the name's work is one launch's
-        out.append(Advice(r.name, r.per_call_us, r.per_call_us / total, op, what, work,
-                          achieved(work, spent, peaks, dtype, arithmetic), stand_in, note))
+            out.append(_iree_row(r, op, ops, instances, rows, kernels, total, peaks, kit_build=kit_build, new=new))
     return tuple(out)
+
+
+def _kit_row(r: Timed, op: DispatchOp, instances: Sequence[_Instance], total: float, peaks: Peaks | None) -> Advice:
+    """A kit kernel's row: the ops it replaced, their work (each run once a call), the saving."""
+    mine = [i for i in instances if i.kernel == r.name and i.op.kernel_entry]
+    work = sum((i.op.work() for i in mine), NO_WORK)
+    dtype, arithmetic = (mine[0].op.inputs[0].dtype, mine[0].op.arithmetic) if mine else (None, None)
+    return Advice(r.name, r.per_call_us, r.per_call_us / total, op, _replaced_text([i.op for i in mine]), work,
+                  achieved(work, r.per_call_us, peaks, dtype, arithmetic), _kit_stand_in(r.name, mine))
+
+
+def _iree_row(
+    r: Timed, op: DispatchOp, ops: Sequence[ReportOp], instances: Sequence[_Instance], rows: Sequence[Timed], kernels: set[str],
+    total: float, peaks: Peaks | None, *, kit_build: bool, new: bool,
+) -> Advice:
+    """IREE's dispatch's row: the work its name says (one launch's), the kernel that stands in
+    for ops of its kind and shape, or why none does."""
+    # In the kit's build IREE's dispatches compute only what was kept.
+    served = [o for o in ops if o.matches(op) and not (kit_build and o.kernel_entry)]
+    work = dispatch_work(op)
+    if work.flops is None and op.kind == "attention" and served:  # its name has no roles: the op's
+        work = Work(served[0].flops(), work.bytes, work.bytes_exact)
+    stand_in = _iree_stand_in(r, served, instances, rows, kernels)
+    note = _note(op, served, new, stand_in) if r.per_call_us / total >= NOTE_SHARE or new else ""
+    launch_us = r.per_call_us / r.launches_per_call if r.launches_per_call > 0 else r.per_call_us
+    return Advice(r.name, r.per_call_us, r.per_call_us / total, op, op.text, work,
+                  achieved(work, launch_us, peaks, op.dtypes[0] if op.dtypes else None), stand_in, note)
 
 
 def _instances(
