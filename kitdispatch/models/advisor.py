@@ -658,8 +658,10 @@ def _note(op: DispatchOp, served: Sequence[ReportOp], new: bool, stand_in: Stand
     kept = [o for o in served if o.kernel_entry is None and o.reasons and o.kind != "linalg.generic"]
     if kept:
         return f"no kernel stands in: kept: {short_reason(kept[0].reasons[0])}"
+    if op.kind == "slow_memcpy":
+        return "no kernel stands in: a plain copy IREE made between dispatches (a layout it could not fuse)"
     after = f" read by a {op.consumer} (fused)" if op.consumer else ""
-    return f"no kernel stands in: no library kernel takes {op.text}{after}" if op.kind not in ("unknown", "slow_memcpy") else "no kernel stands in"
+    return f"no kernel stands in: no library kernel takes {op.text}{after}" if op.kind != "unknown" else "no kernel stands in"
 
 
 def short_reason(reason: str) -> str:
