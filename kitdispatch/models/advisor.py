@@ -218,8 +218,13 @@ class ReportOp:
         total = None if None in moved else float(sum(moved))  # type: ignore[arg-type]
         return Work(self.flops(), total, total is not None)
 
+    def _readable(self) -> bool:
+        """Static shapes, and no scalar where a dim is read (a record's entry is not trusted)."""
+        tensors = (*self.inputs, self.result)
+        return bool(self.inputs) and all(t.shape and None not in t.shape for t in tensors)
+
     def flops(self) -> float | None:
-        if not self.inputs or any(d is None for t in (*self.inputs, self.result) for d in t.shape):
+        if not self._readable():
             return None
         a = self.inputs[0]
         if self.kind in ("linalg.matmul", "linalg.batch_matmul") and len(self.inputs) >= 2:
@@ -235,7 +240,7 @@ class ReportOp:
         """Whether IREE's dispatch `op` computes this op (or, for a norm or decomposed attention,
         part of it), by kind and shape: how a profile pairs IREE's dispatch with the kit kernel
         that replaces the same op."""
-        if any(d is None for d in op.loops) or not self.inputs or any(d is None for t in self.inputs for d in t.shape):
+        if any(d is None for d in op.loops) or not self._readable():
             return False
         loops = tuple(int(d) for d in op.loops)  # type: ignore[arg-type]
         a = self.inputs[0]
@@ -247,7 +252,7 @@ class ReportOp:
             return (op.kind == "reduction" and loops == (rows, cols)) or (op.kind == "elementwise" and loops == (rows,) and op.dtypes == ("f32",))
         if self.kind == "linalg.softmax":
             return op.kind == "softmax" and _rows(loops) == _rows(tuple(int(d or 0) for d in a.shape))
-        if self.kind == "iree_linalg_ext.attention":
+        if self.kind == "iree_linalg_ext.attention" and len(self.inputs) >= 3:
             if op.kind == "attention":
                 return sorted(loops) == sorted(self._attention_loops())
             return self.decomposed and self._decomposed_matches(op, loops)

@@ -295,6 +295,18 @@ def test_a_kept_ops_reason_names_one_kernel_of_many():
     assert r.note == "no kernel stands in: no library kernel takes elementwise 3145728 f32xf16"  # a pattern's mismatch is no reason
 
 
+@pytest.mark.parametrize("inputs, result", [((), "4x4xf16"), (("4xf16",), "4xf16"), (("4x4xf16", "4x4xf16"), "f16"), (("?x4xf16", "4x4xf16"), "4x4xf32")])
+def test_odd_report_entries_pair_with_nothing_and_count_no_flops(inputs, result):
+    def tensor(text):
+        *dims, dtype = text.split("x")
+        return ModelTensor(dtype, tuple(None if d == "?" else int(d) for d in dims))
+
+    for kind in ("linalg.matmul", "linalg.batch_matmul", "iree_linalg_ext.attention", "layer_norm", "linalg.softmax"):
+        op = ReportOp(kind, "l", tuple(tensor(i) for i in inputs), tensor(result), "k")
+        assert op.flops() is None
+        assert not any(op.matches(parse_dispatch(name)) for name, *_ in REAL_NAMES)
+
+
 def test_report_ops_read_from_a_record_entry():
     entry = {"op": "linalg.matmul", "location": "x:1:1", "inputs": [{"dtype": "f16", "shape": [4096, 768]}, {"dtype": "f16", "shape": [768, 768]}],
              "result": {"dtype": "f32", "shape": [4096, 768]}, "kernel_entry": "k", "arithmetic": "tf32"}
