@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-NAME_RE = re.compile(r"^(?P<model>bert|gpt2|llama|vit)-(?P<dtype>f16|bf16|f32)-b(?P<batch>\d+)s(?P<seq>\d+)$")
+NAME_RE = re.compile(r"^(?P<model>bert|gpt2|llama|vit)-(?P<dtype>f16|bf16|f32)-b(?P<batch>\d+)s(?P<seq>\d+)(?:-l(?P<layers>\d+))?$")
 PARAMETER_RE = re.compile(r'#stream\.parameter\.named<"(?P<scope>[^"]+)"::"(?P<key>[^"]+)"> : tensor<(?P<type>[^>]+)>')
 NUMPY = {"f16": np.float16, "bf16": np.uint16, "f32": np.float32, "f64": np.float64, "i64": np.int64, "i32": np.int32,
          "i8": np.int8, "i1": np.bool_, "ui8": np.uint8}
@@ -127,18 +127,22 @@ def draw_parameters(spec: Path, irpa: Path, seed: int = 0) -> None:
     rt.save_archive_file({k: v.view(np.uint8).reshape(-1) for k, v in entries.items()}, irpa)
 
 
-def torch_times(model: str, batch: int, seq: int, dtype: str, rounds: int = 3, calls: int = 50) -> dict[str, float]:
-    """Median call (us) of the HF model in torch: eager, torch.compile default, interleaved."""
+def torch_times(model: str, batch: int, seq: int, dtype: str, rounds: int = 3, calls: int = 50, *, layers: int = 1,
+                max_autotune: bool = False) -> dict[str, float]:
+    """Median call (us) of the HF model in torch: eager, torch.compile default (and, with
+    `max_autotune`, mode="max-autotune-no-cudagraphs": minutes of tuning per model), interleaved."""
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks" / "investigations"))
     from export_hf_models import LastHidden, models
 
-    net, key, example = models(1, batch, seq)[model]
+    net, key, example = models(layers, batch, seq)[model]
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dtype]
     net = LastHidden(net.to(torch_dtype).cuda().eval(), key).eval()
     x = (example.to(torch_dtype) if example.is_floating_point() else example).cuda()
     variants = {"torch eager": net, "torch.compile": torch.compile(net)}
+    if max_autotune:
+        variants["torch.compile max-autotune-no-cudagraphs"] = torch.compile(net, mode="max-autotune-no-cudagraphs")
     results: dict[str, list[float]] = {k: [] for k in variants}
     with torch.inference_mode():
         for fn in variants.values():
@@ -166,13 +170,15 @@ def model_inputs(model: str, batch: int, seq: int, dtype: str) -> list[np.ndarra
     return [rng.integers(0, 1000, (batch, seq), dtype=np.int64)]  # within the vocabulary of 1000
 
 
-def run(build_dir: Path, out: Path) -> None:
+def run(build_dir: Path, out: Path, *, max_autotune: bool = False, only: tuple[str, ...] = ()) -> None:
     from kitdispatch.models.compare import compare_model
 
     results = []
     for spec in sorted(build_dir.glob("*.params.npz")):
         name = spec.name[: -len(".params.npz")]
         m = NAME_RE.match(name)
+        if only and name not in only:
+            continue
         folder = build_dir / name
         entry: dict = {"model": name}
         results.append(entry)
@@ -186,7 +192,8 @@ def run(build_dir: Path, out: Path) -> None:
                 entry.update(c.to_json())
                 baseline = compare_model_output_std(folder, inputs, irpa)
                 entry["output_std"], entry["output_nans"] = baseline
-            entry["torch_us"] = torch_times(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"])
+            entry["torch_us"] = torch_times(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"], layers=int(m["layers"] or 1),
+                                            max_autotune=max_autotune)
         except Exception as exc:  # noqa: BLE001 - report the model and go on with the others
             entry["error"] = f"{type(exc).__name__}: {exc}"
         print(summary(entry), flush=True)
@@ -237,11 +244,13 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("build_dir", type=Path)
     r.add_argument("out", type=Path)
+    r.add_argument("--max-autotune", action="store_true", help="also torch.compile(mode='max-autotune-no-cudagraphs') (slow)")
+    r.add_argument("--only", nargs="*", default=(), help="model names (e.g. llama-f16-b1s512) to run")
     args = parser.parse_args()
     if args.step == "build":
         build(args.onnx_dir, args.out, args.arch)
     else:
-        run(args.build_dir, args.out)
+        run(args.build_dir, args.out, max_autotune=args.max_autotune, only=tuple(args.only))
 
 
 if __name__ == "__main__":
