@@ -198,6 +198,39 @@ def run(build_dir: Path, out: Path, *, max_autotune: bool = False, only: tuple[s
             entry["error"] = f"{type(exc).__name__}: {exc}"
         print(summary(entry), flush=True)
         out.write_text(json.dumps(results, indent=1))
+    try:
+        plot(results, out.with_suffix(".png"))
+    except ImportError:
+        print("no matplotlib: no plot", flush=True)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Whole-call speed of each model relative to IREE alone (IREE's own call), one bar a route."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [e for e in results if len(e.get("call_us", {})) == 2]
+    routes = [("IREE + kit (IREE's call)", lambda e: e["call_us"]["replaced"]),
+              ("IREE + kit (kit's prepared call)", lambda e: e.get("prepared_us", {}).get("replaced")),
+              *[(k, (lambda e, k=k: e.get("torch_us", {}).get(k))) for k in
+                dict.fromkeys(k for e in rows for k in e.get("torch_us", {}))]]
+    y = np.arange(len(rows))
+    width = 0.8 / max(len(routes), 1)
+    fig, ax = plt.subplots(figsize=(9, 0.9 * len(rows) + 1.5))
+    for i, (label, time_of) in enumerate(routes):
+        speed = [e["call_us"]["baseline"] / t if (t := time_of(e)) else 0.0 for e in rows]
+        ax.barh(y - 0.4 + (i + 0.5) * width, speed, width, label=label)
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(y, [e["model"] for e in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed relative to IREE alone (its whole call / the route's; > 1 is faster)")
+    ax.set_title("Whole HF models, f16: IREE alone, with the kit's kernels, torch")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def compare_model_output_std(folder: Path, inputs: Path, irpa: Path) -> tuple[float, int]:
