@@ -57,14 +57,14 @@ class Probe:
     baseline_vmfb: str | None = None
     note: str = ""
 
-    def keys(self) -> tuple[str, ...]:
+    def trace_keys(self) -> tuple[str, ...]:
         return tuple(trace_key(self.id, j) for j in range(len(self.arguments)))
 
     def to_json(self) -> dict:
         return {
             "probe": self.id, "digest": self.digest, "op": self.op, "locations": list(self.locations), "kernel": self.kernel,
             "kernel_entry": self.kernel_entry, "arithmetic": self.arithmetic, "arguments": [t.to_json() for t in self.arguments],
-            "trace_keys": list(self.keys()), "result": self.result.to_json(), "status": self.status, "mlir": self.mlir,
+            "trace_keys": list(self.trace_keys()), "result": self.result.to_json(), "status": self.status, "mlir": self.mlir,
             "vmfb": self.vmfb, "baseline_vmfb": self.baseline_vmfb, "note": self.note,
         }
 
@@ -89,6 +89,8 @@ class ProbeRecord:
     def check_file(self, folder: Path, name: str) -> Path:
         """The file `name` of this record, after checking it is the one the build wrote."""
         path = folder / name
+        if path.is_symlink():  # the build writes files, never links
+            raise RecordError(f"{name} is a symbolic link, not the file its probe record describes", where=str(path), fix=_REBUILD)
         try:
             same = file_sha256(path) == self.files[name]
         except OSError as exc:
@@ -237,6 +239,8 @@ def read_tune_record(path: Path) -> TuneRecord:
 
 
 def _load(path: Path, what: str) -> object:
+    if Path(path).is_symlink():  # the kit writes its records by rename, never links them
+        raise RecordError(f"the {what} is a symbolic link, which kitdispatch does not write", where=str(path), fix=_REBUILD)
     try:
         raw = read_regular_file(Path(path), limit=MAX_RECORD_BYTES)
     except OSError as exc:

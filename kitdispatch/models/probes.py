@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from kitdispatch.describe.probe_record import Probe, ProbeRecord, TuneRecord, probes_record_name, trace_key
 from kitdispatch.describe.record import sha256
-from kitdispatch.errors import KitError
+from kitdispatch.errors import UsageError
 from kitdispatch.models.ops import OP_KINDS
 from kitdispatch.models.ops.base import tensor_facts
 from kitdispatch.models.replace import Decision, after
@@ -351,7 +351,7 @@ def apply_tune(
     tuned. A record of another model or another build (its model hash differs, or a probe it
     measured is no chain of this build) is refused."""
     if record.model_sha256 != model_sha256(model):
-        raise KitError(
+        raise UsageError(
             f"the tune file {path} was measured on another model ({record.model}), not {model}",
             where=str(path),
             fix="run kitdispatch tune on a build of this model (build --model M -o DIR --probes, then tune DIR)",
@@ -364,7 +364,7 @@ def apply_tune(
                 by_digest.setdefault(chain.digest, []).append((i, chain))
     stray = [e.probe for e in record.entries if e.digest not in by_digest]
     if stray:
-        raise KitError(
+        raise UsageError(
             f"the tune file {path} does not match this build: its {', '.join(stray)} match no replaced op of {model}",
             where=str(path),
             fix="tune the build made with the same projects and options (build --probes, then tune DIR), or build without --tuned",
