@@ -127,6 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--tune", action="store_true",
                    help="with --model: build with probes, tune on this machine's GPU, rebuild keeping only the replacements that are right "
                    "and faster (without a GPU: build by rule, and say so)")
+    b.add_argument("--tune-inputs", default=None, metavar="FILE.npz", help="with --tune: the model's inputs to tune on (default: random, as compare draws them)")
+    b.add_argument("--parameters", default=None, metavar="FILE.irpa", help="with --tune: the weights of a model imported with them externalized")
 
     tun = sub.add_parser("tune", parents=[common], help="time and check each replaced op of a model build on its own activations, on the GPU")
     tun.add_argument("built", help="a folder written by `build --model MODEL -o DIR --probes`")
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
         return EXIT_INTERNAL
 
 
-_PATH_OPTIONS = {"output": "-o/--output", "model": "--model", "tuned": "--tuned", "inputs": "--inputs", "vmfb": "vmfb", "built": "built"}
+_PATH_OPTIONS = {"output": "-o/--output", "model": "--model", "tuned": "--tuned", "tune_inputs": "--tune-inputs", "inputs": "--inputs", "vmfb": "vmfb", "built": "built"}
 _PATH_LISTS = {"manifests": "manifest", "paths": "paths", "include_dirs": "-I"}
 
 
@@ -216,6 +218,8 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     for flag in ("probes", "tuned", "tune"):
         if getattr(args, flag, None) and not getattr(args, "model", None):
             parser.error(f"--{flag} needs --model MODEL (it concerns the replaced ops of a model)")
+    if getattr(args, "command", None) == "build" and not args.tune and (args.tune_inputs or args.parameters):
+        parser.error("--tune-inputs and --parameters need --tune (they are the inputs and weights tune runs the model with)")
     if getattr(args, "tune", False) and getattr(args, "tuned", None):
         parser.error("--tune measures and writes its own tune file; --tuned FILE reads one: give one of them")
     if getattr(args, "no_library", False) and not getattr(args, "model", None):
@@ -395,7 +399,7 @@ def _tuned_build(args: argparse.Namespace, build: object, out: _Out) -> object:
         print(f"kitdispatch build: note: {reason}", file=out.stderr)
         return build(probes=args.probes, untuned_reason=reason)
     probed = build(probes=True)
-    tuned = tune_model(probed.out_dir)
+    tuned = tune_model(probed.out_dir, inputs=args.tune_inputs, parameters=args.parameters)
     out.info(format_tune(tuned))
     return build(probes=args.probes, tuned=tuned.path)
 

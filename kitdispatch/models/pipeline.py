@@ -49,7 +49,7 @@ from kitdispatch.models.ops.base import OpFacts, Preparation
 from kitdispatch.models.projects import ModelProjects, Project, model_projects
 from kitdispatch.describe.model_record import ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
 from kitdispatch.models.functions import model_functions
-from kitdispatch.models.probes import ProbeBuilt, Tuning, apply_tune, chains, make_probes, same_kernel
+from kitdispatch.models.probes import ProbeBuilt, Tuning, apply_tune, chains, make_probes, same_kernel, tuning_of
 from kitdispatch.describe.probe_record import probes_record_name, read_tune_record
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec
@@ -273,8 +273,9 @@ def _match(kernels: tuple[Kernel, ...], target: _Target, options: BuildOptions, 
     tuning = None
     if target.tuning.tuned is not None:  # tune's measurements overrule the rule where they cover an op
         path = target.tuning.tuned
-        overrides, tuning = apply_tune(read_tune_record(path), path, model, found, decisions, context)
+        overrides, tuned = apply_tune(read_tune_record(path), path, model, found, decisions, context)
         decisions = settle(found, [overrides.get(i, d) for i, d in enumerate(decided)])
+        tuning = tuning_of(path, tuned, decisions)
     return _Matched(imported, context, module, tuple(op for op, _ in found), tuple(decisions), kinds, prepared, tuple(found), tuning)
 
 

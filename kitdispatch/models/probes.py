@@ -346,9 +346,10 @@ def tune_reason(entry: object) -> str:
 
 def apply_tune(
     record: TuneRecord, path: Path, model: Path, found: Sequence[tuple[object, object]], settled: Sequence[Decision], context: ir.Context,
-) -> tuple[dict[int, Decision], Tuning]:
-    """The decisions a tune record overrides ({index in found: kept Decision}) and what it
-    tuned. A record of another model or another build (its model hash differs, or a probe it
+) -> tuple[dict[int, Decision], tuple[dict, ...]]:
+    """The decisions a tune record overrides ({index in found: kept Decision}) and, per op it
+    covers (by index in found), what it decided: {index, location, probe, kernel, decision,
+    reason}. A record of another model or another build (its model hash differs, or a probe it
     measured is no chain of this build) is refused."""
     if record.model_sha256 != model_sha256(model):
         raise UsageError(
@@ -369,16 +370,22 @@ def apply_tune(
             where=str(path),
             fix="tune the build made with the same projects and options (build --probes, then tune DIR), or build without --tuned",
         )
-    overrides, tuned, covered = {}, [], set()
+    overrides, tuned = {}, []
     for e in record.entries:
         for i, chain in by_digest[e.digest]:
-            covered.add(i)
             reason = tune_reason(e)
-            tuned.append({"location": chain.decision.op.location, "probe": e.probe, "kernel": e.kernel, "decision": e.decision, "reason": reason})
+            tuned.append({"index": i, "location": chain.decision.op.location, "probe": e.probe, "kernel": e.kernel, "decision": e.decision, "reason": reason})
             if e.decision == "keep":
                 overrides[i] = Decision(chain.decision.op, None, reasons=(reason,))
-    untuned = tuple(settled[i].op.location for group in by_digest.values() for i, _ in group if i not in covered)
-    return overrides, Tuning(str(path), tuple(tuned), untuned)
+    return overrides, tuple(tuned)
 
 
-__all__ = ["Chain", "ProbeBuilt", "Tuning", "apply_tune", "chains", "make_probes", "model_sha256", "same_kernel"]
+def tuning_of(path: Path, tuned: Sequence[dict], decisions: Sequence[Decision]) -> Tuning:
+    """The report's account of a tuned build: what tune decided, and the replaced ops (by the
+    final decisions) it did not cover, which the rule decided."""
+    covered = {t["index"] for t in tuned}
+    untuned = tuple(d.op.location for i, d in enumerate(decisions) if d.kernel is not None and i not in covered)
+    return Tuning(str(path), tuple({k: v for k, v in t.items() if k != "index"} for t in tuned), untuned)
+
+
+__all__ = ["Chain", "ProbeBuilt", "Tuning", "apply_tune", "tuning_of", "chains", "make_probes", "model_sha256", "same_kernel"]

@@ -377,8 +377,9 @@ def test_tune_end_to_end_and_a_rebuild_follows_it(probed, tmp_path):
     assert "CUPTI" in record.timed
     rebuilt = build_model(None, model, BuildOptions.create("sm_90"), tmp_path / "rebuilt", tuned=folder / "m.tune.json")
     line = lambda loc: loc.rsplit('"', 1)[-1]  # noqa: E731  (":24:11": the folder in the location differs)
-    wanted = {line(loc) for e in record.entries if e.decision == "replace" for loc in e.locations}
-    assert {line(d.op.location) for d in rebuilt.replaced} == wanted
+    replaced = {line(d.op.location) for d in rebuilt.replaced}
+    for e in record.entries:  # an op tune kept may free its epilogue for another kernel, by rule: only the tuned ops are checked
+        assert all((line(loc) in replaced) == (e.decision == "replace") for loc in e.locations), e
     code, stdout, err = run_cli("tune", str(folder), "--json")
     assert code == 0, err
     assert len(json.loads(stdout)["probes"]) == 3
