@@ -77,12 +77,14 @@ class ProbeRecord:
     capture_vmfb: str
     probes: tuple[Probe, ...]
     files: Mapping[str, str]  # every file the probes need -> its SHA-256
+    without_probe: tuple[tuple[str, str], ...] = ()  # (location, why) of replaced ops no probe stands for: the rule decides them
     schema: int = PROBES_SCHEMA
 
     def to_bytes(self) -> bytes:
         data = {
             "schema": self.schema, "name": self.name, "model": self.model, "model_sha256": self.model_sha256,
             "capture_vmfb": self.capture_vmfb, "probes": [p.to_json() for p in self.probes], "files": dict(self.files),
+            "without_probe": [{"location": loc, "reason": why} for loc, why in self.without_probe],
         }
         return (json.dumps(data, indent=2) + "\n").encode()
 
@@ -127,9 +129,13 @@ def read_probe_record(path: Path) -> ProbeRecord:
     need(data["capture_vmfb"] in files, "its capture module is not a file it lists")
     probes = data.get("probes")
     need(isinstance(probes, list) and all(isinstance(p, dict) for p in probes), "'probes' is not a list")
+    without = data.get("without_probe", [])
+    need(_is_list_of(without, dict) and all(isinstance(w.get("location"), str) and isinstance(w.get("reason"), str) for w in without),
+         "'without_probe' is not a list of locations and reasons")
     return ProbeRecord(
         name=data["name"], model=data["model"], model_sha256=data["model_sha256"], capture_vmfb=data["capture_vmfb"],
         probes=tuple(_probe(p, files, need) for p in probes), files=dict(files),
+        without_probe=tuple((w["location"], w["reason"]) for w in without),
     )
 
 

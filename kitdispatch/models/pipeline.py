@@ -384,7 +384,7 @@ def _probes(matched: _Matched, target: _Target, stage: Path) -> dict[str, bytes]
         return vmfb.read_bytes()
 
     found_chains = chains(matched.found, matched.decisions, matched.context)
-    return make_probes(target.name, target.model, found_chains, stage, target.tuning.probe_builder, compile_capture)
+    return make_probes(target.name, target.model, matched.module, found_chains, stage, target.tuning.probe_builder, compile_capture)
 
 
 def _tune_report(matched: _Matched, target: _Target) -> dict | None:

@@ -239,7 +239,8 @@ ProbeBuilder = Callable[[Path, Path, str, Decision], ProbeBuilt]
 
 
 def make_probes(
-    name: str, model: Path, all_chains: Sequence[Chain], stage: Path, build_probe: ProbeBuilder, compile_capture: Callable[[str], bytes],
+    name: str, model: Path, module: ir.Module, all_chains: Sequence[Chain], stage: Path, build_probe: ProbeBuilder,
+    compile_capture: Callable[[str], bytes],
 ) -> dict[str, bytes]:
     """The probe files of a model build ({name: bytes}, the probe record last): per distinct
     chain its MLIR and both builds, the capture module, and the record."""
@@ -265,7 +266,7 @@ def make_probes(
         probes.append(_probe(pid, first, group, mlir, vmfb, baseline, status, built.note))
     traces = insert_traces({p.id: firsts[p.id] for p in probes if p.status == "built"})
     try:
-        text = _module_text(all_chains)
+        text = module.operation.get_asm(enable_debug_info=True)
     finally:
         for t in traces:
             t.operation.erase()
@@ -274,17 +275,10 @@ def make_probes(
     record = ProbeRecord(
         name=name, model=str(model), model_sha256=model_sha256(model), capture_vmfb=capture, probes=tuple(probes),
         files={n: sha256(d) for n, d in files.items()},
+        without_probe=tuple((c.decision.op.location, c.why_not) for c in all_chains if c.why_not),
     )
     files[probes_record_name(name)] = record.to_bytes()
     return files
-
-
-def _module_text(all_chains: Sequence[Chain]) -> str:
-    """The whole model module (the chains' ops live in it), with its locations."""
-    op = next(c for c in all_chains if c.ops).ops[0]
-    while op.parent is not None:
-        op = op.parent
-    return op.get_asm(enable_debug_info=True)
 
 
 def _probe(pid: str, first: Chain, group: list[Chain], mlir: str, vmfb: str | None, baseline: str | None, status: str, note: str) -> Probe:

@@ -4,7 +4,9 @@ Reads a folder built with probes (`build --model M -o DIR --probes`, models/prob
 them); needs only the runtime and the GPU, and imports nothing of the build side. It runs the
 capture module once on the model's inputs: IREE hands every `flow.tensor.trace` to the HAL
 module's debug sink (`iree.runtime.HalModuleDebugSink`, a callback taking the trace's key and
-its buffer views), which copies each probe's inputs to the host. Then per probe it runs the
+its buffer views), which copies each probe's inputs to the host. (IREE 3.13 lowers the trace to
+a copy into a staging resource, a wait on its fence, then `hal.buffer_view.trace`: the callback
+sees finished values; `iree-compile --compile-to=hal` on a traced module shows it.) Then per probe it runs the
 probe module with the kit's kernel and IREE's own build of it on those inputs: outputs are
 compared as compare does (check_agreement, with the kernel's arithmetic), and both are timed on
 the device (the sum of the spans of every kernel one call runs, CUPTI, median over the timed
@@ -42,7 +44,7 @@ PROBE_FUNCTION = "probe"  # the function of every probe module (models/probes.py
 class TuneResult:
     path: Path  # the tune record written
     record: TuneRecord
-    untuned: tuple[tuple[str, str], ...]  # (probe, why) for probes tune could not run: their ops follow the rule
+    untuned: tuple[tuple[str, str], ...]  # (probe or location, why) for what tune could not run: those ops follow the rule
     notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
@@ -68,7 +70,7 @@ def tune_model(
     sig = model.function(function)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
     captured = capture_activations(folder / record.capture_vmfb, sig.name, args, device=device, parameters=parameters)
-    entries, untuned = [], []
+    entries, untuned = [], [(loc, why) for loc, why in record.without_probe]
     for probe in record.probes:
         if probe.status != "built":
             untuned.append((probe.id, probe.note))

@@ -383,3 +383,38 @@ def test_tune_end_to_end_and_a_rebuild_follows_it(probed, tmp_path):
     code, stdout, err = run_cli("tune", str(folder), "--json")
     assert code == 0, err
     assert len(json.loads(stdout)["probes"]) == 3
+
+
+def test_a_probe_whose_own_build_chose_another_kernel_is_unmatched(probed):
+    from kitdispatch.models.probes import same_kernel
+
+    result, _, _ = probed
+    matmul, norm = result.replaced[0], result.replaced[1]
+    assert same_kernel(matmul, [matmul]) == ""
+    assert "chose layer_norm_f32" in same_kernel(matmul, [norm]) and matmul.kernel.name in same_kernel(matmul, [norm])
+    assert same_kernel(matmul, []) == "the probe's own build replaced 0 op(s), not 1"
+
+
+def test_the_tune_table_says_what_was_timed_and_why_each_decision():
+    from kitdispatch.describe.probe_record import TuneEntry, TuneRecord
+    from kitdispatch.models.tune import TuneResult, format_tune, timed_text
+
+    entries = (
+        TuneEntry("probe_0", "d0", "linalg.matmul", ("a", "b"), "mm", 20.0, 30.0, 1e-6, "rtol 1e-05", True, "replace", "faster"),
+        TuneEntry("probe_1", "d1", "linalg.softmax", ("c",), "sm", 12.3, 10.1, 1e-7, "rtol 1e-05", True, "keep", "not faster"),
+    )
+    record = TuneRecord("m", "m.onnx", "0", "1", "f", "cuda", timed_text(20), "random (seed 0)", entries)
+    text = format_tune(TuneResult(Path("m.tune.json"), record, (("probe_2", "its own build failed"),)))
+    assert "probe_1  linalg.softmax  12.3    10.1" in text and "probe_1: keep: not faster" in text
+    assert "probe_2: not tuned (its ops follow the rule): its own build failed" in text
+    assert "CUPTI" in text and "median of 20 calls" in text
+
+
+def test_the_run_side_of_tune_loads_nothing_of_the_build_side():
+    code = (
+        "import sys, kitdispatch.models.tune; "
+        "print([m for m in sys.modules if m.startswith(('kitdispatch.models.pipeline', 'kitdispatch.models.probes', "
+        "'kitdispatch.models.replace', 'kitdispatch.models.spec', 'kitdispatch.builder', 'iree.compiler'))])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
