@@ -49,7 +49,7 @@ from kitdispatch.models.ops.base import OpFacts, Preparation
 from kitdispatch.models.projects import ModelProjects, Project, model_projects
 from kitdispatch.describe.model_record import ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
 from kitdispatch.models.functions import model_functions
-from kitdispatch.models.probes import ProbeBuilt, Tuning, apply_tune, chains, make_probes, same_kernel, tuning_of
+from kitdispatch.models.probes import ProbeBuilder, ProbeBuilt, Tuning, apply_tune, chains, make_probes, same_kernel, tuning_of
 from kitdispatch.describe.probe_record import probes_record_name, read_tune_record
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec
@@ -153,7 +153,7 @@ def build_model(
         raise
 
 
-def _probe_builder(project: Project | Sequence[Project] | None, options: BuildOptions, library: bool, tf32: bool):
+def _probe_builder(project: Project | Sequence[Project] | None, options: BuildOptions, library: bool, tf32: bool) -> ProbeBuilder:
     """Builds one probe as the model was built (the same projects, library and options): with
     its kernel and by IREE alone; no module where it does not replace the op as the model did."""
     def build_probe(mlir: Path, folder: Path, pid: str, decision: Decision) -> ProbeBuilt:
@@ -183,7 +183,7 @@ class _Tuning:
 
     tuned: Path | None = None
     untuned_reason: str | None = None
-    probe_builder: object | None = None  # probes.ProbeBuilder
+    probe_builder: ProbeBuilder | None = None
 
 
 @dataclass(frozen=True)

@@ -233,8 +233,8 @@ class ProbeBuilt:
     note: str = ""
 
 
-# (probe MLIR path, folder to build into, name) -> ProbeBuilt: pipeline.py's build_model, bound
-# to the model build's projects and options.
+# (probe MLIR path, folder to build into, probe id, the model's decision) -> ProbeBuilt:
+# pipeline.py's build_model, bound to the model build's projects and options.
 ProbeBuilder = Callable[[Path, Path, str, Decision], ProbeBuilt]
 
 
@@ -382,4 +382,4 @@ def tuning_of(path: Path, tuned: Sequence[dict], decisions: Sequence[Decision]) 
     return Tuning(str(path), tuple({k: v for k, v in t.items() if k != "index"} for t in tuned), untuned)
 
 
-__all__ = ["Chain", "ProbeBuilt", "Tuning", "apply_tune", "tuning_of", "chains", "make_probes", "model_sha256", "same_kernel"]
+__all__ = ["Chain", "ProbeBuilder", "ProbeBuilt", "Tuning", "apply_tune", "tuning_of", "chains", "make_probes", "model_sha256", "same_kernel"]
