@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-NAME_RE = re.compile(r"^(?P<model>bert|gpt2|llama|vit)-(?P<dtype>f16|bf16|f32)-b(?P<batch>\d+)s(?P<seq>\d+)$")
+NAME_RE = re.compile(r"^(?P<model>bert|gpt2|llama|vit)-(?P<dtype>f16|bf16|f32)-b(?P<batch>\d+)s(?P<seq>\d+)(?:-l(?P<layers>\d+))?$")
 PARAMETER_RE = re.compile(r'#stream\.parameter\.named<"(?P<scope>[^"]+)"::"(?P<key>[^"]+)"> : tensor<(?P<type>[^>]+)>')
 NUMPY = {"f16": np.float16, "bf16": np.uint16, "f32": np.float32, "f64": np.float64, "i64": np.int64, "i32": np.int32,
          "i8": np.int8, "i1": np.bool_, "ui8": np.uint8}
@@ -127,18 +127,22 @@ def draw_parameters(spec: Path, irpa: Path, seed: int = 0) -> None:
     rt.save_archive_file({k: v.view(np.uint8).reshape(-1) for k, v in entries.items()}, irpa)
 
 
-def torch_times(model: str, batch: int, seq: int, dtype: str, rounds: int = 3, calls: int = 50) -> dict[str, float]:
-    """Median call (us) of the HF model in torch: eager, torch.compile default, interleaved."""
+def torch_times(model: str, batch: int, seq: int, dtype: str, rounds: int = 3, calls: int = 50, *, layers: int = 1,
+                max_autotune: bool = False) -> dict[str, float]:
+    """Median call (us) of the HF model in torch: eager, torch.compile default (and, with
+    `max_autotune`, mode="max-autotune-no-cudagraphs": minutes of tuning per model), interleaved."""
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks" / "investigations"))
     from export_hf_models import LastHidden, models
 
-    net, key, example = models(1, batch, seq)[model]
+    net, key, example = models(layers, batch, seq)[model]
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dtype]
     net = LastHidden(net.to(torch_dtype).cuda().eval(), key).eval()
     x = (example.to(torch_dtype) if example.is_floating_point() else example).cuda()
     variants = {"torch eager": net, "torch.compile": torch.compile(net)}
+    if max_autotune:
+        variants["torch.compile max-autotune-no-cudagraphs"] = torch.compile(net, mode="max-autotune-no-cudagraphs")
     results: dict[str, list[float]] = {k: [] for k in variants}
     with torch.inference_mode():
         for fn in variants.values():
@@ -166,13 +170,15 @@ def model_inputs(model: str, batch: int, seq: int, dtype: str) -> list[np.ndarra
     return [rng.integers(0, 1000, (batch, seq), dtype=np.int64)]  # within the vocabulary of 1000
 
 
-def run(build_dir: Path, out: Path) -> None:
+def run(build_dir: Path, out: Path, *, max_autotune: bool = False, only: tuple[str, ...] = ()) -> None:
     from kitdispatch.models.compare import compare_model
 
     results = []
     for spec in sorted(build_dir.glob("*.params.npz")):
         name = spec.name[: -len(".params.npz")]
         m = NAME_RE.match(name)
+        if only and name not in only:
+            continue
         folder = build_dir / name
         entry: dict = {"model": name}
         results.append(entry)
@@ -186,11 +192,45 @@ def run(build_dir: Path, out: Path) -> None:
                 entry.update(c.to_json())
                 baseline = compare_model_output_std(folder, inputs, irpa)
                 entry["output_std"], entry["output_nans"] = baseline
-            entry["torch_us"] = torch_times(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"])
+            entry["torch_us"] = torch_times(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"], layers=int(m["layers"] or 1),
+                                            max_autotune=max_autotune)
         except Exception as exc:  # noqa: BLE001 - report the model and go on with the others
             entry["error"] = f"{type(exc).__name__}: {exc}"
         print(summary(entry), flush=True)
         out.write_text(json.dumps(results, indent=1))
+    try:
+        plot(results, out.with_suffix(".png"))
+    except ImportError:
+        print("no matplotlib: no plot", flush=True)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Whole-call speed of each model relative to IREE alone (IREE's own call), one bar a route."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [e for e in results if len(e.get("call_us", {})) == 2]
+    routes = [("IREE + kit (IREE's call)", lambda e: e["call_us"]["replaced"]),
+              ("IREE + kit (kit's prepared call)", lambda e: e.get("prepared_us", {}).get("replaced")),
+              *[(k, (lambda e, k=k: e.get("torch_us", {}).get(k))) for k in
+                dict.fromkeys(k for e in rows for k in e.get("torch_us", {}))]]
+    y = np.arange(len(rows))
+    width = 0.8 / max(len(routes), 1)
+    fig, ax = plt.subplots(figsize=(9, 0.9 * len(rows) + 1.5))
+    for i, (label, time_of) in enumerate(routes):
+        speed = [e["call_us"]["baseline"] / t if (t := time_of(e)) else 0.0 for e in rows]
+        ax.barh(y - 0.4 + (i + 0.5) * width, speed, width, label=label)
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(y, [e["model"] for e in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed relative to IREE alone (its whole call / the route's; > 1 is faster)")
+    ax.set_title("Whole HF models, f16: IREE alone, with the kit's kernels, torch")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def compare_model_output_std(folder: Path, inputs: Path, irpa: Path) -> tuple[float, int]:
@@ -237,11 +277,13 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("build_dir", type=Path)
     r.add_argument("out", type=Path)
+    r.add_argument("--max-autotune", action="store_true", help="also torch.compile(mode='max-autotune-no-cudagraphs') (slow)")
+    r.add_argument("--only", nargs="*", default=(), help="model names (e.g. llama-f16-b1s512) to run")
     args = parser.parse_args()
     if args.step == "build":
         build(args.onnx_dir, args.out, args.arch)
     else:
-        run(args.build_dir, args.out)
+        run(args.build_dir, args.out, max_autotune=args.max_autotune, only=tuple(args.only))
 
 
 if __name__ == "__main__":
