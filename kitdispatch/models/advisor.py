@@ -25,16 +25,13 @@ A kit kernel keeps its own export name (the pass skips external executables): th
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from kitdispatch._files import read_regular_file
 from kitdispatch.describe.model_record import ModelRecord, ModelTensor
-from kitdispatch.describe.record import MAX_RECORD_BYTES, DamagedRecord, RecordError
+from kitdispatch.describe.probe_record import TuneEntry
 
 # --------------------------------------------------------------------------- names
 
@@ -390,68 +387,6 @@ def peaks_for(device_name: str | None, capability: int | None = None) -> Peaks |
     return None
 
 
-# --------------------------------------------------------------------------- tune record
-
-
-@dataclass(frozen=True)
-class TuneProbe:
-    """One probe of `NAME.tune.json` (written by `kitdispatch tune`): the kit kernel and IREE's
-    dispatch timed on the model's activations for the ops at `locations`."""
-
-    locations: tuple[str, ...]
-    kernel: str
-    kit_us: float
-    iree_us: float
-    max_abs_error: float | None
-    agree: bool
-    decision: str
-    reason: str = ""
-
-
-def read_tune(path: Path) -> tuple[TuneProbe, ...] | None:
-    """The probes of a tune record; None where there is none. The file is read as the model
-    record is (a regular file of bounded size); a field of another JSON type is DamagedRecord."""
-    if not path.exists() and not path.is_symlink():
-        return None
-    if path.is_symlink():  # `tune` writes a regular file; a link points at something it did not write
-        raise RecordError("the tune record is a symbolic link", where=str(path), fix="run `kitdispatch tune DIR` again")
-    try:
-        raw = read_regular_file(path, limit=MAX_RECORD_BYTES)
-    except OSError as exc:
-        raise RecordError(f"cannot read the tune record: {exc.strerror or exc}", where=str(path), fix="run `kitdispatch tune DIR` again") from None
-    return parse_tune(raw, str(path))
-
-
-def parse_tune(raw: bytes, where: str) -> tuple[TuneProbe, ...]:
-    fix = "run `kitdispatch tune DIR` again"
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise DamagedRecord(f"cannot read the tune record: {type(exc).__name__}: {exc}", where=where, fix=fix) from None
-    probes = data.get("probes") if isinstance(data, dict) else data
-    if not isinstance(probes, list):
-        raise DamagedRecord("the tune record is damaged: it has no list of probes", where=where, fix=fix)
-    return tuple(_probe(p, i, where, fix) for i, p in enumerate(probes))
-
-
-def _probe(p: object, i: int, where: str, fix: str) -> TuneProbe:
-    def number(v: object) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    ok = isinstance(p, dict) and isinstance(p.get("locations"), list) and all(isinstance(x, str) for x in p["locations"])
-    ok = ok and isinstance(p.get("kernel"), str) and number(p.get("kit_us")) and number(p.get("iree_us"))
-    ok = ok and isinstance(p.get("agree"), bool) and isinstance(p.get("decision"), str)
-    ok = ok and (p.get("max_abs_error") is None or number(p["max_abs_error"])) and isinstance(p.get("reason", ""), str)
-    if not ok:
-        raise DamagedRecord(
-            f"the tune record is damaged: probe {i} is not {{locations, kernel, kit_us, iree_us, max_abs_error, agree, decision, reason}}",
-            where=where, fix=fix,
-        )
-    assert isinstance(p, dict)
-    return TuneProbe(tuple(p["locations"]), p["kernel"], float(p["kit_us"]), float(p["iree_us"]),
-                     None if p.get("max_abs_error") is None else float(p["max_abs_error"]), p["agree"], p["decision"], p.get("reason", ""))
-
-
 # --------------------------------------------------------------------------- advice
 
 
@@ -532,7 +467,7 @@ NOTE_SHARE = 0.01
 
 def advise(
     rows: Sequence[Timed], ops: Sequence[ReportOp], *, kit_build: bool, other: Sequence[Timed] = (),
-    tune: Sequence[TuneProbe] | None = None, peaks: Peaks | None = None,
+    tune: Sequence[TuneEntry] | None = None, peaks: Peaks | None = None,
 ) -> tuple[Advice, ...]:
     """The advisor's rows for the dispatches of one build (`rows`; `kit_build`: the kit's build,
     else IREE's own), sorted by device time. `other`: the other build's dispatches, where it was
@@ -582,14 +517,15 @@ def _iree_row(
 
 def _instances(
     ops: Sequence[ReportOp], baseline_rows: Sequence[Timed], kit_rows: Sequence[Timed], kernels: set[str],
-    tune: Sequence[TuneProbe] | None,
+    tune: Sequence[TuneEntry] | None,
 ) -> list[_Instance]:
     """Every op a kit kernel stands in for, with IREE's time and the kit's time for it a call:
     measured by its tune probe where there is one (a kept op too: tune kept it), else, for a
     replaced op, estimated: IREE's time a launch of the dispatches that compute ops of its kind
     and shape; the kit kernel's time a call shared among the ops it replaces by their FLOPs
     (bytes where they have none)."""
-    by_location = {loc: p for p in tune or () for loc in p.locations}
+    # A probe tune could not time (it failed, or its outputs differ) gives no saving.
+    by_location = {loc: p for p in tune or () if p.kit_us is not None and p.iree_us is not None for loc in p.locations}
     replaced = [o for o in ops if o.kernel_entry]
     kit_time = {t.name: t.per_call_us for t in kit_rows if t.name in kernels}
     parsed = [(t, parse_dispatch(t.name, kernels)) for t in baseline_rows]
@@ -748,7 +684,7 @@ def _stand_in_text(s: StandIn) -> str:
 
 
 __all__ = [
-    "PEAKS", "Achieved", "Advice", "DispatchOp", "Peaks", "ReportOp", "StandIn", "Timed", "TuneProbe", "Work", "achieved",
-    "advise", "dispatch_work", "format_advice", "parse_dispatch", "parse_summary", "parse_tune", "peaks_for", "read_tune",
+    "PEAKS", "Achieved", "Advice", "DispatchOp", "Peaks", "ReportOp", "StandIn", "Timed", "Work", "achieved",
+    "advise", "dispatch_work", "format_advice", "parse_dispatch", "parse_summary", "peaks_for",
     "report_ops", "short_reason", "unnumbered",
 ]

@@ -29,8 +29,9 @@ from kitdispatch._files import open_regular
 from kitdispatch._proc import run_tool
 from kitdispatch.errors import KitError, ToolError, UsageError
 from kitdispatch.iree.tools import find_tool
-from kitdispatch.describe.model_record import ModelFunction, read_model_record
-from kitdispatch.models.advisor import Advice, Peaks, Timed, advise, format_advice, peaks_for, read_tune, report_ops, unnumbered
+from kitdispatch.describe.model_record import ModelFunction, ModelRecord, read_model_record
+from kitdispatch.describe.probe_record import TuneEntry, probes_record_name, read_tune_record, tune_record_name
+from kitdispatch.models.advisor import Advice, Peaks, Timed, advise, format_advice, peaks_for, report_ops, unnumbered
 from kitdispatch.run.cuda_driver import CudaDevice, driver_info
 from kitdispatch.run.device import numpy_dtype
 from kitdispatch.run.module import PARAMETER_SCOPE, Module, load_module, require_cuda
@@ -479,9 +480,8 @@ def profile_module(
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
     if parameters is not None:
         load_module(vmfb, device=device, parameters=parameters)  # the file checked, as compare checks it
-    name = Path(record.vmfb).stem
-    tune = read_tune(folder / f"{name}{TUNE_SUFFIX}")
-    notes: list[str] = [] if tune is not None else [f"no {name}{TUNE_SUFFIX} (`kitdispatch tune DIR` writes it): savings are estimated"]
+    tune, tune_note = tune_of(folder, record)
+    notes = [tune_note] if tune_note else []
     other: tuple[DispatchTime, ...] = ()
     with tempfile.TemporaryDirectory(prefix="kitdispatch-profile-") as tmp:
         flags = _input_flags(args, Path(tmp)) + _parameter_flags(parameters)
@@ -506,11 +506,22 @@ def profile_module(
     return Profile(
         str(vmfb), "baseline" if baseline else "kit", gpu.name if gpu else None, peaks, times, advice,
         other_total_us=sum(t.per_call_us for t in other) if other else None,
-        tune=f"{name}{TUNE_SUFFIX}" if tune is not None else None, notes=tuple(notes),
+        tune=tune_record_name(Path(record.vmfb).stem) if tune is not None else None, notes=tuple(notes),
     )
 
 
-TUNE_SUFFIX = ".tune.json"
+def tune_of(folder: Path, record: ModelRecord) -> tuple[tuple[TuneEntry, ...] | None, str | None]:
+    """The tune record's entries for this build, with a note where there are none: no record,
+    or one measured on another build's probes (its probe record's SHA-256 is not the one this
+    build's model record lists). A damaged record is an error (DamagedRecord, exit 2)."""
+    name = Path(record.vmfb).stem
+    path = folder / tune_record_name(name)
+    if not path.exists() and not path.is_symlink():
+        return None, f"no {path.name} (`kitdispatch tune DIR` writes it): savings are estimated"
+    tuned = read_tune_record(path)
+    if tuned.probes_sha256 != record.files.get(probes_record_name(name)):
+        return None, f"{path.name} was measured on another build's probes, so its times are not used: savings are estimated"
+    return tuned.entries, None
 
 
 def timed(t: DispatchTime) -> Timed:

@@ -20,21 +20,19 @@ from conftest import HAVE_IREE_COMPILE, SAMPLES, needs_iree_compile
 
 from kitdispatch.cli import main
 from kitdispatch.describe.model_record import ModelTensor
+from kitdispatch.describe.probe_record import TuneEntry, TuneRecord
 from kitdispatch.describe.record import DamagedRecord, RecordError
 from kitdispatch.models.advisor import (
     PEAKS,
     ReportOp,
     Timed,
-    TuneProbe,
     Work,
     achieved,
     advise,
     dispatch_work,
     format_advice,
     parse_dispatch,
-    parse_tune,
     peaks_for,
-    read_tune,
     report_ops,
     short_reason,
 )
@@ -259,12 +257,18 @@ def test_kit_profile_gives_each_kernel_its_ops_and_flags_the_dispatches_new_in_i
     assert softmax.note == f"no kernel stands in: kept: {SOFTMAX_WHY}" and softmax.stand_in is None
 
 
+def entry(locations, kernel, kit_us, iree_us, decision, reason="") -> TuneEntry:
+    """A tune record's entry as `kitdispatch tune` writes it (describe/probe_record.py)."""
+    return TuneEntry("probe_0", "d" * 64, "linalg.matmul", tuple(locations), kernel, kit_us, iree_us, 0.001, "rtol 0.001", True, decision, reason)
+
+
 def test_measured_savings_from_the_tune_record_win_over_estimates():
-    tune = [TuneProbe((MM[0].location, MM[1].location), "matmul_nn_f16_f32_none", 20.0, 45.0, 0.001, True, "replace"),
-            TuneProbe((SM.location,), "row_softmax_f32", 70.0, 61.0, 0.0, True, "keep", "kit 70.0 us vs IREE 61.0 us")]
+    tune = [entry((MM[0].location, MM[1].location), "matmul_nn_f16_f32_none", 20.0, 45.0, "replace"),
+            entry((SM.location,), "row_softmax_f32", 70.0, 61.0, "keep", "tune: kit 70.0 us vs IREE 61.0 us"),
+            entry((FF.location,), "matmul_nn_f16_f32_none", None, 150.0, "keep", "the kit's probe failed")]
     rows = advise(KIT, OPS, kit_build=True, other=BASELINE, tune=tune, peaks=H100)
     mm = row(rows, "matmul_nn_f16_f32_none")
-    assert mm.stand_in.how == "measured and estimated"
+    assert mm.stand_in.how == "measured and estimated"  # FF's probe has no kit time: FF is estimated
     softmax = row(rows, KIT[2].name)  # tune kept it: the kernel that would stand in costs time
     assert softmax.stand_in.kernel == "row_softmax_f32" and softmax.stand_in.saving_us == pytest.approx(-9.0)
     assert softmax.stand_in.how == "measured" and "tune kept 1" in softmax.stand_in.detail
@@ -352,38 +356,51 @@ def test_real_builds_pair_their_dispatches_through_the_record(linalg_build):
 
 # ------------------------------------------------------------------------ the tune record
 
-PROBE = {"locations": ["m.mlir:69:11"], "kernel": "matmul_nn_f16_f32_none", "kit_us": 20.5, "iree_us": 44.0,
-         "max_abs_error": 0.001, "agree": True, "decision": "replace", "reason": ""}
+
+def _tune_folder(tmp_path, probes_sha256: str) -> tuple:
+    """A model folder's record listing its probe record (by hash), and a tune record beside it."""
+    from kitdispatch.describe.model_record import ModelRecord
+
+    record = ModelRecord("t", "m.onnx", "", "m.vmfb", None, "", (), "", "", (), (), (), (), (), (),
+                         {"m.vmfb": "0" * 64, "m.probes.json": "a" * 64})
+    tuned = TuneRecord("m", "m.onnx", "b" * 64, probes_sha256, "main", "cuda", "device time", "random",
+                       (entry(["m.mlir:69:11"], "matmul_nn_f16_f32_none", 20.5, 44.0, "replace"),))
+    (tmp_path / "m.tune.json").write_bytes(tuned.to_bytes())
+    return record, tuned
 
 
-def test_tune_record_read_as_an_object_or_a_list_of_probes(tmp_path):
-    assert parse_tune(json.dumps({"schema": 1, "probes": [PROBE]}).encode(), "w") == parse_tune(json.dumps([PROBE]).encode(), "w")
-    (probe,) = parse_tune(json.dumps([PROBE]).encode(), "w")
-    assert probe == TuneProbe(("m.mlir:69:11",), "matmul_nn_f16_f32_none", 20.5, 44.0, 0.001, True, "replace", "")
-    assert read_tune(tmp_path / "none.tune.json") is None
-    path = tmp_path / "m.tune.json"
-    path.write_text(json.dumps({"probes": [PROBE]}))
-    assert read_tune(path) == (probe,)
+def test_the_tune_record_of_this_build_is_read(tmp_path):
+    from kitdispatch.models.compare import tune_of
+
+    record, tuned = _tune_folder(tmp_path, "a" * 64)
+    assert tune_of(tmp_path, record) == (tuned.entries, None)
+    (tmp_path / "m.tune.json").unlink()
+    entries, note = tune_of(tmp_path, record)
+    assert entries is None and note.startswith("no m.tune.json (`kitdispatch tune DIR` writes it)")
 
 
-@pytest.mark.parametrize("damage", [{"kit_us": "20"}, {"agree": 1}, {"locations": "m.mlir:69:11"}, {"iree_us": float("nan")}, {"decision": None}])
-def test_a_damaged_tune_record_is_refused(damage):
-    with pytest.raises(DamagedRecord, match="probe 0 is not"):
-        parse_tune(json.dumps([PROBE | damage]).encode(), "w")
+def test_a_tune_record_of_another_builds_probes_is_not_used(tmp_path):
+    from kitdispatch.models.compare import tune_of
+
+    record, _ = _tune_folder(tmp_path, "c" * 64)
+    entries, note = tune_of(tmp_path, record)
+    assert entries is None and "measured on another build's probes" in note
 
 
-def test_tune_record_that_is_not_one(tmp_path):
-    with pytest.raises(DamagedRecord, match="cannot read the tune record"):
-        parse_tune(b"{", "w")
-    with pytest.raises(DamagedRecord, match="no list of probes"):
-        parse_tune(b'{"probes": 3}', "w")
-    (tmp_path / "real.json").write_text("[]")
+def test_a_damaged_tune_record_is_refused(tmp_path):
+    from kitdispatch.models.compare import tune_of
+
+    record, _ = _tune_folder(tmp_path, "a" * 64)
+    data = json.loads((tmp_path / "m.tune.json").read_text())
+    data["probes"][0]["kit_us"] = "20"
+    (tmp_path / "m.tune.json").write_text(json.dumps(data))
+    with pytest.raises(DamagedRecord, match="a time or error"):
+        tune_of(tmp_path, record)
+    (tmp_path / "m.tune.json").unlink()
+    (tmp_path / "real.json").write_text("{}")
     (tmp_path / "m.tune.json").symlink_to(tmp_path / "real.json")
     with pytest.raises(RecordError, match="symbolic link"):
-        read_tune(tmp_path / "m.tune.json")
-    (tmp_path / "d.tune.json").mkdir()
-    with pytest.raises(RecordError, match="cannot read the tune record"):
-        read_tune(tmp_path / "d.tune.json")
+        tune_of(tmp_path, record)
 
 
 # ------------------------------------------------------------------------ the command
