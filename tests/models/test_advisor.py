@@ -482,3 +482,28 @@ def test_profile_columns_are_consistent_on_gpu(tmp_path, prebuilt_dir, baseline)
     text = io.StringIO()
     assert main([a for a in argv if a != "--json"], text, io.StringIO()) == 0
     assert all(r["name"] in text.getvalue() for r in rows) and "total device time a call" in text.getvalue()
+
+
+@pytest.mark.gpu
+def test_profile_after_tune_gives_measured_savings_on_gpu(tmp_path):
+    """A build with probes and IREE's own, tuned on the GPU: `profile` reads the tune record and
+    gives the kit kernels' savings as measured (the model of tests/models/test_tune.py)."""
+    from models.test_tune import make_model
+
+    from kitdispatch import BuildOptions
+    from kitdispatch.models.compare import profile_module
+    from kitdispatch.models.pipeline import build_model
+    from kitdispatch.models.tune import tune_model
+
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    pytest.importorskip("onnx")
+    model = tmp_path / "m.onnx"
+    make_model(model)
+    out = build_model(None, model, BuildOptions.create("sm_90"), tmp_path / "out", probes=True, with_baseline=True).out_dir
+    tune_model(out)
+    profile = profile_module(out)
+    assert profile.tune == "m.tune.json" and not any("m.tune.json" in n for n in profile.notes), profile.notes
+    kit = [a for a in profile.advice if a.op.kind == "kit kernel"]
+    assert kit and any("measured" in (a.stand_in.how or "") for a in kit), [a.stand_in for a in kit]
+    assert all(a.per_call_us > 0 for a in profile.advice)
