@@ -488,12 +488,11 @@ def test_profile_columns_are_consistent_on_gpu(tmp_path, prebuilt_dir, baseline)
 def test_profile_after_tune_gives_measured_savings_on_gpu(tmp_path):
     """A build with probes and IREE's own, tuned on the GPU: `profile` reads the tune record and
     gives the kit kernels' savings as measured (the model of tests/models/test_tune.py)."""
-    from models.test_tune import make_model
-
     from kitdispatch import BuildOptions
     from kitdispatch.models.compare import profile_module
     from kitdispatch.models.pipeline import build_model
     from kitdispatch.models.tune import tune_model
+    from models.test_tune import make_model
 
     if not HAVE_IREE_COMPILE:
         pytest.skip("iree-compile is not installed")
