@@ -113,7 +113,7 @@ def build_tuned(build_dir: Path, tune_dir: Path, archs: str) -> None:
     """Per model with a tune record in `tune_dir` (NAME.tune.json, from `run --tune`): the build
     that follows it, in BUILD_DIR/NAME.tuned (with its baseline, for `run` to compare)."""
     for record in sorted(tune_dir.glob("*.tune.json")):
-        name = record.name[: -len(".tune.json")]
+        name = Path(json.loads(record.read_text())["model"]).stem  # the record's name is the model's as an identifier
         mlir, folder = build_dir / f"{name}.mlir", build_dir / f"{name}.tuned"
         if not mlir.is_file() or folder.exists():
             print(f"{name}: skipped ({'no ' + str(mlir) if not mlir.is_file() else str(folder) + ' already there'})", flush=True)
@@ -271,7 +271,7 @@ def plot(results: list[dict], path: Path) -> None:
     ax.set_xlabel("speed relative to IREE alone (its whole call / the route's; > 1 is faster)")
     ax.set_title("Whole HF models, f16: IREE alone, with the kit's kernels, torch")
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="best", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
