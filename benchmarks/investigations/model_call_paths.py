@@ -3,7 +3,10 @@ synchronous call in process (FunctionInvoker), the kit's prepared call waited ea
 launched in loops with one wait, and the kit's call, against the device time of its kernels
 (CUPTI). Run over a benchmarks/hf_models.py build folder:
 
-    python3 benchmarks/investigations/model_call_paths.py BUILD_DIR [NAME ...]
+    python3 benchmarks/investigations/model_call_paths.py BUILD_DIR [NAME ...] [--iree-flag=--cuda_use_streams=false]
+
+`--iree-flag=F` passes F to IREE's runtime flags (iree.runtime.flags.parse_flags) before the
+device is made: how IREE's CUDA HAL runs command buffers (streams or graphs) changes its host time.
 
 The weights are drawn as hf_models.py draws them.
 """
@@ -54,7 +57,13 @@ def main() -> None:
     from kitdispatch.describe.model_record import read_model_record
 
     build_dir = Path(sys.argv[1])
-    only = set(sys.argv[2:])
+    flags = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--iree-flag=")]
+    only = {a for a in sys.argv[2:] if not a.startswith("--")}
+    if flags:
+        import iree.runtime as rt
+
+        rt.flags.parse_flags(*flags)
+        print("IREE runtime flags:", flags, flush=True)
     for spec in sorted(build_dir.glob("*.params.npz")):
         name = spec.name[: -len(".params.npz")]
         m = NAME_RE.match(name)
