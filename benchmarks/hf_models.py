@@ -195,7 +195,11 @@ def model_inputs(model: str, batch: int, seq: int, dtype: str) -> list[np.ndarra
     return [rng.integers(0, 1000, (batch, seq), dtype=np.int64)]  # within the vocabulary of 1000
 
 
-def run(build_dir: Path, out: Path, *, max_autotune: bool = False, only: tuple[str, ...] = (), tune_out: Path | None = None) -> None:
+def run(build_dir: Path, out: Path, *, max_autotune: bool = False, only: tuple[str, ...] = (), tune_out: Path | None = None,
+        tuned_only: bool = False) -> None:
+    """Per model of BUILD_DIR: the build by rule against IREE alone, torch's times, and the
+    tuned build where there is one; `tuned_only`: only the tuned builds (NAME.tuned), each
+    against its own baseline."""
     from kitdispatch.models.compare import compare_model
 
     results = []
@@ -213,27 +217,36 @@ def run(build_dir: Path, out: Path, *, max_autotune: bool = False, only: tuple[s
                 draw_parameters(spec, irpa)
                 inputs = Path(tmp) / "inputs.npz"
                 np.savez(inputs, *model_inputs(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"]))
+                tuned = build_dir / f"{name}.tuned"
+                if tuned_only:
+                    if tuned.is_dir():
+                        entry["tuned"] = tuned_entry(compare_model(tuned, inputs=inputs, parameters=irpa, repetitions=20))
+                    continue
                 c = compare_model(folder, inputs=inputs, parameters=irpa, repetitions=20)
                 entry.update(c.to_json())
                 if tune_out is not None:
                     entry["tune"] = tune(folder, inputs, irpa, tune_out)
-                tuned = build_dir / f"{name}.tuned"
                 if tuned.is_dir():
-                    t = compare_model(tuned, inputs=inputs, parameters=irpa, repetitions=20)
-                    entry["tuned"] = {"agree": t.agree, "max_abs_error": t.max_abs_error, "call_us": t.call_us,
-                                      "prepared_us": t.prepared_us, "replaced_ops": list(t.replaced_ops)}
+                    entry["tuned"] = tuned_entry(compare_model(tuned, inputs=inputs, parameters=irpa, repetitions=20))
                 baseline = compare_model_output_std(folder, inputs, irpa)
                 entry["output_std"], entry["output_nans"] = baseline
             entry["torch_us"] = torch_times(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"], layers=int(m["layers"] or 1),
                                             max_autotune=max_autotune)
         except Exception as exc:  # noqa: BLE001 - report the model and go on with the others
             entry["error"] = f"{type(exc).__name__}: {exc}"
-        print(summary(entry), flush=True)
-        out.write_text(json.dumps(results, indent=1))
+        finally:
+            print(summary(entry), flush=True)
+            out.write_text(json.dumps(results, indent=1))
     try:
         plot(results, out.with_suffix(".png"))
     except ImportError:
         print("no matplotlib: no plot", flush=True)
+
+
+def tuned_entry(t: object) -> dict:
+    return {"agree": t.agree, "max_abs_error": t.max_abs_error, "tolerance": t.tolerance, "call_us": t.call_us,
+            "prepared_us": t.prepared_us, "replaced_ops": list(t.replaced_ops),
+            "dispatches": {k: [d.to_json() for d in v] for k, v in t.dispatches.items()}}
 
 
 def tune(folder: Path, inputs: Path, irpa: Path, tune_out: Path) -> dict:
@@ -292,6 +305,12 @@ def compare_model_output_std(folder: Path, inputs: Path, irpa: Path) -> tuple[fl
 def summary(e: dict) -> str:
     if "error" in e:
         return f"{e['model']}: {e['error']}"
+    t = e.get("tuned", {})
+    tuned = (f"\n  tuned build ({len(t['replaced_ops'])} ops replaced; outputs {'agree' if t['agree'] else 'DISAGREE'}): "
+             f"IREE's call: IREE alone {t['call_us']['baseline']:.1f} us, tuned {t['call_us']['replaced']:.1f} us "
+             f"({t['call_us']['baseline'] / t['call_us']['replaced']:.2f}x)") if len(t.get("call_us", {})) == 2 else ""
+    if "call_us" not in e:
+        return f"{e['model']}:{tuned or ' nothing measured'}"
     calls, prepared, torch_us = e.get("call_us", {}), e.get("prepared_us", {}), e.get("torch_us", {})
     parts = [f"{e['model']}: {len(e.get('replaced_ops', []))} ops replaced; outputs {'agree' if e.get('agree') else 'DISAGREE'} "
              f"(max abs error {e.get('max_abs_error', float('nan')):.3g}, {e.get('tolerance')}; "
@@ -303,6 +322,8 @@ def summary(e: dict) -> str:
     mine = prepared.get("replaced") or calls.get("replaced")
     for k, v in torch_us.items():
         parts.append(f"  {k} {v:.1f} us" + (f" ({v / mine:.2f}x of IREE + kit's prepared call)" if mine else ""))
+    if tuned:
+        parts.append(tuned[1:])
     for k, rows in e.get("dispatches", {}).items():
         total = sum(r["per_call_us"] for r in rows)
         parts.append(f"  device time, {k}: {total:.1f} us in {len(rows)} dispatches; heaviest: "
@@ -329,13 +350,15 @@ def main() -> None:
     r.add_argument("--max-autotune", action="store_true", help="also torch.compile(mode='max-autotune-no-cudagraphs') (slow)")
     r.add_argument("--only", nargs="*", default=(), help="model names (e.g. llama-f16-b1s512) to run")
     r.add_argument("--tune", type=Path, metavar="TUNE_DIR", help="also run kitdispatch tune on each build with probes; records into TUNE_DIR")
+    r.add_argument("--tuned-only", action="store_true", help="only the tuned builds (BUILD_DIR/NAME.tuned), each against its baseline")
     args = parser.parse_args()
     if args.step == "build":
         build(args.onnx_dir, args.out, args.arch, probes=args.probes, only=tuple(args.only))
     elif args.step == "build-tuned":
         build_tuned(args.build_dir, args.tune_dir, args.arch)
     else:
-        run(args.build_dir, args.out, max_autotune=args.max_autotune, only=tuple(args.only), tune_out=args.tune)
+        run(args.build_dir, args.out, max_autotune=args.max_autotune, only=tuple(args.only), tune_out=args.tune,
+            tuned_only=args.tuned_only)
 
 
 if __name__ == "__main__":
