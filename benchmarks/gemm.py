@@ -32,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "kernels", "matmul"))
 import gen_manifest  # noqa: E402
 from configs import CONFIGS, choose_config  # noqa: E402
+from gemm_shapes import attention_shapes, model_shapes, square_shapes  # noqa: E402
 
 SMEM = 100352
 TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.2e-2}
@@ -210,24 +211,6 @@ def step_check(K, quick=False, only_f32=False):
 # ----------------------------------------------------------------------------- timing
 
 
-def model_shapes():
-    """(label, m, n, k): every linear of the models, M = tokens."""
-    lin = [
-        ("bert/vit/gpt2 qkv-or-proj 768->768", 768, 768),
-        ("gpt2 qkv 768->2304", 2304, 768),
-        ("bert/vit/gpt2 ffn1 768->3072", 3072, 768),
-        ("bert/vit/gpt2 ffn2 3072->768", 768, 3072),
-        ("llama attn 4096->4096", 4096, 4096),
-        ("llama mlp gate/up 4096->11008", 11008, 4096),
-        ("llama mlp down 11008->4096", 4096, 11008),
-    ]
-    out = []
-    for m in (128, 512, 2048, 8192):
-        for label, n, k in lin:
-            out.append((label, m, n, k))
-    return out
-
-
 def kernel_times(calls, reps):
     """calls: list of (key, fn, kernel-name-or-None). Interleaved reps; CUPTI device time of each
     call (None: every kernel that is not a named kit kernel counts toward that call). -> {key: us}"""
@@ -247,20 +230,26 @@ def kernel_times(calls, reps):
     trace = json.load(open(path))
     os.unlink(path)
     kev = [ev for ev in trace.get("traceEvents", []) if ev.get("cat") == "kernel" and ev.get("ph") == "X"]
-    named = {kn: key for key, _, kn in calls if kn}
+    named = {kn: key for key, _, kn in calls if isinstance(kn, str)}
+    prefixed = {kn[1]: key for key, _, kn in calls if isinstance(kn, tuple)}  # ("prefix", IREE function): its dispatches
     per = {key: [] for key, _, _ in calls}
     other_key = next((key for key, _, kn in calls if kn is None), None)
     other_total = 0.0
     for ev in kev:
         nm = ev.get("name", "")
+        prefix = next((p for p in prefixed if nm.startswith(p + "_dispatch")), None)
         if nm in named:
             per[named[nm]].append(float(ev["dur"]))
+        elif prefix is not None:
+            per[prefixed[prefix]].append(float(ev["dur"]))
         else:
             other_total += float(ev["dur"])
     res = {}
     for key, _, kn in calls:
-        if kn:
+        if isinstance(kn, str):
             res[key] = statistics.median(per[key]) if per[key] else None
+        elif isinstance(kn, tuple):  # every dispatch of the call, per call
+            res[key] = sum(per[key]) / reps if per[key] else None
     if other_key is not None:
         res[other_key] = other_total / reps if other_total else None
     return res
@@ -302,6 +291,9 @@ def time_shape(K, label, kind, layout, ti, batch, m, n, k, epi="none", reps=20, 
         outs[cfg] = c
         calls.append((cfg or "t128x256", launcher(K, e, a, b, c, None, None, None, batch, m, n, k), name))
     calls.append(("cublas", lambda: torch.matmul(a, bt), None))
+    iree_call = IREE.call_for(kind, layout, ti, batch, m, n, k, a, b) if IREE is not None else None
+    if iree_call is not None:
+        calls.append(("iree", *iree_call))
     ts = kernel_times(calls, reps)
     for key, fn, kn in calls:  # CUPTI saw nothing of this call: CUDA events instead
         if not ts.get(key):
@@ -313,10 +305,13 @@ def time_shape(K, label, kind, layout, ti, batch, m, n, k, epi="none", reps=20, 
         errs[cfg or "t128x256"] = rel_err(c, ref)
     flop = 2.0 * batch * m * n * k
     chosen = choose_config(m, n, k, ti, batch) or "t128x256"
-    kit = {key: v for key, v in ts.items() if key != "cublas" and v}
+    kit = {key: v for key, v in ts.items() if key not in ("cublas", "iree") and v}
     best = min(kit, key=kit.get) if kit else None
     row = dict(label=label, kind=kind, layout=layout, dtype=ti, batch=batch, m=m, n=n, k=k, cublas_us=ts.get("cublas"),
                kit_us=kit, rel_err=errs, best=best, chosen=chosen, flop=flop)
+    if iree_call is not None:
+        row["iree_us"] = ts.get("iree")
+        row["iree_rel_err"] = rel_err(IREE.last_result(), ref)
     cb = ts.get("cublas")
     if cb and kit:
         row["ratio_best"] = cb / kit[best]
@@ -324,10 +319,58 @@ def time_shape(K, label, kind, layout, ti, batch, m, n, k, epi="none", reps=20, 
         row["ratio_default"] = cb / kit["t128x256"] if "t128x256" in kit else None
     cfgtxt = " ".join(f"{key}={v:.1f}" for key, v in kit.items())
     bad = [key for key, v in errs.items() if not v <= TOL[to]]
+    iree_us = row.get("iree_us")
+    iree_txt = f" | IREE {iree_us:.1f} us ({flop / iree_us / 1e6:.0f} TF/s, err {row['iree_rel_err']:.1e})" if iree_us else ""
     log(f"{kind}_{layout} {ti} b{batch} {m:5d}x{n:5d}x{k:5d} cublas {cb and round(cb, 1)} us ({cb and flop / cb / 1e6:.0f} TF/s) | "
         f"{cfgtxt} | best {best} {row.get('ratio_best', 0):.2f}x chosen {chosen} {row.get('ratio_chosen') or 0:.2f}x"
-        + (f" BADERR {bad}" if bad else ""))
+        + iree_txt + (f" BADERR {bad}" if bad else ""))
     return row
+
+
+class IreeGemm:
+    """IREE's own codegen for the benchmark's shapes (benchmarks/gemm_iree.py builds the module):
+    each function called on the same operands as the kit and cuBLAS, through iree.runtime."""
+
+    def __init__(self, vmfb):
+        import iree.runtime as rt
+
+        from gemm_iree import function_name
+
+        self._rt, self._name = rt, function_name
+        self.config = rt.Config("cuda")
+        self.module = rt.load_vm_flatbuffer_file(vmfb, driver="cuda")
+        self._last = None
+
+    def call_for(self, kind, layout, ti, batch, m, n, k, a, b):
+        """(the call, its kernel key) or None where the module has no such function."""
+        name = self._name(kind, layout, ti, batch, m, n, k)
+        try:
+            fn = self.module[name]
+        except (KeyError, AttributeError):
+            return None
+        args = [self._rt.asdevicearray(self.config.device, host(x)) for x in (a, b)]
+
+        def call():
+            self._last = fn(*args)
+
+        return call, ("prefix", name)
+
+    def last_result(self):
+        """The last call's result as a torch tensor (bf16 comes back as its bits)."""
+        out = self._last.to_host()
+        if out.dtype == np.uint16:  # bf16
+            return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).cuda()
+        return torch.from_numpy(out).cuda()
+
+
+def host(x):
+    """A torch CUDA tensor as numpy (bf16 as its bits)."""
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).cpu().numpy().view(np.uint16)
+    return x.cpu().numpy()
+
+
+IREE = None
 
 
 def time_f32(K, label, layout, m, n, k, reps=10):
@@ -382,16 +425,11 @@ def step_time(K, quick=False, f32_only=False):
         shapes = shapes[::3]
     for (label, m, n, k) in shapes:
         rows.append(time_shape(K, label, "matmul", "nt", "f16", 1, m, n, k))
-    for ti in ("f16", "bf16"):
-        for s in (2048, 4096, 8192):
-            for layout in ("nn", "nt"):
-                rows.append(time_shape(K, f"square {s}", "matmul", layout, ti, 1, s, s, s, reps=10 if s == 8192 else 20,
-                                       configs=["", "t128x128", "t128x128_p"]))
-    # attention batch matmuls of BERT-base at batch 8, seq 512 (96 heads of d 64) and Llama at seq 2048
-    rows.append(time_shape(K, "bert attn QK^T", "bmm", "nt", "f16", 96, 512, 512, 64, configs=["", "t128x128", "t128x128_p"]))
-    rows.append(time_shape(K, "bert attn PV", "bmm", "nn", "f16", 96, 512, 64, 512, configs=["", "t128x128", "t128x128_p"]))
-    rows.append(time_shape(K, "llama attn QK^T", "bmm", "nt", "f16", 32, 2048, 2048, 128, configs=["", "t128x128", "t128x128_p"]))
-    rows.append(time_shape(K, "llama attn PV", "bmm", "nn", "f16", 32, 2048, 128, 2048, configs=["", "t128x128", "t128x128_p"]))
+    for ti, s, layout in square_shapes():
+        rows.append(time_shape(K, f"square {s}", "matmul", layout, ti, 1, s, s, s, reps=10 if s == 8192 else 20,
+                               configs=["", "t128x128", "t128x128_p"]))
+    for label, layout, batch, m, n, k in attention_shapes():
+        rows.append(time_shape(K, label, "bmm", layout, "f16", batch, m, n, k, configs=["", "t128x128", "t128x128_p"]))
     # epilogues: the chosen config with each epilogue against none (what fusing costs)
     for (m, n, k) in ((2048, 3072, 768), (8192, 768, 3072), (512, 4096, 4096)):
         rows.append(time_epilogues(K, m, n, k))
@@ -433,6 +471,10 @@ def main():
         pass
     log("ENV", json.dumps(env))
     K = Kernels(objdir)
+    global IREE
+    if "--iree" in sys.argv:
+        IREE = IreeGemm(sys.argv[sys.argv.index("--iree") + 1])
+        env["iree_module"] = sys.argv[sys.argv.index("--iree") + 1]
     result = dict(env=env)
     t0 = time.time()
     if "--no-check" not in flags:

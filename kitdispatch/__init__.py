@@ -28,6 +28,7 @@ _PUBLIC = {
     **dict.fromkeys(("run_function", "run_module"), "kitdispatch.run.cli_calls"),
     **dict.fromkeys(("ModelBuild", "ModelBuildFailed", "build_model", "export_torch"), "kitdispatch.models.pipeline"),
     **dict.fromkeys(("Comparison", "compare_model", "profile_module"), "kitdispatch.models.compare"),
+    **dict.fromkeys(("TuneResult", "tune_model"), "kitdispatch.models.tune"),
     **dict.fromkeys(("Buffer", "Kernel", "Replaces", "Scalar"), "kitdispatch.describe.kernel"),
     **dict.fromkeys(("FunctionSignature", "TensorType"), "kitdispatch.describe.types"),
     **dict.fromkeys(("ModuleSpec", "Program", "TestSpec"), "kitdispatch.describe.module"),

@@ -121,14 +121,28 @@ def _parser() -> argparse.ArgumentParser:
         help="with --model: f32 matmuls may run in plain TF32 (faster, ~1e-3 relative error; default 3xTF32, f32-level)",
     )
 
+    b.add_argument("--probes", action="store_true", help="with --model: also write what `kitdispatch tune DIR` measures (a probe per replaced op)")
+    b.add_argument("--tuned", default=None, metavar="FILE",
+                   help="with --model: keep IREE's own op where FILE (NAME.tune.json, written by tune) says the kernel is slower or differs")
+    b.add_argument("--tune", action="store_true",
+                   help="with --model: build with probes, tune on this machine's GPU, rebuild keeping only the replacements that are right "
+                   "and faster (without a GPU: build by rule, and say so)")
+    b.add_argument("--tune-inputs", default=None, metavar="FILE.npz", help="with --tune: the model's inputs to tune on (default: random, as compare draws them)")
+    b.add_argument("--parameters", default=None, metavar="FILE.irpa", help="with --tune: the weights of a model imported with them externalized")
+
+    tun = sub.add_parser("tune", parents=[common], help="time and check each replaced op of a model build on its own activations, on the GPU")
+    tun.add_argument("built", help="a folder written by `build --model MODEL -o DIR --probes`")
+    tun.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
     cmp = sub.add_parser("compare", parents=[common], help="run a model with and without its replacements on the GPU")
     cmp.add_argument("built", help="a folder written by `build PROJECT --model MODEL --with-baseline -o DIR`")
-    prof = sub.add_parser("profile", parents=[common], help="list a model's heaviest dispatches on the GPU")
-    prof.add_argument("built", help="a folder written by `build ... --model MODEL` (its baseline module is profiled)")
-    for cmd in (cmp, prof):
+    prof = sub.add_parser("profile", parents=[common], help="a model's dispatches on the GPU: time, rate against peak, the kernel that stands in")
+    prof.add_argument("built", help="a folder written by `build ... --model MODEL` (its kit build is profiled)")
+    prof.add_argument("--baseline", action="store_true", help="profile IREE's own build (built with --with-baseline) instead of the kit's")
+    for cmd in (cmp, prof, tun):
         cmd.add_argument("--inputs", default=None, metavar="FILE.npz", help="inputs in argument order (default: random by dtype)")
         cmd.add_argument("--function", default=None, help="function to run (default: the model's first)")
-        cmd.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
+        if cmd is not tun:
+            cmd.add_argument("--device", default="cuda", help="IREE device URI (default: cuda)")
         cmd.add_argument("--parameters", default=None, metavar="FILE.irpa",
                          help="the weights of a model imported with them externalized (iree-import-onnx --externalize-params)")
 
@@ -191,7 +205,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
         return EXIT_INTERNAL
 
 
-_PATH_OPTIONS = {"output": "-o/--output", "model": "--model", "inputs": "--inputs", "vmfb": "vmfb", "built": "built"}
+_PATH_OPTIONS = {"output": "-o/--output", "model": "--model", "tuned": "--tuned", "tune_inputs": "--tune-inputs", "inputs": "--inputs", "vmfb": "vmfb", "built": "built"}
 _PATH_LISTS = {"manifests": "manifest", "paths": "paths", "include_dirs": "-I"}
 
 
@@ -202,6 +216,13 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error("--with-baseline needs --model MODEL (it compiles that model with IREE alone)")
     if getattr(args, "tf32", False) and not getattr(args, "model", None):
         parser.error("--tf32 needs --model MODEL (it chooses the kernels of a model's f32 matmuls)")
+    for flag in ("probes", "tuned", "tune"):
+        if getattr(args, flag, None) and not getattr(args, "model", None):
+            parser.error(f"--{flag} needs --model MODEL (it concerns the replaced ops of a model)")
+    if getattr(args, "command", None) == "build" and not args.tune and (args.tune_inputs or args.parameters):
+        parser.error("--tune-inputs and --parameters need --tune (they are the inputs and weights tune runs the model with)")
+    if getattr(args, "tune", False) and getattr(args, "tuned", None):
+        parser.error("--tune measures and writes its own tune file; --tuned FILE reads one: give one of them")
     if getattr(args, "no_library", False) and not getattr(args, "model", None):
         parser.error("--no-library needs --model MODEL (the library's kernels replace a model's ops)")
     if getattr(args, "command", None) in ("build", "gen") and not args.manifests and not getattr(args, "model", None):
@@ -348,11 +369,14 @@ def _cmd_build(args: argparse.Namespace, out: _Out, *, make_vmfb: bool = True) -
 def _build_model(args: argparse.Namespace, options: BuildOptions, out: _Out) -> int:
     from kitdispatch.models.pipeline import ModelBuildFailed, build_model, format_report
 
-    try:
-        result = build_model(
+    def build(**tuning: object):
+        return build_model(
             [Path(m) for m in args.manifests] or None, Path(args.model), options, Path(args.output),
-            library=not args.no_library, with_baseline=args.with_baseline, tf32=args.tf32,
+            library=not args.no_library, with_baseline=args.with_baseline, tf32=args.tf32, **tuning,
         )
+
+    try:
+        result = _tuned_build(args, build, out) if args.tune else build(probes=args.probes, tuned=args.tuned)
     except ModelBuildFailed as exc:
         if out.as_json:  # the decisions, as the report in the folder has them; the error on stderr
             out.result(exc.report, "")
@@ -361,6 +385,31 @@ def _build_model(args: argparse.Namespace, options: BuildOptions, out: _Out) -> 
     if result.baseline_vmfb:
         text += f" and {result.baseline_vmfb}"
     out.result(result.to_json(), text)
+    return 0
+
+
+def _tuned_build(args: argparse.Namespace, build: object, out: _Out) -> object:
+    """`build --tune`: with probes, tune on this machine's GPU, then rebuild with the tune file;
+    without a GPU, by rule, saying so on stderr and in the report."""
+    from kitdispatch.models.tune import format_tune, tune_model
+    from kitdispatch.run.module import cuda_status
+
+    status = cuda_status()
+    if not status.available:
+        reason = f"--tune needs a GPU: {status.reason}; the build replaces by rule"
+        print(f"kitdispatch build: note: {reason}", file=out.stderr)
+        return build(probes=args.probes, untuned_reason=reason)
+    probed = build(probes=True)
+    tuned = tune_model(probed.out_dir, inputs=args.tune_inputs, parameters=args.parameters)
+    out.info(format_tune(tuned))
+    return build(probes=args.probes, tuned=tuned.path)
+
+
+def _cmd_tune(args: argparse.Namespace, out: _Out) -> int:
+    from kitdispatch.models.tune import format_tune, tune_model
+
+    result = tune_model(Path(args.built), inputs=args.inputs, parameters=args.parameters, function=args.function, device=args.device)
+    out.result(result.to_json(), format_tune(result))
     return 0
 
 
@@ -373,11 +422,12 @@ def _cmd_compare(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace, out: _Out) -> int:
-    from kitdispatch.models.compare import format_dispatch, profile_module
+    from kitdispatch.models.compare import format_profile, profile_module
 
-    vmfb, times = profile_module(Path(args.built), inputs=args.inputs, function=args.function, device=args.device, parameters=args.parameters)
-    text = "\n".join([f"heaviest dispatches of {vmfb} (device time, Nsight Compute):"] + [format_dispatch(t) for t in times])
-    out.result({"vmfb": vmfb, "dispatches": [t.to_json() for t in times]}, text)
+    result = profile_module(
+        Path(args.built), inputs=args.inputs, function=args.function, device=args.device, parameters=args.parameters, baseline=args.baseline,
+    )
+    out.result(result.to_json(), format_profile(result))
     return 0
 
 
@@ -456,4 +506,4 @@ def _cmd_cache(args: argparse.Namespace, out: _Out) -> int:
     return 0
 
 
-_COMMANDS = {"build": _cmd_build, "gen": _cmd_gen, "compare": _cmd_compare, "profile": _cmd_profile, "run": _cmd_run, "test": _cmd_test, "doctor": _cmd_doctor, "cache": _cmd_cache}
+_COMMANDS = {"build": _cmd_build, "gen": _cmd_gen, "compare": _cmd_compare, "tune": _cmd_tune, "profile": _cmd_profile, "run": _cmd_run, "test": _cmd_test, "doctor": _cmd_doctor, "cache": _cmd_cache}

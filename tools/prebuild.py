@@ -49,6 +49,10 @@ MODELS = {
     # tests/models/test_ops_epilogue.py: matmuls replaced with their epilogues by the GEMM family.
     "epilogue_ffn_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "ffn"), ROOT / "kernels" / "matmul"),
     "epilogue_mlp_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "mlp"), ROOT / "kernels" / "matmul"),
+    # tests/models/test_ops_epilogue_reshaped.py: a post-LN layer on 3-D activations (the whole library).
+    "epilogue_post_ln_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "post_ln"), None),
+    # tests/models/test_ops_epilogue_swiglu.py: Llama's MLP, the gate with the silu_mul epilogue.
+    "epilogue_swiglu_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "swiglu"), ROOT / "kernels" / "matmul"),
     # tests/models/test_ops_norm.py's NORM_MODELS: norms replaced by kernels/norm.
     **{
         f"norm_{name}_model": ((ROOT / "tests" / "data" / "norms" / "make_model.py", *args), ROOT / "kernels" / "norm")

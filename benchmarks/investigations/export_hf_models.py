@@ -67,7 +67,8 @@ def main() -> None:
         for tag, dtype in chosen.items():
             module = LastHidden(model.to(dtype).eval(), key).eval()
             x = example.to(dtype) if example.is_floating_point() else example
-            path = os.path.join(args.out, f"{name}-{tag}-b{args.batch}s{args.seq}.onnx")
+            layers = f"-l{args.layers}" if args.layers != 1 else ""  # benchmarks/hf_models.py reads the layers from the name
+            path = os.path.join(args.out, f"{name}-{tag}-b{args.batch}s{args.seq}{layers}.onnx")
             try:
                 opset = 17 if args.torchscript else 18
                 torch.onnx.export(module, (x,), path, input_names=[key], opset_version=opset, dynamo=not args.torchscript,

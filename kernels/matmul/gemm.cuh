@@ -39,6 +39,9 @@
 //   kResidual      v + f32(res[b, r, c])
 //   kBiasResidual  (v + f32(bias[c])) + f32(res[b, r, c])
 //   kScale         alpha * v   (alpha: the kernel's float argument)
+//   kGeluErf       0.5f * v * (1 + erff(v * 0.70710678f))          (no bias: exports that fold a zero bias)
+//   kGeluTanh      0.5f * v * (1 + tanhf(C * (v + 0.044715f * v * v * v)))
+//   kSiluMul       v / (1 + expf(-v)) * f32(up[b, r, c])           (SwiGLU: silu(x Wg) * (x Wu), up in `res`)
 // erff, tanhf and expf are CUDA's full-precision f32 functions (no fast-math).
 //
 // Two code paths in one kernel, like matmul.cu: wgmma + TMA (sm_90a, when k % 8 == 0, NN also
@@ -62,20 +65,21 @@ constexpr int kThreads = 384;
 constexpr int BM = 128;
 constexpr int kDynamicSmem = 100352;  // kitdispatch.toml's dynamic_shared_memory
 
-enum Epi { kNone, kBias, kBiasGeluErf, kBiasGeluTanh, kBiasRelu, kBiasSilu, kResidual, kBiasResidual, kScale };
+enum Epi { kNone, kBias, kBiasGeluErf, kBiasGeluTanh, kBiasRelu, kBiasSilu, kResidual, kBiasResidual, kScale, kGeluErf,
+           kGeluTanh, kSiluMul };
 
 template <int kEpi>
 struct EpiTraits {
   static constexpr bool kHasBias = kEpi == kBias || kEpi == kBiasGeluErf || kEpi == kBiasGeluTanh ||
                                    kEpi == kBiasRelu || kEpi == kBiasSilu || kEpi == kBiasResidual;
-  static constexpr bool kHasRes = kEpi == kResidual || kEpi == kBiasResidual;
+  static constexpr bool kHasRes = kEpi == kResidual || kEpi == kBiasResidual || kEpi == kSiluMul;
 };
 
 template <class Out>
 struct EpiArgs {
   const typename Out::T* bias;  // [n]
   const typename Out::T* res;   // [m, n] of this batch
-  float scalar;                 // alpha (kScale) or C (kBiasGeluTanh)
+  float scalar;                 // alpha (kScale) or C (kBiasGeluTanh, kGeluTanh)
 };
 
 template <class Out>
@@ -92,10 +96,12 @@ template <int kEpi>
 __device__ __forceinline__ float epilogue_of(float v, float bias, float res, float scalar) {
   if constexpr (kEpi == kScale) {
     return scalar * v;
+  } else if constexpr (kEpi == kSiluMul) {
+    return v / (1.0f + expf(-v)) * res;
   } else {
     if constexpr (EpiTraits<kEpi>::kHasBias) v = v + bias;
-    if constexpr (kEpi == kBiasGeluErf) v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    if constexpr (kEpi == kBiasGeluTanh) v = 0.5f * v * (1.0f + tanhf(scalar * (v + 0.044715f * v * v * v)));
+    if constexpr (kEpi == kBiasGeluErf || kEpi == kGeluErf) v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    if constexpr (kEpi == kBiasGeluTanh || kEpi == kGeluTanh) v = 0.5f * v * (1.0f + tanhf(scalar * (v + 0.044715f * v * v * v)));
     if constexpr (kEpi == kBiasRelu) v = v < 0.0f ? 0.0f : v;
     if constexpr (kEpi == kBiasSilu) v = v / (1.0f + expf(-v));
     if constexpr (EpiTraits<kEpi>::kHasRes) v = v + res;

@@ -45,7 +45,7 @@ def matmul_bf16_f16(a, b):
 # ------------------------------------------------------------------ the generated family
 
 _EPILOGUES = ("bias_gelu_erf", "bias_gelu_tanh", "bias_residual", "bias_relu", "bias_silu", "residual", "scale", "bias",
-              "none")
+              "none", "gelu_erf", "gelu_tanh", "silu_mul")
 _NAME = re.compile(
     r"^(?P<kind>matmul|bmm)_(?P<layout>nn|nt)_(?P<ti>f16|bf16|f32)(?P<to>_f32|_tf32)?_(?P<epi>"
     + "|".join(_EPILOGUES)
@@ -58,12 +58,14 @@ def _epilogue(v, epi, bias=None, residual=None, scalar=None):
     """The kernel's formula (README.md) in float64."""
     if epi == "scale":
         return np.float64(np.float32(scalar)) * v
+    if epi == "silu_mul":  # residual: the `up` tensor
+        return v / (1.0 + np.exp(-v)) * residual.astype(np.float64)
     if epi.startswith("bias"):
         v = v + bias.astype(np.float64)
-    if epi == "bias_gelu_erf":
+    if epi in ("bias_gelu_erf", "gelu_erf"):
         erf = np.vectorize(math.erf, otypes=[np.float64])
         v = 0.5 * v * (1.0 + erf(v / math.sqrt(2.0)))
-    elif epi == "bias_gelu_tanh":
+    elif epi in ("bias_gelu_tanh", "gelu_tanh"):
         c = np.float64(np.float32(scalar))
         v = 0.5 * v * (1.0 + np.tanh(c * (v + 0.044715 * v**3)))
     elif epi == "bias_relu":
@@ -102,6 +104,15 @@ def _generated(name):
     elif epi == "residual":
         def ref(a, b, residual):
             return compute(a, b, residual=residual)
+    elif epi == "silu_mul":
+        def ref(a, b, up):
+            return compute(a, b, residual=up)
+    elif epi == "gelu_erf":
+        def ref(a, b):
+            return compute(a, b)
+    elif epi == "gelu_tanh":
+        def ref(a, b, gelu_c):
+            return compute(a, b, scalar=gelu_c)
     elif epi == "bias_residual":
         def ref(a, b, bias, residual):
             return compute(a, b, bias=bias, residual=residual)

@@ -20,6 +20,7 @@ ATTENTION_MASKS = ("causal",)
 # The epilogues a matmul kernel may compute after the product (replace_when's `epilogue`; default
 # "none"), in f32 on the f32 accumulator, then one rounding to the result type:
 # kernels/matmul/README.md gives each formula, models/ops/epilogue.py recognises them in a model.
-EPILOGUES = ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bias_silu", "residual", "bias_residual", "scale")
+EPILOGUES = ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bias_silu", "residual", "bias_residual", "scale",
+             "gelu_erf", "gelu_tanh", "silu_mul")
 # The ops whose kernels may declare an epilogue.
 EPILOGUE_OPS = ("linalg.matmul", "linalg.batch_matmul")

@@ -49,6 +49,8 @@ from kitdispatch.models.ops.base import OpFacts, Preparation
 from kitdispatch.models.projects import ModelProjects, Project, model_projects
 from kitdispatch.describe.model_record import ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
 from kitdispatch.models.functions import model_functions
+from kitdispatch.models.probes import ProbeBuilder, ProbeBuilt, Tuning, apply_tune, chains, make_probes, same_kernel, tuning_of
+from kitdispatch.describe.probe_record import probes_record_name, read_tune_record
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec
 from kitdispatch.describe.kernel import ARITHMETICS, Kernel
@@ -73,6 +75,8 @@ class ModelBuild:
     record: Path
     decisions: tuple[Decision, ...]
     codegen_target: str
+    probes: Path | None = None  # the probe record (`probes=True`), for `tune`
+    tuning: Tuning | None = None  # what a tune record (`tuned=`) decided
 
     @property
     def replaced(self) -> tuple[Decision, ...]:
@@ -89,6 +93,8 @@ class ModelBuild:
             "codegen_target": self.codegen_target,
             "replaced": [d.to_json() for d in self.replaced],
             "not_replaced": [d.to_json() for d in self.decisions if d.kernel is None],
+            **({"probes": str(self.probes)} if self.probes else {}),
+            **({"tune": self.tuning.to_json()} if self.tuning else {}),
         }
 
 
@@ -102,6 +108,9 @@ def build_model(
     with_baseline: bool = False,
     name: str | None = None,
     tf32: bool = False,
+    probes: bool = False,
+    tuned: str | Path | None = None,
+    untuned_reason: str | None = None,
 ) -> ModelBuild:
     """Builds `model` (.mlir or .onnx) into `out_dir/<name>.vmfb` with every op that a kernel
     computes exactly replaced by that kernel. The kernels are those of `project` (a path, a
@@ -112,7 +121,14 @@ def build_model(
     compiled by IREE alone. f32 matmuls get kernels that compute in 3xTF32 (f32-level error);
     with `tf32`, kernels in plain TF32 (faster, ~1e-3 relative error) come first where they
     fit. A build that fails once its ops are matched (no op replaced, a
-    kernel or IREE failing) still writes its report, and raises ModelBuildFailed."""
+    kernel or IREE failing) still writes its report, and raises ModelBuildFailed.
+
+    With `probes`, also writes what `tune` needs (models/probes.py): per distinct replaced
+    chain of ops a probe module built with the kernel and by IREE alone, the capture module
+    and `<name>.probes.json`. With `tuned` (a `<name>.tune.json` written by tune on such a
+    build of this model), the ops whose probe tune kept stay IREE's, with tune's reason; the
+    others follow the rule. `untuned_reason`: why a build asked to tune did not (no GPU),
+    for its report."""
     projects = model_projects(project, library=library)
     kernels = replacing_kernels(projects.module)
     model = not_an_option(Path(model))  # both reach IREE's tools as arguments
@@ -125,7 +141,8 @@ def build_model(
     try:
         protected = frozenset().union(*(project_files_in(p, out_dir) for p in projects.projects)) | _model_in(model, out_dir)
         folder = OutputFolder(out_dir, name, record=record_name, claims=claimed_files, protected=protected)
-        target = _Target(model, name, out_dir, codegen, tuple(flags), tf32)
+        tuning = _Tuning(Path(tuned) if tuned is not None else None, untuned_reason, _probe_builder(project, options, library, tf32) if probes else None)
+        target = _Target(model, name, out_dir, codegen, tuple(flags), tf32, tuning)
         return _build_model_in(projects, kernels, target, options, folder, with_baseline)
     except BaseException:
         if created:
@@ -136,12 +153,37 @@ def build_model(
         raise
 
 
+def _probe_builder(project: Project | Sequence[Project] | None, options: BuildOptions, library: bool, tf32: bool) -> ProbeBuilder:
+    """Builds one probe as the model was built (the same projects, library and options): with
+    its kernel and by IREE alone; no module where it does not replace the op as the model did."""
+    def build_probe(mlir: Path, folder: Path, pid: str, decision: Decision) -> ProbeBuilt:
+        try:
+            built = build_model(project, mlir, options, folder, library=library, with_baseline=True, name=pid, tf32=tf32)
+        except KitError as exc:
+            return ProbeBuilt(None, None, f"the probe's own build failed: {exc.what}")
+        why = same_kernel(decision, built.decisions)
+        if why:
+            return ProbeBuilt(None, None, why)
+        return ProbeBuilt(built.vmfb.read_bytes(), built.baseline_vmfb.read_bytes())
+
+    return build_probe
+
+
 def _model_in(model: Path, out_dir: Path) -> frozenset[str]:
     """The model's own name when it sits in the output folder: never the kit's to replace."""
     try:
         return frozenset({model.name}) if model.resolve().parent == out_dir.resolve() else frozenset()
     except (OSError, RuntimeError):
         return frozenset()
+
+
+@dataclass(frozen=True)
+class _Tuning:
+    """What a model build does for tune: read a tune record (`tuned`), make probes (`probe_builder`)."""
+
+    tuned: Path | None = None
+    untuned_reason: str | None = None
+    probe_builder: ProbeBuilder | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +196,7 @@ class _Target:
     codegen: Arch
     flags: tuple[str, ...]
     tf32: bool = False  # whether kernels computing in plain TF32 may replace f32 ops
+    tuning: _Tuning = _Tuning()
 
 
 @dataclass(frozen=True)
@@ -167,6 +210,8 @@ class _Matched:
     decisions: tuple[Decision, ...]
     kinds: tuple[str, ...]
     prepared: tuple[Preparation, ...]
+    found: tuple = ()  # read_ops' (op, facts), in the order of `decisions`
+    tuning: Tuning | None = None
 
 
 class ModelBuildFailed(KitError):
@@ -223,8 +268,15 @@ def _match(kernels: tuple[Kernel, ...], target: _Target, options: BuildOptions, 
     found = read_ops(module, kinds)
     # Imported models are published beside the vmfb: their locations name that copy.
     found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(target.out_dir)))) for op, f in found]
-    decisions = settle(found, decide([facts for _, facts in found], kernels, tf32=target.tf32))
-    return _Matched(imported, context, module, tuple(op for op, _ in found), tuple(decisions), kinds, prepared)
+    decided = decide([facts for _, facts in found], kernels, tf32=target.tf32)
+    decisions = settle(found, decided)
+    tuning = None
+    if target.tuning.tuned is not None:  # tune's measurements overrule the rule where they cover an op
+        path = target.tuning.tuned
+        overrides, tuned = apply_tune(read_tune_record(path), path, model, found, decisions, context)
+        decisions = settle(found, [overrides.get(i, d) for i, d in enumerate(decided)])
+        tuning = tuning_of(path, tuned, decisions)
+    return _Matched(imported, context, module, tuple(op for op, _ in found), tuple(decisions), kinds, prepared, tuple(found), tuning)
 
 
 def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options: BuildOptions, folder: OutputFolder, stage: Path, with_baseline: bool) -> ModelBuild:
@@ -240,6 +292,7 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
         )
     objects, symbols = kernel_symbols(spec, used, options, stage)
     check_symbols_free(module, symbols, model)
+    probe_files = _probes(matched, target, stage) if target.tuning.probe_builder else {}
     for op, decision in zip(matched.ops, decisions):
         if decision.kernel is not None:
             _mark(op, decision, matched.context)
@@ -277,8 +330,8 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
         outputs.append(baseline_name)
     if matched.imported != model:
         outputs.append(matched.imported.name)
-    files = {n: (stage / n).read_bytes() for n in outputs}
-    report_name, report = _report_files(files, projects, model, name, decisions)
+    files = {n: (stage / n).read_bytes() for n in outputs} | probe_files
+    report_name, report = _report_files(files, projects, model, name, decisions, tune=_tune_report(matched, target))
     replaced_json, kept_json = report["replaced"], report["not_replaced"]
     record = ModelRecord(
         kitdispatch=__version__,
@@ -311,10 +364,42 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
         record=out_dir / folder.record,
         decisions=tuple(decisions),
         codegen_target=target.codegen.name,
+        probes=out_dir / probes_record_name(name) if probe_files else None,
+        tuning=matched.tuning,
     )
 
 
-def _report_files(files: dict[str, bytes], projects: ModelProjects, model: Path, name: str, decisions: Sequence[Decision], error: KitError | None = None) -> tuple[str, dict]:
+def _probes(matched: _Matched, target: _Target, stage: Path) -> dict[str, bytes]:
+    """The probe files of the build (models/probes.py); the capture module compiled by IREE
+    alone from the matching stage."""
+    def compile_capture(text: str) -> bytes:
+        source = stage / f"{target.name}.capture.mlir"
+        write_atomic(source, text)
+        vmfb = _run_iree(
+            [find_tool("iree-compile"), str(source), *target.flags, f"--compile-from={STAGE}", "-o", str(stage / f"{target.name}.capture.vmfb")],
+            what="iree-compile could not build the capture module (the model with its probes' inputs traced)",
+            stage=stage,
+            timeout=IREE_COMPILE_TIMEOUT_S,
+        )
+        return vmfb.read_bytes()
+
+    found_chains = chains(matched.found, matched.decisions, matched.context)
+    return make_probes(target.name, target.model, matched.module, found_chains, stage, target.tuning.probe_builder, compile_capture)
+
+
+def _tune_report(matched: _Matched, target: _Target) -> dict | None:
+    """The report's `tune` field: what a tune record decided, or why a build asked to tune did not."""
+    if matched.tuning is not None:
+        return matched.tuning.to_json()
+    if target.tuning.untuned_reason:
+        return {"status": "not tuned", "reason": target.tuning.untuned_reason}
+    return None
+
+
+def _report_files(
+    files: dict[str, bytes], projects: ModelProjects, model: Path, name: str, decisions: Sequence[Decision], error: KitError | None = None,
+    *, tune: dict | None = None,
+) -> tuple[str, dict]:
     """Adds the report (`NAME.replace.json` and `.txt`) to `files`; returns its name and JSON."""
     report = {
         "model": str(model),
@@ -324,6 +409,9 @@ def _report_files(files: dict[str, bytes], projects: ModelProjects, model: Path,
         "not_replaced": [d.to_json() for d in decisions if d.kernel is None],
     }
     text = format_report(str(model), decisions)
+    if tune is not None:
+        report["tune"] = tune
+        text += "\n" + ("\n".join(Tuning(tune["file"], tuple(tune["tuned"]), tuple(tune["untuned"])).lines()) if "file" in tune else f"not tuned: {tune['reason']}")
     if error is not None:
         report["error"] = error.render()
         text += "\nthe build failed; nothing was built:\n  " + error.render().replace("\n", "\n  ")

@@ -13,6 +13,7 @@ them apart, refused naming both projects.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,14 +105,20 @@ def combine(projects: Sequence[ModuleSpec]) -> ModuleSpec:
 
 
 def _standalone(spec: ModuleSpec, kernel: Kernel) -> Kernel:
-    """`kernel` with every path absolute and its module's compile options as its own."""
-    dirs = tuple(str(spec.source_path(Path(d))) for d in (*spec.include_dirs, *kernel.include_dirs))
+    """`kernel` with every path absolute and its module's compile options as its own: the
+    combined module's root is the first project's, against which a relative path of another
+    project (`kitdispatch build kernels/matmul kernels/norm`) would be read twice."""
+
+    def absolute(path: Path) -> Path:
+        return Path(os.path.abspath(spec.source_path(path)))
+
+    dirs = tuple(str(absolute(Path(d))) for d in (*spec.include_dirs, *kernel.include_dirs))
     replaces = kernel.replaces
     if replaces is not None and replaces.pattern is not None:
-        replaces = dataclasses.replace(replaces, pattern=spec.source_path(Path(replaces.pattern)))
+        replaces = dataclasses.replace(replaces, pattern=absolute(Path(replaces.pattern)))
     return dataclasses.replace(
         kernel,
-        source=spec.source_path(kernel.source),
+        source=absolute(kernel.source),
         include_dirs=tuple(dict.fromkeys(dirs)),
         defines=tuple(dict.fromkeys((*spec.defines, *kernel.defines))),
         replaces=replaces,

@@ -75,6 +75,10 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
         inner = node("Add", [x, node("Mul", [cube, const("c1", 0.044715)])])
         t = node("Tanh", [node("Mul", [inner, const("c0", 0.7978845608028654)])])
         y = node("Mul", [x, node("Mul", [node("Add", [t, const("one", 1.0)]), const("half", 0.5)])])
+    elif kind == "gelu_nobias":  # opset 20's Gelu on the product itself (a zero bias folded away)
+        y = node("Gelu", [y])
+    elif kind == "gelu_tanh_nobias":
+        y = node("Gelu", [y], approximate="tanh")
     elif kind == "relu":
         y = node("Relu", [bias(y)])
     elif kind == "silu":  # x * Sigmoid(x), as torch exports SiLU
@@ -190,5 +194,92 @@ def mlp_onnx(path: Path, *, m: int = M, width: int = K, seed: int = 0) -> Path:
     return path
 
 
-if __name__ == "__main__":  # tools/prebuild.py: python tests/models/epilogue_models.py OUT.onnx {ffn|mlp}
-    {"ffn": ffn_onnx, "mlp": mlp_onnx}[sys.argv[2]](Path(sys.argv[1]))
+def swiglu_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, up_first: bool = False, seed: int = 0) -> Path:
+    """Llama's MLP in f16 as the dynamo exporter writes it: `(g * Sigmoid(g)) * u @ Wd` with
+    g = x Wg, u = x Wu; `up_first` writes the up projection's MatMul node before the gate's."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * shape[0] ** -0.5).astype(np.float16), name)
+             for name, shape in (("Wg", (hidden, inner)), ("Wu", (hidden, inner)), ("Wd", (inner, hidden)))]
+    gate, up = helper.make_node("MatMul", ["x", "Wg"], ["g"]), helper.make_node("MatMul", ["x", "Wu"], ["u"])
+    nodes = [up, gate] if up_first else [gate, up]
+    nodes += [helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["silu"]),
+              helper.make_node("Mul", ["silu", "u"], ["h"]), helper.make_node("MatMul", ["h", "Wd"], ["y"])]
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes, "swiglu", [helper.make_tensor_value_info("x", f16, [m, hidden])], [helper.make_tensor_value_info("y", f16, [m, hidden])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def post_ln_layer_onnx(path: Path, *, batch: int = 2, seq: int = 32, hidden: int = 128, heads: int = 2, inner: int = 256,
+                       head_bias: str = "split", seed: int = 0) -> Path:
+    """A BERT-style post-LN layer in f16 on 3-D activations x [batch, seq, hidden], as torch's
+    dynamo exporter writes it (opset 18, /work/hf/x*/bert: `MatMul(x3d, W) + b`, Reshape to
+    heads, Transpose; LayerNormalization; GELU spelled Div/Erf/Add/Mul/Mul):
+        h = LN(x); q = Transpose(Reshape(h Wq + bq)); a = LN(h Wo + bo + h)
+        y = LN(GELU(a W1 + b1) W2 + b2 + a)
+    Outputs q [batch, heads, seq, hidden/heads] and y. IREE reads each `x3d @ W` as a collapse,
+    a 2-D matmul and an expand_shape. `head_bias`: "split" adds bq as above (IREE adds it in
+    the transposing generic after the expand); "per_head" outputs `Reshape(h Wq) + bq` with bq
+    [hidden/heads] (a bias over part of n, which no kernel's bias [n] is), not transposed."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    d = hidden // heads
+    inits = []
+
+    def weight(name: str, shape: tuple, scale: float = 1.0) -> str:
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float16), name))
+        return name
+
+    def const(name: str, value, dtype=np.float16) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    nodes = []
+
+    def node(op: str, ins: list[str], **attrs) -> str:
+        out = f"t{len(nodes)}"
+        nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    def layer_norm(x: str, tag: str) -> str:
+        ins = [x, weight(f"ln{tag}_w", (hidden,), 0.1), weight(f"ln{tag}_b", (hidden,), 0.1)]
+        return node("LayerNormalization", ins, axis=-1, epsilon=1e-12, stash_type=1)
+
+    def linear(x: str, tag: str, n_in: int, n_out: int) -> str:
+        return node("Add", [node("MatMul", [x, weight(f"W{tag}", (n_in, n_out), n_in ** -0.5)]), weight(f"b{tag}", (n_out,), 0.5)])
+
+    h = layer_norm("x", "0")
+    if head_bias == "split":
+        view = node("Reshape", [linear(h, "q", hidden, hidden), const("heads", [batch, seq, heads, d], np.int64)], allowzero=1)
+        q, q_shape = node("Transpose", [view], perm=[0, 2, 1, 3]), [batch, heads, seq, d]
+    else:
+        view = node("Reshape", [node("MatMul", [h, weight("Wq", (hidden, hidden), hidden ** -0.5)]), const("heads", [batch, seq, heads, d], np.int64)], allowzero=1)
+        q, q_shape = node("Add", [view, weight("bq", (d,), 0.5)]), [batch, seq, heads, d]
+    a = layer_norm(node("Add", [linear(h, "o", hidden, hidden), h]), "1")
+    f = linear(a, "1", hidden, inner)
+    gelu = node("Mul", [f, node("Mul", [const("half", 0.5), node("Add", [node("Erf", [node("Div", [f, const("s2", 1.4142)])]), const("one", 1.0)])])])
+    y = layer_norm(node("Add", [linear(gelu, "2", inner, hidden), a]), "2")
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes, "post_ln_layer", [helper.make_tensor_value_info("x", f16, [batch, seq, hidden])],
+        [helper.make_tensor_value_info(q, f16, q_shape), helper.make_tensor_value_info(y, f16, [batch, seq, hidden])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+if __name__ == "__main__":  # tools/prebuild.py: python tests/models/epilogue_models.py OUT.onnx {ffn|mlp|post_ln|swiglu}
+    {"ffn": ffn_onnx, "mlp": mlp_onnx, "post_ln": post_ln_layer_onnx, "swiglu": swiglu_onnx}[sys.argv[2]](Path(sys.argv[1]))

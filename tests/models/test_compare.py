@@ -103,3 +103,31 @@ def test_tf32_matmuls_are_compared_with_a_tolerance_that_fits_them():
     assert agree and tolerance == "rtol 0.01, atol 0.01 x the output's largest magnitude (tf32 matmuls)"
     assert check_agreement([baseline[0] + np.float32(1e-4)], baseline, sig, "3xtf32")[0]
     assert loosest_arithmetic(["3xtf32", None, "tf32"]) == "tf32" and loosest_arithmetic([None]) is None
+
+
+def test_whole_model_outputs_get_an_absolute_tolerance_scaled_by_their_spread():
+    """Two f16 routes through a model differ near zero by the rounding of the terms that
+    cancelled there (0.0059 on RMS-1 outputs, measured); an error of a few percent on some
+    elements, or a wrong element, is still refused."""
+    from kitdispatch.models.compare import check_agreement
+    from kitdispatch.models.ops.base import TensorFacts
+    from kitdispatch.describe.model_record import ModelFunction
+
+    sig = ModelFunction("f", (TensorFacts("i64", (1, 8)),), (TensorFacts("f16", (64, 64)),))
+    rng = np.random.default_rng(0)
+    baseline = rng.standard_normal((64, 64)).astype(np.float16)
+    baseline[3, 5] = np.float16(0.0003)
+    rounded = baseline.copy()
+    rounded[3, 5] = np.float16(0.0062)  # near zero, off by 0.0059
+    agree, err, tolerance, _ = check_agreement([rounded], [baseline], sig)
+    assert agree and err > 0.005, tolerance
+    assert tolerance.startswith("rtol 0.01, atol 0.01 x the output's RMS")
+    wrong_rows = baseline.copy()
+    wrong_rows[:4] *= np.float16(1.03)
+    assert not check_agreement([wrong_rows], [baseline], sig)[0]
+    one_wrong = baseline.copy()
+    one_wrong[10, 10] += np.float16(0.1)
+    agree, _, _, worst = check_agreement([one_wrong], [baseline], sig)
+    assert not agree and worst[0].startswith("output 0[10, 10]")
+    small = (baseline * np.float16(0.02)).astype(np.float16)  # GPT-2's outputs: RMS 0.02, the type's atol stays
+    assert check_agreement([small], [small], sig)[2] == "rtol 0.01, atol 0.001 (f16)"

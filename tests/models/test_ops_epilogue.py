@@ -76,6 +76,10 @@ HITS = [
     ("bias_residual", "f16", "bias_residual", 2, (1,), (2,), None, 2),
     ("scale", "f16", "scale", 1, None, None, "0.125", 1),
     ("bmm_scale", "f16", "scale", 1, None, None, "0.125", 1),  # a batch_matmul / 8: attention's scores
+    # GELU on the product itself (an export that folded a zero bias away, GPT-2's c_fc)
+    ("gelu_nobias", "f32", "gelu_erf", 1, None, None, None, 0),
+    ("gelu_tanh_nobias", "f32", "gelu_tanh", 1, None, None, "0.797724009", 0),
+    ("gelu_tanh_nobias", "f16", "gelu_tanh", 1, None, None, "0.797851562", 8),  # the truncf in the same generic
     # torch's batch-1 Linear: a batch_matmul of batch 1, its unit dim collapsed, then the 2-D ops.
     ("batch1_bias_residual", "f16", "bias_residual", 3, (1,), (2,), None, 2),
 ]

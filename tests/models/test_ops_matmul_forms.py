@@ -45,9 +45,9 @@ def _suffix(*shape):
         ("plain", "linalg.matmul", "matmul_nn_f16_none" + _suffix(M, N, K), 1),
         ("wt", "linalg.matmul", "matmul_nt_f16_none" + _suffix(M, N, K), 1),
         ("gemm_tb", "linalg.matmul", "matmul_nt_f16_none" + _suffix(M, N, K), 1),
-        # A collapsed by IREE, the result expanded before the truncf: the f32-result entry, the cast stays IREE's
-        ("linear3d", "linalg.matmul", "matmul_nt_f16_f32_none" + _suffix(BATCH * M, N, K), 0),
-        ("bcast", "linalg.matmul", "matmul_nn_f16_f32_none" + _suffix(BATCH * M, N, K), 0),  # B broadcast: A collapsed
+        # A collapsed by IREE, the result expanded before the truncf: the f16 entry with the expand and the truncf
+        ("linear3d", "linalg.matmul", "matmul_nt_f16_none" + _suffix(BATCH * M, N, K), 2),
+        ("bcast", "linalg.matmul", "matmul_nn_f16_none" + _suffix(BATCH * M, N, K), 2),  # B broadcast: A collapsed, expanded back
         ("batch1", "linalg.batch_matmul", "matmul_nn_f16_none" + _suffix(M, N, K), 2),  # with the collapse and the truncf
         ("bmm", "linalg.batch_matmul", "bmm_nn_f16_none" + _suffix(M, N, K, "f16", BATCH), 1),
         ("bmm4d", "linalg.batch_matmul", "bmm_nn_f16_none" + _suffix(M, N, K, "f16", BATCH), 1),  # [2,3,...] folded to 6
@@ -65,6 +65,8 @@ def test_each_f16_form_gets_its_entry(tmp_path, form, op, kernel, marked):
     if form == "batch1":  # the 2-D kernel, through reshapes that drop the unit batch dim
         assert d.call.variant == "_batch1"
         assert all(a == Operand(chain + (i,), DROP_BATCH) for i, a in enumerate(d.call.operands))
+    if form in ("linear3d", "bcast"):  # the kernel's [m, n] result expanded back to the truncf's [batch, m, n]
+        assert d.call.result == Reshape(((0, 1), (2,)))
     if form == "qkt":  # K [2,3,n,k] itself (the transpose's input), collapsed to [6,n,k] for bmm_nt's w
         assert d.call.operands == (Operand(chain + (0,)), Operand(chain + (1, 0, 0), Reshape(((0, 1), (2,), (3,)))))
         assert d.to_json()["b_through_transpose"] == [1, 0, 0]
@@ -101,11 +103,12 @@ LINEAR_TORCH = REPO / "tests" / "data" / "matmul_forms" / "linear_torch.mlir"
 
 @needs_iree_compile
 def test_nn_linear_as_torch_mlir_writes_it(tmp_path):
-    """torch.aten.linear: 3-D f16 -> the nt entry on A collapsed; f32 at batch 1 -> a
+    """torch.aten.linear: 3-D f16 -> the nt entry on A collapsed, with the expand and the truncf
+    after it (the f16 entry); f32 at batch 1 -> a
     batch_matmul whose B is W [384,1,256] transposed to [1,256,384], read as W [384,256] by the
     2-D nt entry (the transpose is not run)."""
     linear, batch1 = decide(ops_at_matching_stage(LINEAR_TORCH, tmp_path), library_matmul_kernels())
-    assert linear.kernel.name == "matmul_nt_f16_f32_none" + _suffix(128, N, K)  # expanded before its truncf: the cast stays IREE's
+    assert linear.kernel.name == "matmul_nt_f16_none" + _suffix(128, N, K) and linear.call.marked == 2  # the expand, the truncf
     assert batch1.op.kind == "linalg.batch_matmul" and batch1.kernel.name == "matmul_nt_f32_none"
     assert batch1.call.operands == (Operand((0,), DROP_BATCH), Operand((1, 0), Reshape(((0,), (1, 2)))))
     assert batch1.op.inputs[1].shape == (N, 1, K) and batch1.call.variant == "_batch1"
@@ -128,7 +131,7 @@ BUILDS = {
 def test_build_model_of_torch_linear_runs_no_iree_matmul_or_transpose(tmp_path):
     built = build_model(None, LINEAR_TORCH, BuildOptions.create("sm_90"), tmp_path / "out")
     kernels = sorted(d.kernel.name for d in built.decisions if d.kernel is not None)
-    assert kernels == sorted(["matmul_nt_f16_f32_none" + _suffix(128, N, K), "matmul_nt_f32_none"])
+    assert kernels == sorted(["matmul_nt_f16_none" + _suffix(128, N, K), "matmul_nt_f32_none"])
     left = {kind: iree_dispatches(built.vmfb, kind) for kind in ("matmul", "batch_matmul", "transpose")}
     assert not any(left.values()), left
 

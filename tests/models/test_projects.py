@@ -248,3 +248,17 @@ def test_a_failed_build_never_overwrites_a_users_report(tmp_path):
     assert rc == 1 and "no op of" in err and "report:" not in err
     assert (out_dir / "m.replace.json").read_text() == "mine\n" and sorted(p.name for p in out_dir.iterdir()) == ["m.replace.json"]
     assert json.loads(out)["replaced"] == []  # --json still prints the decisions
+
+
+def test_projects_named_by_relative_paths_keep_their_own_sources(tmp_path, monkeypatch):
+    """`kitdispatch build kernels/matmul kernels/norm --model M`: the combined module's root is
+    the first project's; the second's sources must not be read against it (they were:
+    "kernel source kernels/matmul/kernels/norm/norm.cu does not exist")."""
+    a = named_project(tmp_path / "a", "mine", KERNEL_TOML.format(src="softmax.cu") + 'replaces = ["linalg.softmax"]\n')
+    (a / "softmax.cu").write_bytes(Path(SOFTMAX_CU).read_bytes())
+    b = named_project(tmp_path / "b", "mm", library_matmul_toml().replace(f'source = "{MATMUL_CU}"', 'source = "matmul.cu"'))
+    (b / "matmul.cu").write_bytes(Path(MATMUL_CU).read_bytes())
+    monkeypatch.chdir(tmp_path)
+    combined = model_projects([Path("a"), Path("b")], library=False).module
+    sources = [combined.source_path(k.source) for k in combined.kernels]
+    assert sources == [a.resolve() / "softmax.cu", b.resolve() / "matmul.cu"], sources

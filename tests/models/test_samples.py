@@ -174,17 +174,21 @@ def test_llama_layer_with_elementwise_kernels_reports_instead_of_crashing(tmp_pa
 
 @needs_iree_compile
 def test_llama_layer_matmuls_take_the_library_matmul(tmp_path):
-    """The same f16 layer with kernels/matmul: the down projection is replaced with its residual
-    add; gate and up are kept, because SwiGLU's silu(gate) * up, which IREE fuses into their
-    dispatch, has no kernel and would run as a dispatch of its own."""
+    """The same f16 layer with kernels/matmul: the MLP's three matmuls are replaced. IREE fuses
+    SwiGLU's silu(gate) * up into the gate matmul's dispatch (the earlier of the two): the gate
+    takes it as its silu_mul epilogue (reading up's f16 result), the up projection its f16
+    rounding alone, the down projection its residual add. IREE is left no matmul and no more
+    elementwise dispatches than it ran alone."""
     model = tmp_path / "layer.onnx"
     make_llama_layer(model, "--f16")
-    rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out")
+    rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out", "--with-baseline")
     assert rc == 0, err
     report = json.loads(out)
     kernels = [r["kernel"] for r in report["replaced"]]  # with its epilogue (the residual add, the f16 rounding)
-    assert kernels == ["matmul_nn_f16_residual_t128x128"], kernels
-    kept = [k for k in report["not_replaced"] if k["op"] == "linalg.matmul"]
-    assert len(kept) == 2 and all("would run as a dispatch of their own (truncf, negf, exp" in " ".join(k["reasons"])
-                                  or "would run as a dispatch of their own (negf, exp" in " ".join(k["reasons"]) for k in kept)
+    assert kernels == ["matmul_nn_f16_silu_mul_t128x128", "matmul_nn_f16_none_t128x128", "matmul_nn_f16_residual_t128x128"], kernels
+    assert [k for k in report["not_replaced"] if k["op"] == "linalg.matmul"] == []
     assert all(k in dump_module(tmp_path / "out" / "layer.vmfb") for k in kernels)
+    mine, alone = ({(n, kind) for n, kind in re.findall(r"async_dispatch_(\d+)_([a-z]+)", (tmp_path / "out" / f"layer.{v}vmfb").read_bytes().decode("latin-1"))}
+                   for v in ("", "baseline."))
+    assert "matmul" in {k for _, k in alone} and "matmul" not in {k for _, k in mine}, (mine, alone)
+    assert len([d for d in mine if d[1] == "elementwise"]) <= len([d for d in alone if d[1] == "elementwise"]), (mine, alone)

@@ -41,13 +41,14 @@ import struct
 from dataclasses import dataclass
 
 from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
-from kitdispatch.models.ops.base import Call, Constant, Layout, OpFacts, Operand, TensorFacts, expect, fused_consumer, map_dims, op_name, tensor_facts
+from kitdispatch.models.ops.base import Call, Constant, Layout, OpFacts, Operand, Reshape, TensorFacts, expect, fused_consumer, map_dims, op_name, tensor_facts
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
 
 GENERIC = "linalg.generic"
 COLLAPSE = "tensor.collapse_shape"
+EXPAND = "tensor.expand_shape"
 SQRT1_2 = 0.70710678118654752  # the kernels' constants (gemm.cuh's epilogues)
 GELU_CUBE = 0.044715
 
@@ -71,6 +72,9 @@ class Epilogue:
     rounds: int = 0  # the model's roundings to the result type before its last op
     ops: tuple[str, ...] = ()  # the body ops covered, in words
     why: str | None = None
+    # The chain's expand_shape of the 2-D [m, n] product (a 3-D `x @ W` is a collapse, a 2-D
+    # matmul, an expand): its reassociation, which collapses `result` (and a residual) back.
+    groups: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def inputs(self) -> tuple[TensorFacts, ...]:
@@ -148,23 +152,36 @@ def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
         return EpilogueChain((Epilogue(0, None, result, why=why),), f"the op accumulates in {result.dtype}")
     forms = [Epilogue(0, "none", result, ops=())]
     chain: list[tuple[ir.Operation, int]] = []
-    value, shape, stop = matmul.results[0], result.shape, "the chain ends"
+    value, shape, stop, earlier = matmul.results[0], result.shape, "the chain ends", None
     while len(forms) <= limit:
-        user, stop = _elementwise_user(value, shape)
+        expanded = any(op.name == EXPAND for op, _ in chain)
+        user, stop = _elementwise_user(value, shape, expanded)
+        if user is not None and user[0].name == GENERIC:
+            earlier = _earlier_matmul(user[0], user[1], matmul)
+            if earlier is not None:
+                stop = (f"its user also reads the result of an earlier {earlier.name}, into whose dispatch IREE fuses it "
+                        "(Llama's SwiGLU product goes with the gate matmul, IREE 3.13 --compile-to=flow)")
+                break
         if user is None:
             break
         chain.append(user)
         value = user[0].results[0]
         shape = tensor_facts(value.type).shape
-        if user[0].name == GENERIC:  # a collapse alone is no way of replacing the matmul
+        if user[0].name == GENERIC:  # a reshape alone is no way of replacing the matmul
             forms.append(_recognise(chain))
-    return EpilogueChain(tuple(forms), stop, fused_consumer(value))
+    # IREE moves an expand_shape past the elementwise ops into the matmul's dispatch and
+    # leaves it before the next op: a transposing reader after it runs in a dispatch of its own
+    # (BERT's QKV projections and their bias-adding transposes, IREE 3.13 --compile-to=flow).
+    expanded = any(op.name == EXPAND for op, _ in chain)
+    widens = [u.owner.operation for u in value.uses if u.owner.operation.name == GENERIC and _only_widens(u.owner.operation)]
+    return EpilogueChain(tuple(forms), stop, None if expanded or widens or earlier else fused_consumer(_past_unit_reshapes(value)))
 
 
-def _elementwise_user(value: ir.Value, shape: tuple) -> tuple[tuple[ir.Operation, int] | None, str]:
+def _elementwise_user(value: ir.Value, shape: tuple, expanded: bool) -> tuple[tuple[ir.Operation, int] | None, str]:
     """(the op that is the one user of `value`, the operand it reads it as), or why not: an
-    elementwise generic, or a `tensor.collapse_shape` that only drops unit dims (IREE's form of
-    a batch-1 batch_matmul followed by 2-D elementwise ops)."""
+    elementwise generic, a `tensor.collapse_shape` that only drops unit dims (IREE's form of
+    a batch-1 batch_matmul followed by 2-D elementwise ops), or one static
+    `tensor.expand_shape` of the 2-D product (a 3-D `x @ W`: [b*s, n] back to [b, s, n])."""
     from iree.compiler import ir
 
     uses = list(value.uses)
@@ -179,6 +196,8 @@ def _elementwise_user(value: ir.Value, shape: tuple) -> tuple[tuple[ir.Operation
     owner = uses[0].owner.operation
     if owner.name == COLLAPSE and [d for d in shape if d != 1] == list(tensor_facts(owner.results[0].type).shape):
         return (owner, 0), ""
+    if owner.name == EXPAND:
+        return _expand_user(owner, shape, expanded)
     if owner.name != GENERIC:
         return None, f"its user is {owner.name}"
     inputs = len(owner.operands) - len(owner.results)
@@ -192,7 +211,83 @@ def _elementwise_user(value: ir.Value, shape: tuple) -> tuple[tuple[ir.Operation
         return None, "its user is a linalg.generic that is not elementwise on it (a reduction, transpose or broadcast)"
     if tensor_facts(owner.results[0].type).shape != shape:
         return None, "its user changes the shape"
+    if _only_widens(owner):
+        return None, "its user only widens it (extf), which IREE clones into its readers' dispatches"
     return (owner, index), ""
+
+
+def _past_unit_reshapes(value: ir.Value) -> ir.Value:
+    """The value after reshapes that only add or drop unit dims, its one user each: IREE folds
+    them away, so the reader after them fuses into the producer's dispatch as if they were not
+    there (Llama's P.V batch_matmul, expanded [16, 512, 128] -> [16, 1, 512, 128], then
+    transposed and rounded: one dispatch, IREE 3.13 --compile-to=flow)."""
+    for _ in range(4):
+        users = {id(u.owner.operation): u.owner.operation for u in value.uses}
+        if len(users) != 1:
+            return value
+        user = next(iter(users.values()))
+        if user.name not in (COLLAPSE, EXPAND):
+            return value
+        before = [d for d in tensor_facts(value.type).shape if d != 1]
+        if before != [d for d in tensor_facts(user.results[0].type).shape if d != 1]:
+            return value
+        value = user.results[0]
+    return value
+
+
+def _earlier_matmul(user: ir.Operation, index: int, matmul: ir.Operation) -> ir.Operation | None:
+    """A matmul before `matmul` in its block whose result `user` alone reads (through a chain of
+    one-input generics and reshapes, each value read once): IREE fuses such a product of two
+    matmuls' results into the dispatch of the one that comes first."""
+    for i in range(len(user.operands) - len(user.results)):
+        if i == index:
+            continue
+        value, steps = user.operands[i], 0
+        while steps < 6 and _read_once(value) and op_name(value.owner) in (GENERIC, COLLAPSE, EXPAND):
+            owner = value.owner
+            if len(owner.operands) - len(owner.results) not in (0, 1):
+                break
+            value, steps = owner.operands[0], steps + 1
+        owner = value.owner
+        if op_name(owner) in ("linalg.matmul", "linalg.batch_matmul") and _read_once(value) and owner.operation.block == matmul.block:
+            if owner.operation.is_before_in_block(matmul):
+                return owner.operation
+    return None
+
+
+def _read_once(value: ir.Value) -> bool:
+    """Whether one op reads `value` (one Python object per access: compare the operations)."""
+    owners: list = []
+    for use in value.uses:
+        if not any(use.owner.operation == o for o in owners):
+            owners.append(use.owner.operation)
+    return len(owners) == 1
+
+
+def _only_widens(op: ir.Operation) -> bool:
+    """A generic whose body is one arith.extf: IREE clones it into the dispatches of its readers
+    (BERT's extf before a LayerNorm runs in the norm's reduction dispatch, IREE 3.13
+    --compile-to=flow), so it is no op of the matmul's dispatch."""
+    names = [o.operation.name for o in op.regions[0].blocks[0].operations]
+    return names == ["arith.extf", "linalg.yield"]
+
+
+def _expand_user(owner: ir.Operation, shape: tuple, expanded: bool) -> tuple[tuple[ir.Operation, int] | None, str]:
+    """The expand_shape of the [m, n] product as a chain step, or why not."""
+    if expanded:
+        return None, "its user is a second tensor.expand_shape"
+    if len(shape) != 2:
+        return None, f"its user is a tensor.expand_shape of a {len(shape)}-D value (the kernels' epilogues reshape a 2-D product only)"
+    if None in shape or None in tensor_facts(owner.results[0].type).shape:
+        return None, "its user is a tensor.expand_shape with dynamic sizes"
+    return (owner, 0), ""
+
+
+def reassociation(op: ir.Operation) -> tuple[tuple[int, ...], ...]:
+    """A collapse_shape's or expand_shape's reassociation, as index groups."""
+    from iree.compiler import ir
+
+    return tuple(tuple(ir.IntegerAttr(i).value for i in ir.ArrayAttr(g)) for g in ir.ArrayAttr(op.attributes["reassociation"]))
 
 
 # ------------------------------------------------------------------- the expression
@@ -257,6 +352,12 @@ def _formulas() -> dict[str, tuple]:
         "residual": _add(ACC, RESIDUAL),
         "bias_residual": _add(ACC, BIAS, RESIDUAL),
         "scale": _mul(WILD, ACC),
+        # GELU where the exporter folded a zero bias away (GPT-2's c_fc from random weights).
+        "gelu_erf": _mul(half, ACC, _add(one, ("fn", "erf", _mul(ACC, _const(SQRT1_2, "k"))))),
+        "gelu_tanh": _mul(half, ACC, _add(one, ("fn", "tanh", _mul(WILD, _add(ACC, _mul(_const(GELU_CUBE, "k"), ACC, ACC, ACC)))))),
+        # SwiGLU as IREE fuses it into the gate matmul's dispatch: silu(x Wg) * up, up = x Wu read
+        # whole (the `residual` role: an [m, n] tensor of the result's type).
+        "silu_mul": _mul(ACC, ("fn", "recip", _add(one, ("fn", "exp", _neg(ACC)))), RESIDUAL),
     }
 
 
@@ -469,33 +570,42 @@ def _recognise(ops: list[tuple[ir.Operation, int]]) -> Epilogue:
     result = tensor_facts(last.results[0].type)
     chain = tuple(index for _, index in reversed(ops))
     reader = _Reader(result.dtype)
-    expr, found = ACC, {}
+    expr, found, groups = ACC, {}, None
     try:
         for step, (op, index) in enumerate(ops):
             if op.name == COLLAPSE:  # unit dims dropped: the values are the same
                 continue
+            if op.name == EXPAND:  # the same values, as [.., n] (or n split: [.., h, d])
+                groups = reassociation(op)
+                continue
             inputs = {}
             maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
-            rank = len(result.shape)
+            rank = len(tensor_facts(op.results[0].type).shape)
+            # A bias [n] broadcast along rows is one dim of the op: n not split by the expand.
+            n_whole = groups is None or len(groups[-1]) == 1
             for i in range(len(op.operands) - len(op.results)):
                 if i == index:
                     continue
                 # Its path from the last covered generic: the chain back to this one, then i.
                 path = chain[: len(ops) - 1 - step] + (i,)
-                inputs[i] = _side_input(op.operands[i], maps[i], rank, path, result, found)
+                inputs[i] = _side_input(op.operands[i], maps[i], rank, path, result, found, n_whole)
             expr = reader.body(op, index, expr, inputs)
     except NotEpilogue as exc:
-        return Epilogue(len(ops), None, result, chain, why=str(exc))
-    return _named(len(ops), expr, result, chain, found, reader)
+        return Epilogue(len(ops), None, result, chain, why=str(exc), groups=groups)
+    return dataclasses.replace(_named(len(ops), expr, result, chain, found, reader), groups=groups)
 
 
-def _side_input(value: ir.Value, dims: tuple | None, rank: int, path: tuple, result: TensorFacts, found: dict) -> tuple:
-    """A generic's other input as `bias` or `residual` (noting its path), or why neither."""
+def _side_input(value: ir.Value, dims: tuple | None, rank: int, path: tuple, result: TensorFacts, found: dict, n_whole: bool) -> tuple:
+    """A generic's other input as `bias` or `residual` (noting its path), or why neither. A
+    residual is read whole and shaped as the last covered op's result (the kernel reads it as
+    it writes that result)."""
     facts = tensor_facts(value.type)
     producer = op_name(value.owner)
     if producer in ("linalg.matmul", "linalg.batch_matmul"):  # its own chain may end in the same op
         raise NotEpilogue(f"an input {facts.text} that is another matmul's result ({producer})")
     if dims == (rank - 1,) and len(facts.shape) == 1:
+        if not n_whole:
+            raise NotEpilogue(f"an input {facts.text} broadcast along the last dim after an expand_shape that splits n, a bias over part of n")
         role = "bias"
     elif dims == tuple(range(rank)) and facts.shape == result.shape:
         role = "residual"
@@ -558,9 +668,9 @@ def _show(expr: tuple) -> str:
 # What each epilogue reads beyond A and B (buffers, in the kernel's order) and the scalar it takes.
 READS = {
     "bias": ("bias",), "bias_gelu_erf": ("bias",), "bias_gelu_tanh": ("bias",), "bias_relu": ("bias",),
-    "bias_silu": ("bias",), "residual": ("residual",), "bias_residual": ("bias", "residual"),
+    "bias_silu": ("bias",), "residual": ("residual",), "bias_residual": ("bias", "residual"), "silu_mul": ("residual",),
 }
-SCALAR = {"bias_gelu_tanh": "gelu_c", "scale": "alpha"}
+SCALAR = {"bias_gelu_tanh": "gelu_c", "gelu_tanh": "gelu_c", "scale": "alpha"}
 
 
 @dataclass(frozen=True)
@@ -642,13 +752,22 @@ def left_unfused(op: OpFacts, form: Epilogue) -> str | None:
     )
 
 
-def covered(op: OpFacts, layout: Layout) -> OpFacts:
+def covered(op: OpFacts, layout: Layout, *, as_kernel: bool = False) -> OpFacts:
     """The op as the kernel replaces it with its epilogue: the epilogue's inputs after A and B,
-    the last covered op's result (sizes are checked on these)."""
+    the last covered op's result; `as_kernel`: the result and a residual collapsed back to the
+    product's [m, n] where the chain expands it (sizes are checked on these)."""
     form = chosen(op, layout)
     if isinstance(form, str) or form.covers == 0:
         return op
-    return dataclasses.replace(op, inputs=op.inputs + form.inputs, result=form.result)
+    inputs, result = form.inputs, form.result
+    if as_kernel and form.groups is not None:
+        inputs = tuple(_collapse(t, form.groups) if t.shape == result.shape else t for t in inputs)
+        result = _collapse(result, form.groups)
+    return dataclasses.replace(op, inputs=op.inputs + inputs, result=result)
+
+
+def _collapse(t: TensorFacts, groups: tuple[tuple[int, ...], ...]) -> TensorFacts:
+    return TensorFacts(t.dtype, tuple(math.prod(t.shape[d] for d in g) for g in groups))
 
 
 def epilogue_call(op: OpFacts, layout: Layout, call: Call) -> Call:
@@ -660,9 +779,13 @@ def epilogue_call(op: OpFacts, layout: Layout, call: Call) -> Call:
     through = tuple(
         dataclasses.replace(a, path=form.chain + a.path) if isinstance(a, Operand) else a for a in call.arguments
     )
-    # The result (and a residual, shaped as it) as the kernel's: reshaped as the matmul's result
-    # is, unless the chain already dropped the unit dims (a batch-1 batch_matmul's collapse).
-    result = None if len(form.result.shape) == len(layout.result.type.shape) else call.result
+    # The result (and a residual, shaped as it) as the kernel's: collapsed by the chain's
+    # expand_shape where it has one; else reshaped as the matmul's result is, unless the chain
+    # already dropped the unit dims (a batch-1 batch_matmul's collapse).
+    if form.groups is not None:
+        result = Reshape(form.groups)
+    else:
+        result = None if len(form.result.shape) == len(layout.result.type.shape) else call.result
     extra = tuple(Operand(x[0], reshape) for x, reshape in ((form.bias, None), (form.residual, result)) if x is not None)
     constant = (Constant("f32", form.constant_text),) if form.constant is not None else ()
     return dataclasses.replace(call, arguments=through[:2] + extra + through[2:] + constant, result=result, marked=form.covers)

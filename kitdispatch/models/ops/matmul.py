@@ -144,7 +144,7 @@ class Matmul(OpKind):
     def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
         """As for any op, B as the op reads it where it comes through a transpose; a batch-1 op
         against a 2-D kernel without its unit batch dim."""
-        op = epilogue.covered(op, layout)
+        op = epilogue.covered(op, layout, as_kernel=True)
         b = op.detail.b_source
         if b is not None:
             op = OpFacts(op.kind, op.function, op.location, (op.inputs[0], b.view, *op.inputs[2:]), op.init, op.result, op.detail)

@@ -147,6 +147,10 @@ class _Reader:
             if (value, dims) not in self.made:
                 self.made[(value, dims)] = self._generic(owner.operation, dims, depth + 1)
             e = self.made[(value, dims)]
+            if isinstance(e, Apply) and e.op == "arith.extf" and isinstance(e.args[0], Made):
+                # x widened from a tensor made of sums (the residual add after an earlier norm,
+                # BERT's second LayerNorm): the norm reads that tensor, as it is, through the cast
+                e = Apply(e.op, (Leaf(e.args[0].value, e.args[0].dims),), e.type)
             if _has_sum(e):
                 return Made(value, dims, e)
             if isinstance(e, Apply) and e.op == "arith.extf" and isinstance(e.args[0], Leaf):

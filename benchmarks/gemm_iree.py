@@ -1,0 +1,107 @@
+"""IREE's own codegen at the GEMM benchmark's shapes: one module with a function per shape, built
+where iree-compile is, for benchmarks/gemm.py to time beside the kit and cuBLAS in one run:
+
+    python benchmarks/gemm_iree.py OUT.vmfb [--arch sm_90a]      # the build machine
+    python benchmarks/gemm.py OBJECT_DIR OUT.json --iree OUT.vmfb  # the GPU machine
+
+Each function computes what a model's matmul is at IREE's input: f16 or bf16 operands, f32
+accumulation (linalg.matmul into f32), then the rounding to the operand type, so IREE fuses the
+truncation into its matmul dispatch as it does in models. Layouts as gemm.py's: "nt" (B given
+[n, k], nn.Linear's weight) and "nn"; batch matmuls as linalg.batch_matmul / a generic. Compiled
+with the flags a model baseline gets (kitdispatch.iree.tools.target_flags for the codegen
+target the kit picks for --arch): IREE alone, as users get it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "kernels" / "matmul"))
+
+
+def function_name(kind: str, layout: str, dtype: str, batch: int, m: int, n: int, k: int) -> str:
+    """The name gemm.py looks up for a shape (IREE's dispatches of it start with it)."""
+    return f"{kind}_{layout}_{dtype}_b{batch}_{m}x{n}x{k}"
+
+
+def shapes() -> list[tuple[str, str, str, int, int, int, int]]:
+    """(kind, layout, dtype, batch, m, n, k): what gemm.py's step_time times in f16."""
+    from gemm_shapes import attention_shapes, model_shapes, square_shapes
+
+    rows = [("matmul", "nt", "f16", 1, m, n, k) for _, m, n, k in model_shapes()]
+    rows += [("matmul", layout, dtype, 1, s, s, s) for dtype, s, layout in square_shapes() if dtype == "f16"]  # bf16: no numpy type to pass
+    rows += [("bmm", layout, "f16", b, m, n, k) for _, layout, b, m, n, k in attention_shapes()]
+    return rows
+
+
+def function_mlir(kind: str, layout: str, dtype: str, batch: int, m: int, n: int, k: int) -> str:
+    et = dtype
+    lead, lead_x = ((batch,), f"{batch}x") if kind == "bmm" else ((), "")
+    a_t = f"tensor<{lead_x}{m}x{k}x{et}>"
+    b_t = f"tensor<{lead_x}{n}x{k}x{et}>" if layout == "nt" else f"tensor<{lead_x}{k}x{n}x{et}>"
+    acc_t, out_t = f"tensor<{lead_x}{m}x{n}xf32>", f"tensor<{lead_x}{m}x{n}x{et}>"
+    d = "d0, d1, d2, d3" if lead else "d0, d1, d2"
+    bd = "d0, " if lead else ""
+    i, j, kk = ("d1", "d2", "d3") if lead else ("d0", "d1", "d2")
+    b_map = f"({bd}{j}, {kk})" if layout == "nt" else f"({bd}{kk}, {j})"
+    maps = f"[affine_map<({d}) -> ({bd}{i}, {kk})>, affine_map<({d}) -> {b_map}>, affine_map<({d}) -> ({bd}{i}, {j})>]"
+    iters = ('"parallel", ' if lead else "") + '"parallel", "parallel", "reduction"'
+    ew_d = "d0, d1, d2" if lead else "d0, d1"
+    ew_iters = ", ".join(['"parallel"'] * (3 if lead else 2))
+    empty_dims = ", ".join([])  # static shapes
+    return f"""
+  func.func @{function_name(kind, layout, dtype, batch, m, n, k)}(%a: {a_t}, %b: {b_t}) -> {out_t} {{
+    %zero = arith.constant 0.0 : f32
+    %empty = tensor.empty({empty_dims}) : {acc_t}
+    %acc = linalg.fill ins(%zero : f32) outs(%empty : {acc_t}) -> {acc_t}
+    %c = linalg.generic {{indexing_maps = {maps}, iterator_types = [{iters}]}}
+        ins(%a, %b : {a_t}, {b_t}) outs(%acc : {acc_t}) {{
+    ^bb0(%x: {et}, %y: {et}, %s: f32):
+      %xf = arith.extf %x : {et} to f32
+      %yf = arith.extf %y : {et} to f32
+      %p = arith.mulf %xf, %yf : f32
+      %t = arith.addf %s, %p : f32
+      linalg.yield %t : f32
+    }} -> {acc_t}
+    %oe = tensor.empty() : {out_t}
+    %o = linalg.generic {{indexing_maps = [affine_map<({ew_d}) -> ({ew_d})>, affine_map<({ew_d}) -> ({ew_d})>], iterator_types = [{ew_iters}]}}
+        ins(%c : {acc_t}) outs(%oe : {out_t}) {{
+    ^bb0(%v: f32, %w: {et}):
+      %r = arith.truncf %v : f32 to {et}
+      linalg.yield %r : {et}
+    }} -> {out_t}
+    return %o : {out_t}
+  }}"""
+
+
+def build(out: Path, arch: str) -> None:
+    from kitdispatch.compile.archs import Arch
+    from kitdispatch.iree.tools import choose_codegen_target, find_tool, target_flags
+
+    codegen = choose_codegen_target([Arch.parse(arch)]).target
+    text = "module {" + "".join(function_mlir(*s) for s in dict.fromkeys(shapes())) + "\n}\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "gemm_iree.mlir"
+        source.write_text(text)
+        argv = [find_tool("iree-compile"), str(source), *target_flags(codegen), "-o", str(out)]
+        print("$", " ".join(argv), flush=True)
+        subprocess.run(argv, check=True, timeout=3600)
+    print(f"built {out}: {len(dict.fromkeys(shapes()))} functions, IREE codegen target {codegen.name}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--arch", default="sm_90a")
+    args = parser.parse_args()
+    build(args.out, args.arch)
+
+
+if __name__ == "__main__":
+    main()
