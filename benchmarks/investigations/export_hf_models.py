@@ -29,8 +29,28 @@ class LastHidden(torch.nn.Module):
         return self.model(**{self.key: x}).last_hidden_state
 
 
+def trained_like(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Biases and norm weights as a trained model has them, not as transformers initialises
+    them (zeros and ones): imported as constants (benchmarks/hf_models.py inlines tensors under
+    300k elements), zeros would be splat constants IREE folds away, which no trained model has."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+            elif "norm" in name.lower() and name.endswith("weight"):
+                p.copy_(1 + torch.randn(p.shape, generator=generator) * 0.02)
+    return model
+
+
 def models(layers: int, batch: int = 1, seq: int = 128) -> dict:
-    """name -> (model, keyword, example input), built from configs with seeded random weights."""
+    """name -> (model, keyword, example input), built from configs with seeded random weights
+    (biases and norm weights `trained_like`)."""
+    made = _models(layers, batch, seq)
+    return {name: (trained_like(net), key, x) for name, (net, key, x) in made.items()}
+
+
+def _models(layers: int, batch: int, seq: int) -> dict:
     torch.manual_seed(0)
     ids = torch.randint(0, 1000, (batch, seq))
     bert = transformers.BertConfig(num_hidden_layers=layers, vocab_size=1000, attn_implementation="eager")
