@@ -146,6 +146,20 @@ def test_norm_near_misses_are_kept_with_the_reason(tmp_path, args, reason):
 
 
 @needs_iree_compile
+def test_a_norm_with_a_bias_and_no_weight_is_not_taken_by_a_weight_only_kernel(tmp_path):
+    """A LayerNorm whose weight of ones IREE folded away (GPT-2 exported from its initial
+    weights) applies a bias alone; the library's weight-only kernel took it, the bias passed as
+    its weight (measured on an H100: outputs off by 4.8, caught by compare and tune)."""
+    text = norm_stage(tmp_path, "--form", "decomposed", "--no-weight")
+    weight_only = norm_kernel("layer_norm", "f32", weight=True)
+    d = only(decisions(text, [weight_only]))
+    assert d.kernel is None and "the op applies bias, the kernel weight" in d.reasons[0], d.reasons
+    d = only(decisions(text, [norm_kernel("layer_norm", "f32", weight=True, bias=True)]))
+    assert d.kernel is None and "the op applies bias, the kernel weight and bias" in d.reasons[0], d.reasons
+    assert only(decisions(text, [norm_kernel("layer_norm", "f32", weight=False)])).kernel is None
+
+
+@needs_iree_compile
 def test_a_mean_of_another_divisor_is_kept(tmp_path):
     """The same chain with the variance divided by 255 (the unbiased variance) is no LayerNorm."""
     text = norm_stage(tmp_path, "--form", "layernorm")

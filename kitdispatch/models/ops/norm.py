@@ -620,8 +620,11 @@ class Norm(OpKind):
         if n.problem:
             return n.problem
         has = [name for name, there in zip(("weight", "bias"), (n.weight, n.bias)) if there]
-        takes = [b.name for b in layout.inputs[1:]]
-        if len(has) != len(takes):
+        # Roles by position (contract: x, then the weight, then the bias): a kernel of one
+        # affine buffer applies a weight, never a bias (a norm whose weight of ones IREE folded
+        # away has a bias alone; taken by a weight-only kernel, it was silently wrong).
+        takes = list(self.affine[: len(layout.inputs) - 1])
+        if has != takes:
             return f"the op applies {_listing(has)}, the kernel {_listing(takes)}"
         eps = _scalar_param(kernel, "eps")
         if not kernel.is_function_argument(eps) and np.float32(eps.value) != np.float32(n.eps):
