@@ -158,16 +158,30 @@ def run_in_threads(fn: Callable, items: Iterable) -> list[Future]:
     returns the finished futures. On an interrupt the workers are killed first, so no thread is
     left waiting on a compiler and the interrupt gets through at once."""
     items = list(items)
-    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        try:
-            wait(futures)
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            POOL.kill_all()
-            raise
+    pool = ThreadPoolExecutor(max_workers=max(1, len(items)))
+    futures = [pool.submit(fn, item) for item in items]
+    try:
+        wait(futures)
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        _stop_calls(futures)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return futures
+
+
+def _stop_calls(futures: list[Future], limit: float = 10.0) -> None:
+    """Kills the workers until every started call has given up: a thread still starting its
+    worker when the interrupt came takes it after the first kill and would wait out its compile
+    (a Ctrl-C under load once waited past 60 s); a later kill stops it. Bounded: never waits forever."""
+    deadline = time.monotonic() + limit
+    while True:
+        POOL.kill_all()
+        _, pending = wait(futures, timeout=0.2)
+        if not pending or time.monotonic() > deadline:
+            return
 
 
 def map_in_threads(fn: Callable, items: Iterable) -> list:

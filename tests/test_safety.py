@@ -548,3 +548,43 @@ def test_a_deeply_nested_build_record_is_a_damaged_record(tmp_path):
     code, out, err = run("test", folder)
     assert code == 2, err
     assert "not valid JSON (RecursionError" in err and "internal error" not in err
+
+
+def test_an_interrupt_while_a_worker_is_still_starting_stops_that_worker_too(tmp_path, monkeypatch):
+    """Ctrl-C while a thread is still starting its compiler worker: the first kill of the
+    workers misses it, and its compile would be waited out (one under load waited past 60 s).
+    Workers here hang in their call like a compile that expands without end; one starts late."""
+    import threading
+
+    from kitdispatch import _workers
+
+    hanging = tmp_path / "hanging_worker.py"
+    hanging.write_text("import sys, time\nsys.stdin.buffer.read(8)\ntime.sleep(600)\n")
+    monkeypatch.setattr(_workers, "_SCRIPT", hanging)
+    late = threading.Event()
+    start_worker = _workers._Worker.__init__
+
+    def slow_start(self):
+        if threading.current_thread().name.endswith("_1"):
+            late.wait(5)  # this one starts after the interrupt
+        start_worker(self)
+
+    monkeypatch.setattr(_workers._Worker, "__init__", slow_start)
+
+    def interrupt(*_):
+        threading.Timer(0.3, late.set).start()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    call = lambda i: _workers.POOL.call("nvrtc_compile", {}, timeout=60, what=f"compile {i}")  # noqa: E731
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _workers.run_in_threads(call, [0, 1])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 20
+    leftover = subprocess.run(["pgrep", "-f", str(hanging)], capture_output=True, text=True).stdout.split()
+    assert not leftover, leftover
