@@ -558,6 +558,7 @@ def test_an_interrupt_while_a_worker_is_still_starting_stops_that_worker_too(tmp
 
     from kitdispatch import _workers
 
+    _workers.POOL.kill_all()  # no idle worker of an earlier test is reused: each call starts one
     hanging = tmp_path / "hanging_worker.py"
     hanging.write_text("import sys, time\nsys.stdin.buffer.read(8)\ntime.sleep(600)\n")
     monkeypatch.setattr(_workers, "_SCRIPT", hanging)
