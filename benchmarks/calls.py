@@ -77,6 +77,7 @@ SMALL, LARGE = 1 << 10, 1 << 26
 LOOP = 1000  # async calls per loop at 1K
 LOOP_LARGE = 50
 SYNC_CALLS = 300
+ROUNDS = 15  # interleaved loops of the torch section
 BLOCK, PER_BLOCK = 256, 1024  # kernels/elementwise/kitdispatch.toml
 
 RESULTS: dict = {}
@@ -115,6 +116,18 @@ def per_call_us(loop, calls: int, wait) -> float:
         loop()
     wait()
     return (time.perf_counter() - start) / calls * 1e6
+
+
+def interleaved_per_call_us(loops: dict, calls: int, rounds: int) -> dict[str, float]:
+    """name -> median over `rounds` of per_call_us(loop, calls, wait), the loops taken in turn
+    each round, so that each sees the same moments of a noisy host; the spread is recorded too."""
+    samples: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(rounds):
+        for name, (loop, wait) in loops.items():
+            samples[name].append(per_call_us(loop, calls, wait))
+    for name, values in samples.items():
+        RESULTS[f"{name}_rounds"] = [round(v, 2) for v in values]
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def median_us(call, calls: int) -> float:
@@ -538,15 +551,20 @@ def torch_calls(module, host: dict) -> None:
     checked("torch first calls", fresh[-1][2].cpu().numpy(), x + y)
     del fresh
     record("kit_1k_torch_kernel_us", kernel_us(lambda: add.launch(tx, ty, out=to), dev.synchronize))
-    record("kit_1k_torch_launch_per_call_us", per_call_us(lambda: add.launch(tx, ty, out=to), LOOP, dev.synchronize))
+    prepared = add.prepare(tx, ty, out=to)
+    loops = {  # interleaved rounds: the host's noise between loops is as large as the differences
+        "kit_1k_torch_launch_per_call_us": (lambda: add.launch(tx, ty, out=to), dev.synchronize),
+        "kit_1k_torch_prepared_per_call_us": (prepared.launch, dev.synchronize),
+        "torch_1k_eager_per_call_us": (lambda: torch.add(tx, ty, out=to), torch.cuda.synchronize),
+    }
+    for name, value in interleaved_per_call_us(loops, LOOP, ROUNDS).items():
+        record(name, value)
     issue = per_call_us(lambda: add.launch(tx, ty, out=to), LOOP, lambda: None)
     dev.synchronize()
     record("kit_1k_torch_launch_issue_only_us", issue)
     record("kit_1k_torch_sync_us", median_us(lambda: add(tx, ty, out=to), SYNC_CALLS))
-    prepared = add.prepare(tx, ty, out=to)
-    record("kit_1k_torch_prepared_per_call_us", per_call_us(prepared.launch, LOOP, dev.synchronize))
+    add.launch(tx, ty, out=to)
     checked("torch repeated calls", to.cpu().numpy(), x + y)
-    record("torch_1k_eager_per_call_us", per_call_us(lambda: torch.add(tx, ty, out=to), LOOP, torch.cuda.synchronize))
     both = lambda: (dev.synchronize(), torch.cuda.synchronize())  # noqa: E731
     pair = lambda: (torch.add(tx, ty, out=tz), add.launch(tz, ty, out=to))  # noqa: E731
     record("kit_1k_torch_after_torch_add_per_pair_us", per_call_us(pair, LOOP, both))
@@ -673,8 +691,8 @@ def summary_table() -> str:
         ("torch eager add (out=), loop, per call (us)", f("torch_1k_per_call_us"), f("torch_1k_kernel_us")),
         ("iree-benchmark-module add, per call (us)", f("iree_benchmark_module_1k_real_us"), f("kit_1k_kernel_us")),
         ("kit synchronous call, pool outputs (us)", f("kit_1k_sync_pooled_us"), f("kit_1k_kernel_us")),
-        ("kit, torch tensors in and out: launch, loop, per call (us)", f("kit_1k_torch_launch_per_call_us"), f("kit_1k_torch_kernel_us")),
-        ("kit, torch tensors: prepared call, loop, per call (us)", f("kit_1k_torch_prepared_per_call_us"), f("kit_1k_torch_kernel_us")),
+        ("kit, torch tensors in and out: launch, loop, per call (us) [m]", f("kit_1k_torch_launch_per_call_us"), f("kit_1k_torch_kernel_us")),
+        ("kit, torch tensors: prepared call, loop, per call (us) [m]", f("kit_1k_torch_prepared_per_call_us"), f("kit_1k_torch_kernel_us")),
         ("kit, torch tensors: synchronous call (us)", f("kit_1k_torch_sync_us"), f("kit_1k_torch_kernel_us")),
         ("kit, torch tensors: first call on new tensors, sync (us)", f("kit_1k_torch_first_call_sync_us"), f("kit_1k_torch_kernel_us")),
         ("torch add then kit add (torch work queued), per pair (us)", f("kit_1k_torch_after_torch_add_per_pair_us"), ""),
@@ -699,6 +717,10 @@ def summary_table() -> str:
         f"1K torch tensors in and out, above device time (target <= 10 us): launch {f('kit_1k_torch_overhead_us')}; "
         f"prepared {f('kit_1k_torch_prepared_overhead_us')} (torch eager {f('torch_1k_eager_per_call_us')} a call, direct launch {f('direct_1k_per_call_us')})"
     )
+    spread = {k: RESULTS.get(f"{k}_rounds") for k in ("kit_1k_torch_launch_per_call_us", "kit_1k_torch_prepared_per_call_us", "torch_1k_eager_per_call_us")}
+    if all(spread.values()):
+        lines.append(f"[m] median of {ROUNDS} loops of {LOOP}, interleaved with torch eager's (its median {f('torch_1k_eager_per_call_us')}); "
+                     + "; ".join(f"{k.replace('_per_call_us', '')} {min(v):.1f}-{max(v):.1f}" for k, v in spread.items()))
     lines.append(f"IREE's CUDA semaphores import a CUDA event as a timepoint: {r('iree_cuda_semaphore_imports_cuda_event')}")
     lines.append(f"64M whole call / device time, kit launch (pool): {r('kit_64m_whole_call_over_kernel', float('nan')):.3f} (target <= 1.10); synchronous: {r('kit_64m_sync_over_kernel', float('nan')):.3f}")
     lines.append(

@@ -56,3 +56,41 @@ for _ in range(N):
 profile.disable()
 dev.synchronize()
 pstats.Stats(profile).sort_stats("tottime").print_stats(18)
+
+# The pieces of a repeated launch(out=), each alone: the torch-stream order check (its ctypes
+# calls against torch's own stream query), the call's lookup with the launch itself stubbed,
+# and the submission of the recorded call.
+import iree.runtime as rt  # noqa: E402
+
+legacy = dev._legacy_stream
+raw_stream = torch._C._cuda_getCurrentRawStream
+stream = torch.cuda.current_stream()
+query_c = torch._C._CudaStreamBase.query
+call = next(c for c in add._torch_calls._entries.values() if c.prepared is not None)
+prepared = call.prepared
+semaphore = dev.timeline.create_semaphore(0)
+
+
+class _Stub:
+    def queue(self):
+        pass
+
+
+pieces = {
+    "torch raw stream handle": lambda: raw_stream(0),
+    "ctypes cuCtxGetCurrent": lambda: legacy._current(legacy._current_slot),
+    "ctypes cuStreamQuery(legacy)": lambda: legacy._query(1),
+    "_LegacyStream.settle(0)": lambda: legacy.settle(0),
+    "torch Stream.query() (object kept)": stream.query,
+    "torch _CudaStreamBase.query (C)": lambda: query_c(stream),
+    "HalFence.create_at": lambda: rt.HalFence.create_at(semaphore, 1),
+    "device.submit(recorded call)": lambda: dev.submit(prepared._commands),
+    "PreparedCall.launch": prepared.launch,
+}
+for name, fn in pieces.items():
+    us = per_call_us(fn, 5000)
+    dev.synchronize()
+    print(f"{name:<34} {us:7.2f} us")
+call.prepared = _Stub()
+print(f"{'launch(out=), the launch stubbed':<34} {per_call_us(lambda: add.launch(tx, ty, out=to), 5000):7.2f} us")
+call.prepared = prepared

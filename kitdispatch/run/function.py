@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kitdispatch.run.device import DeviceArray
+from kitdispatch.run.device import DeviceArray, is_torch_tensor
 from kitdispatch.errors import KitError
 from kitdispatch.describe.types import FunctionSignature, ScalarType
 from kitdispatch.run.arguments import TensorCheck, check_count, flat_values, is_device_value, stored_results, to_numpy, check_arguments, check_tensor, result_size, scalar_argument, sizing_scalars
@@ -46,7 +46,6 @@ class Function:
         self._vm_async = vm_async if signature is not None else None
         self._vm_record = vm_record if self._vm_async is not None else None
         self._recorded = RecordedCalls(self.record_call)
-        self._torch_calls = TorchCalls(self)
         self.device = module.device
         self._invoke = module._context.vm_context.invoke
         if signature is not None:
@@ -58,6 +57,9 @@ class Function:
             self._list_size = sum(len(a.mlir_types) for a in signature.args) + len(storage) + 2
             self._sizes = sizing_scalars(signature)
             self._returned = None  # made on first use: needs iree.runtime
+        # Repeated launch(out=) on torch tensors, prepared once: for NAME$record modules whose
+        # results are all given (not inout).
+        self._torch_calls = TorchCalls(self) if self._vm_record is not None and signature is not None and self._all_stored else None
 
     def __repr__(self) -> str:
         return f"<kitdispatch Function {self.name} of {self.module.name}>"
@@ -82,7 +84,7 @@ class Function:
         """Queues the call and returns its results (device arrays, or `out`) at once."""
         if self._vm_async is None:
             return self._call_allocating(args, out)
-        if out is not None and self._vm_record is not None and self._all_stored and self._torch_calls.launched(args, out):
+        if out is not None and self._torch_calls is not None and self._torch_calls.launched(args, out):
             return out
         return self._launch(args, out)[0]
 
@@ -93,7 +95,9 @@ class Function:
         again into the same result arrays, at little more than IREE's own cost."""
         if self._vm_async is None:
             raise KitError(f"{self.name} has no NAME$async form to prepare", fix="call it directly")
-        return PreparedCall(self, *self._pack(args, out))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        after_torch = any(is_torch_tensor(v) for v in (*args, *outs))  # imported now or before
+        return PreparedCall(self, *self._pack(args, out), after_torch=after_torch)
 
     def _launch(self, args: Sequence[object], out: object | None):
         refs, results, given, host_only, bound, inputs, views = self._pack(args, out)

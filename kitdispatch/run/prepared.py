@@ -67,49 +67,118 @@ class TorchCalls:
     checking every argument again (6.3 us of host time a call for three tensors on an H100:
     benchmarks/investigations/torch_launch_profile.py). Prepared at the second sight of a call,
     so one-off calls on fresh tensors record nothing. An entry goes with any of its arrays (it
-    holds their imports), and the oldest beyond LIMIT."""
+    holds their imports), and the oldest beyond LIMIT.
+
+    Two lookups: by the identities of the call's values (`_by_ids`), which costs a tuple of
+    ids; then, for a scalar computed afresh each call, by value (`_entries`). A shortcut by ids
+    holds the scalars it was made for, so their ids cannot be reused while it lives, and goes
+    with its call, which goes with any of its arrays, so theirs cannot either."""
 
     LIMIT = 16
 
     def __init__(self, function: Function) -> None:
         self._function = weakref.ref(function)
-        self._entries: OrderedDict = OrderedDict()  # key -> (snapshot, PreparedCall or None: seen once, token)
+        self._entries: OrderedDict = OrderedDict()  # value key -> _TorchCall
+        self._by_ids: OrderedDict = OrderedDict()  # ids of the values -> (prepared _TorchCall, its key, the scalars)
         self._tokens = iter(range(1 << 62))
 
     def launched(self, args: tuple[object, ...], out: object) -> bool:
         """Whether the call went out this way; False: take the usual path."""
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        key, arrays = _call_key((*args, *outs))
+        values = (*args, *out) if out.__class__ is tuple or out.__class__ is list else (*args, out)
+        ids = tuple(map(id, values))
+        shortcut = self._by_ids.get(ids)
+        if shortcut is not None:
+            # _TorchCall.same_layout, written out: this is every repeated call's path, and a
+            # Python call costs 0.2-0.3 us of a budget of 10 on an H100 host.
+            for i, ptr, shape, stride, dtype in shortcut[0].layouts:
+                t = values[i]
+                if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride or t.dtype != dtype:
+                    break
+            else:
+                self._entries.move_to_end(shortcut[1])
+                shortcut[0].prepared.queue()
+                return True
+        return self._launched_by_value(args, out, values, ids)
+
+    def _launched_by_value(self, args: tuple[object, ...], out: object, values: tuple, ids: tuple) -> bool:
+        key, arrays = _call_key(values)
         if key is None:
             return False
         entries = self._entries
-        entry = entries.get(key)
-        if entry is not None and not _unchanged(entry[0], arrays):
-            del entries[key]
-            entry = None
-        if entry is None:  # seen once: the next identical call is prepared
-            entries[key] = (_snapshot(arrays), None, None)
+        call = entries.get(key)
+        if call is not None and not call.unchanged(values):
+            self._drop(key)
+            call = None
+        if call is None:  # seen once: the next identical call is prepared
+            entries[key] = _TorchCall(values, arrays)
             if len(entries) > self.LIMIT:
-                entries.popitem(last=False)
+                self._drop(next(iter(entries)))
             return False
-        snapshot, prepared, token = entry
-        function = self._function()
-        if prepared is None:
-            prepared, token = function.prepare(*args, out=out), next(self._tokens)
-            prepared.forget_given()
-            entries[key] = (snapshot, prepared, token)
-            forget = functools.partial(_forget_torch_call, weakref.ref(self), key, token)
+        if call.prepared is None:
+            call.prepare(self._function().prepare(*args, out=out), next(self._tokens))
+            forget = functools.partial(_forget_torch_call, weakref.ref(self), key, call.token)
             for array in arrays:
                 weakref.finalize(array, forget)
         entries.move_to_end(key)
-        if not prepared.after_torch:  # tensors imported by this call's own preparation
-            function.device.order_after_torch()
-        prepared.launch()
+        self._remember_ids(ids, key, call, values)
+        call.prepared.queue()
         return True
+
+    def _remember_ids(self, ids: tuple, key: tuple, call: _TorchCall, values: tuple) -> None:
+        """A shortcut to a prepared call of `_entries` (dropped with it)."""
+        scalars = tuple(v for v in values if v.__class__ is not DeviceArray and not is_torch_tensor(v))
+        by_ids = self._by_ids
+        by_ids[ids] = (call, key, scalars)
+        by_ids.move_to_end(ids)
+        call.shortcuts.add(ids)
+        if len(by_ids) > self.LIMIT:
+            by_ids.popitem(last=False)
+
+    def _drop(self, key: tuple) -> None:
+        """The call goes, with its shortcuts and its PreparedCall (which holds the imports)."""
+        call = self._entries.pop(key, None)
+        if call is None:
+            return
+        for ids in call.shortcuts:
+            shortcut = self._by_ids.get(ids)
+            if shortcut is not None and shortcut[0] is call:
+                del self._by_ids[ids]
+        call.prepared = None
 
     def __len__(self) -> int:
         """Calls prepared (not those seen once)."""
-        return sum(e[1] is not None for e in self._entries.values())
+        return sum(c.prepared is not None for c in self._entries.values())
+
+
+class _TorchCall:
+    """One call of TorchCalls: what its arrays were (identity, and a torch tensor's memory,
+    shape, strides and dtype), and its PreparedCall once seen twice."""
+
+    __slots__ = ("arrays", "layouts", "prepared", "token", "shortcuts")
+
+    def __init__(self, values: tuple, arrays: list) -> None:
+        self.arrays = tuple((i, weakref.ref(v)) for i, v in enumerate(values) if v.__class__ is DeviceArray or is_torch_tensor(v))
+        self.layouts = tuple((i, v.data_ptr(), v.shape, v.stride(), v.dtype) for i, v in enumerate(values) if is_torch_tensor(v))
+        self.prepared: PreparedCall | None = None
+        self.token = None
+        self.shortcuts: set[tuple] = set()  # ids tuples of TorchCalls._by_ids that lead here
+
+    def prepare(self, prepared: PreparedCall, token: int) -> None:
+        prepared.forget_given()
+        self.prepared, self.token = prepared, token
+
+    def unchanged(self, values: tuple) -> bool:
+        """The same arrays, each torch tensor as it was."""
+        return all(was() is values[i] for i, was in self.arrays) and self.same_layout(values)
+
+    def same_layout(self, values: tuple) -> bool:
+        """Each torch tensor still has the memory, shape, strides and dtype it had (`set_`,
+        `resize_` or an in-place transpose change them)."""
+        for i, ptr, shape, stride, dtype in self.layouts:
+            t = values[i]
+            if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride or t.dtype != dtype:
+                return False
+        return True
 
 
 def _call_key(values: Iterable[object]) -> tuple:
@@ -131,27 +200,11 @@ def _call_key(values: Iterable[object]) -> tuple:
     return (tuple(key), arrays) if torch_seen else (None, ())
 
 
-def _snapshot(arrays: list[DeviceArray | torch.Tensor]) -> tuple:
-    return tuple(
-        (weakref.ref(a),) if a.__class__ is DeviceArray else (weakref.ref(a), a.data_ptr(), a.shape, a.stride(), a.dtype)
-        for a in arrays
-    )
-
-
-def _unchanged(snapshot: tuple, arrays: list[DeviceArray | torch.Tensor]) -> bool:
-    for was, a in zip(snapshot, arrays):
-        if was[0]() is not a:
-            return False
-        if len(was) > 1 and (a.data_ptr() != was[1] or a.shape != was[2] or a.stride() != was[3] or a.dtype != was[4]):
-            return False
-    return True
-
-
 def _forget_torch_call(calls_ref: weakref.ref[TorchCalls], key: tuple, token: int) -> None:
     calls = calls_ref()
-    entry = calls._entries.get(key) if calls is not None else None
-    if entry is not None and entry[2] == token:  # not a later call's entry under reused ids
-        del calls._entries[key]
+    call = calls._entries.get(key) if calls is not None else None
+    if call is not None and call.token == token:  # not a later call's entry under reused ids
+        calls._drop(key)
 
 
 class PreparedCall:
@@ -165,11 +218,11 @@ class PreparedCall:
 
     def __init__(
         self, function: Function, refs: list, results: list[DeviceArray], given: object | None, host_only: bool,
-        bound: dict[str, int], inputs: list[DeviceArray], views: list[DeviceArray],
+        bound: dict[str, int], inputs: list[DeviceArray], views: list[DeviceArray], *, after_torch: bool,
     ):
         self.function = function
         self._refs, self._bound, self._inputs = refs, bound, inputs + views  # kept alive
-        self.after_torch = bool(views)  # each launch ordered after torch's queued work
+        self.after_torch = after_torch  # torch tensors among the arrays: each launch ordered after torch's queued work
         self._stored = list(results)
         self._results = list(results)
         self._returned = given if given is not None and function._all_stored else None
@@ -177,6 +230,11 @@ class PreparedCall:
         self._launched = False
 
     def launch(self) -> object:
+        self.queue()
+        return self.results
+
+    def queue(self) -> None:
+        """`launch` without its results (TorchCalls returns `out` itself)."""
         function = self.function
         if self.after_torch:
             function.device.order_after_torch()
@@ -189,7 +247,6 @@ class PreparedCall:
             self._last = function.queue_call(self._refs, self._results, self._bound)
             self._launched = True
             self._commands = function.record_call(self._refs)
-        return self.results
 
     def __call__(self):
         self.launch()

@@ -8,6 +8,7 @@ import gc
 import sys
 import time
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -78,25 +79,20 @@ class _Prepared:
     """A PreparedCall holds the imports of the tensors, not the tensors."""
 
     def __init__(self):
-        self.launches, self.after_torch, self.holds_out = 0, True, True
+        self.launches, self.holds_out = 0, True
 
     def forget_given(self):
         self.holds_out = False
 
-    def launch(self):
+    def queue(self):
         self.launches += 1
 
 
 class _Function:
-    """What TorchCalls uses of a Function: prepare, and the device's torch ordering."""
+    """What TorchCalls uses of a Function: prepare."""
 
     def __init__(self):
         self.prepared = []
-        self.orders = 0
-        self.device = types.SimpleNamespace(order_after_torch=self._order)
-
-    def _order(self):
-        self.orders += 1
 
     def prepare(self, *args, out=None):
         self.prepared.append(_Prepared())
@@ -139,13 +135,47 @@ def test_calls_go_with_their_tensors_and_stay_bounded(stand_in_torch):
     x, y, out = Tensor(0x1000), Tensor(0x2000), Tensor(0x3000)
     calls.launched((x, y), out), calls.launched((x, y), out)
     assert len(calls) == 1
+    prepared = weakref.ref(function.prepared.pop())
     del x
     gc.collect()
-    assert len(calls) == 0 and not calls._entries
+    assert len(calls) == 0 and not calls._entries and not calls._by_ids
+    assert prepared() is None  # nothing holds the prepared call, nor so the imports it holds
     kept = [Tensor(i) for i in range(TorchCalls.LIMIT + 5)]
     for t in kept:
         calls.launched((t, y), out), calls.launched((t, y), out)
     assert len(calls) == TorchCalls.LIMIT
+
+
+def test_a_scalar_computed_afresh_each_call_still_finds_its_prepared_call(stand_in_torch):
+    function = _Function()
+    calls = TorchCalls(function)
+    x, out = Tensor(0x1000), Tensor(0x3000)
+    results = [calls.launched((x, float("2.5")), out) for _ in range(4)]  # a new float object each call
+    assert results == [False, True, True, True] and len(function.prepared) == 1
+
+
+def test_a_shortcut_by_ids_is_not_taken_for_a_new_tensor_under_a_dead_ones_id(stand_in_torch):
+    """The fast lookup keys a call by its values' ids: once a tensor dies, a new tensor that
+    CPython places at the same address must not reach the dead tensor's prepared call."""
+    function = _Function()
+    calls = TorchCalls(function)
+    y, out = Tensor(0x2000), Tensor(0x3000)
+    x = Tensor(0x1000)
+    old_id = id(x)
+    calls.launched((x, y), out), calls.launched((x, y), out)
+    assert calls._by_ids
+    del x
+    gc.collect()
+    # The freed slot is usually the next one handed out; try a few allocations for it.
+    kept = []
+    while len(kept) < 1000 and (not kept or id(kept[-1]) != old_id):
+        kept.append(Tensor(0x1000))
+    if id(kept[-1]) != old_id:
+        pytest.skip("CPython did not reuse the dead tensor's address")
+    z = kept[-1]
+    assert not calls.launched((z, y), out)  # seen once: the usual path, not the dead call
+    assert function.prepared[0].launches == 1
+    assert calls.launched((z, y), out) and len(function.prepared) == 2
 
 
 def test_only_calls_on_torch_tensors_device_arrays_and_numbers(stand_in_torch):
@@ -248,6 +278,20 @@ def test_calls_run_after_torch_work_queued_before_them(module, torch, side_strea
             torch.cuda._sleep(100_000_000)
             x.fill_(value)
             call()
+        np.testing.assert_array_equal(out.cpu().numpy(), np.full(1 << 20, value, np.float32))
+
+
+@pytest.mark.gpu
+def test_a_call_prepared_on_tensors_never_imported_before_waits_for_torch_too(module, torch):
+    """prepare() on fresh torch tensors imports them itself; each later launch must still
+    run after the torch work queued before it (a 50 ms spin, then a write of x)."""
+    x, ones = torch.zeros(1 << 20, device="cuda"), torch.ones(1 << 20, device="cuda")
+    out = torch.empty_like(x)
+    step = module.simple_mul.prepare(x, ones, out=out)
+    for value in (3.0, 5.0):
+        torch.cuda._sleep(100_000_000)
+        x.fill_(value)
+        step()
         np.testing.assert_array_equal(out.cpu().numpy(), np.full(1 << 20, value, np.float32))
 
 
