@@ -88,11 +88,28 @@ def describe_parameters(mlir: Path, irpa: Path, dest: Path) -> None:
 KEEP_INLINE = 300_000  # elements: a [512, 512] mask (262144) stays a constant, a 768 x 768 weight (589824) does not
 
 
+def import_onnx(onnx: Path, mlir: Path, irpa: Path) -> None:
+    """The model imported to `mlir`, its weights of KEEP_INLINE elements or more into `irpa`."""
+    tool = Path(sys.executable).parent / "iree-import-onnx"
+    subprocess.run([str(tool), str(onnx), "--externalize-params", "--num-elements-threshold", str(KEEP_INLINE),
+                    "--save-params-to", str(irpa), "-o", str(mlir)],
+                   check=True, timeout=900)
+
+
+def kit_build(mlir: Path, folder: Path, archs: str, log: Path, *extra: str) -> int:
+    """`kitdispatch build --model MLIR --with-baseline -o FOLDER EXTRA...`, its output in `log`;
+    its exit code (a failed build is reported, and the other models go on)."""
+    done = subprocess.run([sys.executable, "-m", "kitdispatch", "build", "--model", str(mlir), "--arch", archs, "--with-baseline",
+                           "-o", str(folder), *extra],
+                          check=False, capture_output=True, text=True, timeout=3600)
+    log.write_text(done.stdout + done.stderr)
+    return done.returncode
+
+
 def build(onnx_dir: Path, out: Path, archs: str, *, probes: bool = False, only: tuple[str, ...] = ()) -> None:
     """Imports and builds each model; keeps its imported NAME.mlir (weights outside it) for a
     later `build-tuned`. With `probes`, the builds also write tune's probes."""
     out.mkdir(parents=True, exist_ok=True)
-    tools = Path(sys.executable).parent
     for onnx in sorted(onnx_dir.glob("*.onnx")):
         name = onnx.stem
         if not NAME_RE.match(name) or (only and name not in only):
@@ -103,17 +120,12 @@ def build(onnx_dir: Path, out: Path, archs: str, *, probes: bool = False, only: 
         if taken:  # never overwrite or delete what this script did not write in this run
             print(f"{name}: skipped, {', '.join(taken)} already there (remove it or choose another BUILD_DIR)", flush=True)
             continue
-        subprocess.run([str(tools / "iree-import-onnx"), str(onnx), "--externalize-params", "--num-elements-threshold", str(KEEP_INLINE),
-                        "--save-params-to", str(irpa), "-o", str(mlir)],
-                       check=True, timeout=900)
+        import_onnx(onnx, mlir, irpa)
         describe_parameters(mlir, irpa, out / f"{name}.params.npz")
         irpa.unlink()  # the GPU machine draws its own
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "kitdispatch", "build", "--model", str(mlir), "--arch", archs, "--with-baseline",
-                               "-o", str(out / name), "--json", *(["--probes"] if probes else [])],
-                              check=False, capture_output=True, text=True, timeout=3600)
-        (out / f"{name}.build.log").write_text(done.stdout + done.stderr)
-        print(f"{name}: build exit {done.returncode} in {time.monotonic() - started:.0f} s", flush=True)
+        code = kit_build(mlir, out / name, archs, out / f"{name}.build.log", "--json", *(["--probes"] if probes else []))
+        print(f"{name}: build exit {code} in {time.monotonic() - started:.0f} s", flush=True)
 
 
 def build_tuned(build_dir: Path, tune_dir: Path, archs: str) -> None:
@@ -125,11 +137,8 @@ def build_tuned(build_dir: Path, tune_dir: Path, archs: str) -> None:
         if not mlir.is_file() or folder.exists():
             print(f"{name}: skipped ({'no ' + str(mlir) if not mlir.is_file() else str(folder) + ' already there'})", flush=True)
             continue
-        done = subprocess.run([sys.executable, "-m", "kitdispatch", "build", "--model", str(mlir), "--arch", archs, "--with-baseline",
-                               "-o", str(folder), "--tuned", str(record)],
-                              check=False, capture_output=True, text=True, timeout=3600)
-        (build_dir / f"{name}.tuned.build.log").write_text(done.stdout + done.stderr)
-        print(f"{name}: tuned build exit {done.returncode}", flush=True)
+        code = kit_build(mlir, folder, archs, build_dir / f"{name}.tuned.build.log", "--tuned", str(record))
+        print(f"{name}: tuned build exit {code}", flush=True)
 
 
 # ----------------------------------------------------------------------------- GPU side
@@ -338,13 +347,19 @@ def summary(e: dict) -> str:
     return "\n".join(parts)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="step", required=True)
+def add_build_step(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The `build ONNX_DIR OUT [--arch]` step (benchmarks/investigations/accuracy_hf.py has it too)."""
     b = sub.add_parser("build")
     b.add_argument("onnx_dir", type=Path)
     b.add_argument("out", type=Path)
     b.add_argument("--arch", default="sm_90a")
+    return b
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    b = add_build_step(sub)
     b.add_argument("--probes", action="store_true", help="the builds also write tune's probes (for run --tune)")
     b.add_argument("--only", nargs="*", default=(), help="model names to build")
     bt = sub.add_parser("build-tuned", help="rebuild each model following its tune record (from run --tune)")

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: hf_models' import and build steps
+import hf_models  # noqa: E402
 
 SEED = 0
 NAMES = ("bert", "gpt2", "vit", "llama")
@@ -77,24 +79,19 @@ def export(out: Path) -> None:
 
 def build(onnx_dir: Path, out: Path, arch: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tools = Path(sys.executable).parent
     for name in NAMES:
-        onnx = onnx_dir / f"{name}.onnx"
         mlir, irpa, folder = out / f"{name}.mlir", out / f"{name}.irpa", out / name
         if any(p.exists() for p in (mlir, irpa, folder)):
             print(f"{name}: skipped, its files are already in {out}", flush=True)
             continue
-        # Initializers under 300k elements stay constants, as in benchmarks/hf_models.py: the
-        # exporter's attention mask must be one for the kit to read it.
-        subprocess.run([str(tools / "iree-import-onnx"), str(onnx), "--externalize-params", "--num-elements-threshold", "300000",
-                        "--save-params-to", str(irpa), "-o", str(mlir)], check=True, timeout=900)
+        # Imported as benchmarks/hf_models.py imports (small initializers stay constants: the
+        # exporter's attention mask must be one for the kit to read it); the weights travel.
+        hf_models.import_onnx(onnx_dir / f"{name}.onnx", mlir, irpa)
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "kitdispatch", "build", "--model", str(mlir), "--arch", arch, "--with-baseline",
-                               "-o", str(folder)], check=False, capture_output=True, text=True, timeout=3600)
-        (out / f"{name}.build.log").write_text(done.stdout + done.stderr)
+        code = hf_models.kit_build(mlir, folder, arch, out / f"{name}.build.log")
         mlir.unlink()
         (out / f"{name}.input.npy").write_bytes((onnx_dir / f"{name}.input.npy").read_bytes())
-        print(f"{name}: build exit {done.returncode} in {time.monotonic() - started:.0f} s", flush=True)
+        print(f"{name}: build exit {code} in {time.monotonic() - started:.0f} s", flush=True)
 
 
 def errors(y: np.ndarray, ref: np.ndarray) -> dict:
@@ -150,10 +147,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="step", required=True)
     e = sub.add_parser("export")
     e.add_argument("out", type=Path)
-    b = sub.add_parser("build")
-    b.add_argument("onnx_dir", type=Path)
-    b.add_argument("out", type=Path)
-    b.add_argument("--arch", default="sm_90a")
+    hf_models.add_build_step(sub)
     r = sub.add_parser("run")
     r.add_argument("build_dir", type=Path)
     r.add_argument("out", type=Path)
