@@ -23,6 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "kernels" / "matmul"))
+from mlir_text import contraction, tensor_type, truncate  # noqa: E402  (benchmarks/, beside this file)
 
 
 def function_name(kind: str, layout: str, dtype: str, batch: int, m: int, n: int, k: int) -> str:
@@ -41,43 +42,24 @@ def shapes() -> list[tuple[str, str, str, int, int, int, int]]:
 
 
 def function_mlir(kind: str, layout: str, dtype: str, batch: int, m: int, n: int, k: int) -> str:
-    et = dtype
-    lead, lead_x = ((batch,), f"{batch}x") if kind == "bmm" else ((), "")
-    a_t = f"tensor<{lead_x}{m}x{k}x{et}>"
-    b_t = f"tensor<{lead_x}{n}x{k}x{et}>" if layout == "nt" else f"tensor<{lead_x}{k}x{n}x{et}>"
-    acc_t, out_t = f"tensor<{lead_x}{m}x{n}xf32>", f"tensor<{lead_x}{m}x{n}x{et}>"
+    lead = (batch,) if kind == "bmm" else ()
+    a_t = tensor_type((*lead, m, k), dtype)
+    b_t = tensor_type((*lead, n, k) if layout == "nt" else (*lead, k, n), dtype)
+    acc_t, out_t = tensor_type((*lead, m, n), "f32"), tensor_type((*lead, m, n), dtype)
     d = "d0, d1, d2, d3" if lead else "d0, d1, d2"
     bd = "d0, " if lead else ""
     i, j, kk = ("d1", "d2", "d3") if lead else ("d0", "d1", "d2")
     b_map = f"({bd}{j}, {kk})" if layout == "nt" else f"({bd}{kk}, {j})"
-    maps = f"[affine_map<({d}) -> ({bd}{i}, {kk})>, affine_map<({d}) -> {b_map}>, affine_map<({d}) -> ({bd}{i}, {j})>]"
-    iters = ('"parallel", ' if lead else "") + '"parallel", "parallel", "reduction"'
-    ew_d = "d0, d1, d2" if lead else "d0, d1"
-    ew_iters = ", ".join(['"parallel"'] * (3 if lead else 2))
-    empty_dims = ", ".join([])  # static shapes
+    maps = [f"affine_map<({d}) -> ({bd}{i}, {kk})>", f"affine_map<({d}) -> {b_map}>", f"affine_map<({d}) -> ({bd}{i}, {j})>"]
+    product = contraction("mm", ("a", a_t), ("b", b_t), ("acc", acc_t), maps, ["parallel"] * (len(lead) + 2) + ["reduction"], dtype)
+    rounding, out = truncate("mm", (*lead, m, n), dtype)
     return f"""
-  func.func @{function_name(kind, layout, dtype, batch, m, n, k)}(%a: {a_t}, %b: {b_t}) -> {out_t} {{
-    %zero = arith.constant 0.0 : f32
-    %empty = tensor.empty({empty_dims}) : {acc_t}
-    %acc = linalg.fill ins(%zero : f32) outs(%empty : {acc_t}) -> {acc_t}
-    %c = linalg.generic {{indexing_maps = {maps}, iterator_types = [{iters}]}}
-        ins(%a, %b : {a_t}, {b_t}) outs(%acc : {acc_t}) {{
-    ^bb0(%x: {et}, %y: {et}, %s: f32):
-      %xf = arith.extf %x : {et} to f32
-      %yf = arith.extf %y : {et} to f32
-      %p = arith.mulf %xf, %yf : f32
-      %t = arith.addf %s, %p : f32
-      linalg.yield %t : f32
-    }} -> {acc_t}
-    %oe = tensor.empty() : {out_t}
-    %o = linalg.generic {{indexing_maps = [affine_map<({ew_d}) -> ({ew_d})>, affine_map<({ew_d}) -> ({ew_d})>], iterator_types = [{ew_iters}]}}
-        ins(%c : {acc_t}) outs(%oe : {out_t}) {{
-    ^bb0(%v: f32, %w: {et}):
-      %r = arith.truncf %v : f32 to {et}
-      linalg.yield %r : {et}
-    }} -> {out_t}
-    return %o : {out_t}
-  }}"""
+func.func @{function_name(kind, layout, dtype, batch, m, n, k)}(%a: {a_t}, %b: {b_t}) -> {out_t} {{
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : {acc_t}
+  %acc = linalg.fill ins(%zero : f32) outs(%empty : {acc_t}) -> {acc_t}
+{product}{rounding}  return %{out} : {out_t}
+}}"""
 
 
 def build(out: Path, arch: str) -> None:

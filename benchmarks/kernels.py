@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from mlir_text import contraction, tensor_type, truncate  # benchmarks/, beside this file
 
 REPO = Path(__file__).resolve().parent.parent
 ARCHS = "sm_90a,sm_80"
@@ -64,13 +65,9 @@ class Case:
         return "".join(c if c.isalnum() else "_" for c in self.name).strip("_")
 
 
-def _t(shape, dtype):
-    return f"tensor<{'x'.join(map(str, shape))}x{dtype}>"
-
-
 def _elementwise_mlir(n: int, body: str, args: int, scalar: bool = False) -> str:
     """A 1-D linalg.generic over `args` f32 inputs (and an f32 scalar %alpha)."""
-    t = _t((n,), "f32")
+    t = tensor_type((n,), "f32")
     ins = ", ".join(f"%a{i}" for i in range(args))
     params = ", ".join(f"%a{i}: {t}" for i in range(args)) + (", %alpha: f32" if scalar else "")
     maps = ", ".join(["affine_map<(d0) -> (d0)>"] * (args + 1))
@@ -102,7 +99,7 @@ GELU_BODY = """    %c0 = arith.constant 0.5 : f32
 
 
 def _bias_gelu_mlir(rows: int, cols: int) -> str:
-    t, b = _t((rows, cols), "f32"), _t((cols,), "f32")
+    t, b = tensor_type((rows, cols), "f32"), tensor_type((cols,), "f32")
     return f"""func.func @main(%x: {t}, %bias: {b}) -> {t} {{
   %e = tensor.empty() : {t}
   %r = linalg.generic {{indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d1)>,
@@ -118,7 +115,7 @@ def _bias_gelu_mlir(rows: int, cols: int) -> str:
 
 
 def _row_reduce_mlir(rows: int, cols: int, op: str, init: str) -> str:
-    t, r = _t((rows, cols), "f32"), _t((rows,), "f32")
+    t, r = tensor_type((rows, cols), "f32"), tensor_type((rows,), "f32")
     return f"""func.func @main(%x: {t}) -> {r} {{
   %init = arith.constant {init} : f32
   %e = tensor.empty() : {r}
@@ -133,7 +130,7 @@ def _row_reduce_mlir(rows: int, cols: int, op: str, init: str) -> str:
 
 
 def _argmax_mlir(rows: int, cols: int) -> str:
-    t, rf, ri = _t((rows, cols), "f32"), _t((rows,), "f32"), _t((rows,), "i32")
+    t, rf, ri = tensor_type((rows, cols), "f32"), tensor_type((rows,), "f32"), tensor_type((rows,), "i32")
     return f"""func.func @main(%x: {t}) -> {ri} {{
   %ninf = arith.constant 0xFF800000 : f32
   %zero = arith.constant 0 : i32
@@ -157,7 +154,7 @@ def _argmax_mlir(rows: int, cols: int) -> str:
 
 
 def _softmax_mlir(rows: int, cols: int) -> str:
-    t = _t((rows, cols), "f32")
+    t = tensor_type((rows, cols), "f32")
     return f"""func.func @main(%x: {t}) -> {t} {{
   %e = tensor.empty() : {t}
   %r = linalg.softmax dimension(1) ins(%x : {t}) outs(%e : {t}) -> {t}
@@ -166,7 +163,7 @@ def _softmax_mlir(rows: int, cols: int) -> str:
 
 
 def _transpose_mlir(rows: int, cols: int) -> str:
-    t, u = _t((rows, cols), "f32"), _t((cols, rows), "f32")
+    t, u = tensor_type((rows, cols), "f32"), tensor_type((cols, rows), "f32")
     return f"""func.func @main(%x: {t}) -> {u} {{
   %e = tensor.empty() : {u}
   %r = linalg.transpose ins(%x : {t}) outs(%e : {u}) permutation = [1, 0]
@@ -174,25 +171,9 @@ def _transpose_mlir(rows: int, cols: int) -> str:
 }}"""
 
 
-def _truncate(value: str, shape, dtype: str) -> tuple[str, str]:
-    """MLIR that rounds an f32 tensor %`value` to `dtype`; (text, result name)."""
-    f, o = _t(shape, "f32"), _t(shape, dtype)
-    dims = ", ".join(f"d{i}" for i in range(len(shape)))
-    amap = f"affine_map<({dims}) -> ({dims})>"
-    par = ", ".join(['"parallel"'] * len(shape))
-    return f"""  %te_{value} = tensor.empty() : {o}
-  %t_{value} = linalg.generic {{indexing_maps = [{amap}, {amap}], iterator_types = [{par}]}}
-      ins(%{value} : {f}) outs(%te_{value} : {o}) {{
-  ^bb0(%in: f32, %out: {dtype}):
-    %c = arith.truncf %in : f32 to {dtype}
-    linalg.yield %c : {dtype}
-  }} -> {o}
-""", f"t_{value}"
-
-
 def _matmul_mlir(m: int, n: int, k: int, dtype: str, out: str) -> str:
-    a, b, c = _t((m, k), dtype), _t((k, n), dtype), _t((m, n), "f32")
-    text = f"""func.func @main(%a: {a}, %b: {b}) -> {_t((m, n), out)} {{
+    a, b, c = tensor_type((m, k), dtype), tensor_type((k, n), dtype), tensor_type((m, n), "f32")
+    text = f"""func.func @main(%a: {a}, %b: {b}) -> {tensor_type((m, n), out)} {{
   %zero = arith.constant 0.0 : f32
   %e = tensor.empty() : {c}
   %f = linalg.fill ins(%zero : f32) outs(%e : {c}) -> {c}
@@ -200,17 +181,17 @@ def _matmul_mlir(m: int, n: int, k: int, dtype: str, out: str) -> str:
 """
     result = "acc"
     if out != "f32":
-        trunc, result = _truncate("acc", (m, n), out)
+        trunc, result = truncate("acc", (m, n), out)
         text += trunc
-    return text + f"  return %{result} : {_t((m, n), out)}\n}}"
+    return text + f"  return %{result} : {tensor_type((m, n), out)}\n}}"
 
 
 def _attention_mlir(b: int, h: int, s: int, d: int, dtype: str, causal: bool) -> str:
     """softmax(Q K^T / sqrt(d)) V in plain linalg: a contraction, a scale (and mask), a
     linalg.softmax, a rounding of P to the input type, a batch_matmul."""
     bh = b * h
-    q4, q3 = _t((b, h, s, d), dtype), _t((bh, s, d), dtype)
-    sf, sp, o3 = _t((bh, s, s), "f32"), _t((bh, s, s), dtype), _t((bh, s, d), "f32")
+    q4, q3 = tensor_type((b, h, s, d), dtype), tensor_type((bh, s, d), dtype)
+    sf, sp, o3 = tensor_type((bh, s, s), "f32"), tensor_type((bh, s, s), dtype), tensor_type((bh, s, d), "f32")
     scale = 1.0 / np.sqrt(d)
     mask = (
         """    %i = linalg.index 1 : index
@@ -221,7 +202,9 @@ def _attention_mlir(b: int, h: int, s: int, d: int, dtype: str, causal: bool) ->
         if causal
         else "    %sv = arith.addf %sc, %z : f32"
     )
-    trunc_o, o_name = _truncate("o", (bh, s, d), dtype)
+    trunc_o, o_name = truncate("o", (bh, s, d), dtype)
+    maps = [f"affine_map<(b, i, j, c) -> ({dims})>" for dims in ("b, i, c", "b, j, c", "b, i, j")]
+    scores = contraction("scores", ("q", q3), ("k", q3), ("fs", sf), maps, ["parallel"] * 3 + ["reduction"], dtype)
     return f"""func.func @main(%q4: {q4}, %k4: {q4}, %v4: {q4}) -> {q4} {{
   %q = tensor.collapse_shape %q4 [[0, 1], [2], [3]] : {q4} into {q3}
   %k = tensor.collapse_shape %k4 [[0, 1], [2], [3]] : {q4} into {q3}
@@ -229,18 +212,7 @@ def _attention_mlir(b: int, h: int, s: int, d: int, dtype: str, causal: bool) ->
   %z = arith.constant 0.0 : f32
   %es = tensor.empty() : {sf}
   %fs = linalg.fill ins(%z : f32) outs(%es : {sf}) -> {sf}
-  %scores = linalg.generic {{indexing_maps = [affine_map<(b, i, j, c) -> (b, i, c)>,
-      affine_map<(b, i, j, c) -> (b, j, c)>, affine_map<(b, i, j, c) -> (b, i, j)>],
-      iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
-      ins(%q, %k : {q3}, {q3}) outs(%fs : {sf}) {{
-  ^bb0(%x: {dtype}, %y: {dtype}, %acc: f32):
-    %xf = arith.extf %x : {dtype} to f32
-    %yf = arith.extf %y : {dtype} to f32
-    %xy = arith.mulf %xf, %yf : f32
-    %sum = arith.addf %acc, %xy : f32
-    linalg.yield %sum : f32
-  }} -> {sf}
-  %em = tensor.empty() : {sf}
+{scores}  %em = tensor.empty() : {sf}
   %scaled = linalg.generic {{indexing_maps = [affine_map<(b, i, j) -> (b, i, j)>, affine_map<(b, i, j) -> (b, i, j)>],
       iterator_types = ["parallel", "parallel", "parallel"]}} ins(%scores : {sf}) outs(%em : {sf}) {{
   ^bb0(%x: f32, %o: f32):
