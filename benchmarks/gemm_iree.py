@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "kernels" / "matmul"))
-from mlir_text import contraction, tensor_type, truncate  # noqa: E402  (benchmarks/, beside this file)
+from mlir_text import contraction, tensor_type, truncate
 
 
 def function_name(kind: str, layout: str, dtype: str, batch: int, m: int, n: int, k: int) -> str:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from mlir_text import contraction, tensor_type, truncate  # benchmarks/, beside this file
+from mlir_text import contraction, tensor_type, truncate
 
 REPO = Path(__file__).resolve().parent.parent
 ARCHS = "sm_90a,sm_80"

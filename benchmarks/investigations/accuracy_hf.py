@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: hf_models' import and build steps
-import hf_models  # noqa: E402
+import hf_models
 
 SEED = 0
 NAMES = ("bert", "gpt2", "vit", "llama")
