@@ -453,6 +453,57 @@ def ops_at_matching_stage(model, tmp, kinds=("linalg.matmul", "linalg.batch_matm
     return ops_of(staged.read_text(), kinds)
 
 
+def chains_of(mlir: str, kinds=("linalg.matmul", "linalg.batch_matmul")) -> list:
+    """The epilogue chain (models/ops/epilogue.py's read_chain) of each op of `kinds` in the
+    module, in order; ops of other dialects are allowed (`"test.use"(%v)` as a reader)."""
+    from iree.compiler import ir
+
+    from kitdispatch.models.ops.epilogue import read_chain
+
+    context = ir.Context()
+    context.allow_unregistered_dialects = True
+    module = ir.Module.parse(mlir, context)
+    found = []
+
+    def visit(op):
+        if op.name in kinds:
+            found.append(read_chain(op))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def chain_of(mlir: str, kinds=("linalg.matmul", "linalg.batch_matmul")):
+    """The epilogue chain of the module's one op of `kinds`."""
+    return only(chains_of(mlir, kinds))
+
+
+def onnx_build_with_baseline(tmp_path_factory, kernels, make, name: str):
+    """The ONNX model `make(PATH)` writes (NAME.onnx), built with `kernels` alone (not the
+    library) for sm_90a and by IREE alone beside it (the baseline): build_model's result."""
+    pytest.importorskip("onnx")
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    from kitdispatch import BuildOptions
+    from kitdispatch.models.pipeline import build_model
+
+    tmp = tmp_path_factory.mktemp(name)
+    model = make(tmp / f"{name}.onnx")
+    return build_model(kernels, model, BuildOptions.create("sm_90a"), tmp / "out", library=False, with_baseline=True)
+
+
+def prebuilt_or_fixture(request, prebuilt_dir, prebuilt: str, fixture: str) -> Path:
+    """A model build's folder: on a GPU machine without iree-compile the one tools/prebuild.py
+    wrote as `prebuilt` (skipped where it was not prebuilt), else the `fixture`'s build here."""
+    if prebuilt_dir is not None:
+        built = prebuilt_dir / prebuilt
+        if not built.is_dir():
+            pytest.skip(f"{built} was not prebuilt")
+        return built
+    return request.getfixturevalue(fixture).out_dir
+
+
 def library_matmul_kernels():
     """The kernels of kernels/matmul that replace model ops, in manifest order."""
     from kitdispatch import load_manifest

@@ -13,47 +13,83 @@ import numpy as np
 M, K, N = 64, 128, 256
 
 
+class OnnxGraph:
+    """The nodes and initializers of a model being written. An added node's one output is named
+    t<its index in `nodes`>; a constant's type is `dtype` unless given."""
+
+    def __init__(self, dtype: type = np.float32) -> None:
+        self.nodes: list = []
+        self.inits: list = []
+        self.dtype = dtype
+
+    def node(self, op: str, ins: list[str], **attrs) -> str:
+        from onnx import helper
+
+        out = f"t{len(self.nodes)}"
+        self.nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    def const(self, name: str, value, dtype: type | None = None) -> str:
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype or self.dtype), name))
+        return name
+
+    def save(self, path: Path, name: str, inputs: list, outputs: list, *, opset: int) -> Path:
+        return save_model(path, name, self.nodes, inputs, outputs, self.inits, opset=opset)
+
+
+def save_model(path: Path, name: str, nodes: list, inputs: list, outputs: list, inits: list, *, opset: int) -> Path:
+    """The graph as a checked model of `opset` (IR version 9, as the exporters write) at `path`."""
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def f16_value(name: str, shape: list[int]):
+    """An f16 graph input or output."""
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT16, shape)
+
+
 def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: int = K, n: int = N, seed: int = 0) -> Path:
     """`x [m, k] @ W [k, n] + B [n]` then `kind`'s ops, in `dtype` (f16: f16 tensors, as an f16
     export; "f16cast": f16 MatMul, its result Cast to f32 for the epilogue, Cast back)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     half = dtype in ("f16", "f16cast")
     np_t, et = (np.float16, TensorProto.FLOAT16) if half else (np.float32, TensorProto.FLOAT)
     rng = np.random.default_rng(seed)
-    ep_t = np.float32 if dtype == "f16cast" else np_t  # the epilogue's own type
+    g = OnnxGraph(np.float32 if dtype == "f16cast" else np_t)  # constants in the epilogue's own type
+    node, const = g.node, g.const
 
-    def const(name: str, value, t=None) -> str:
-        inits.append(numpy_helper.from_array(np.asarray(value, dtype=t or ep_t), name))
-        return name
-
-    inits: list = [numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_t), "W")]
+    g.inits = [numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_t), "W")]
     inputs = [helper.make_tensor_value_info("x", et, [m, k])]
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
+    g.nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
     if kind == "batch1_bias_residual":  # torch's batch-1 Linear: x [1, m, k] -> a batch_matmul of batch 1
         inputs = [helper.make_tensor_value_info("x", et, [1, m, k]), helper.make_tensor_value_info("r", et, [1, m, n])]
-        nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"])]
         kind = "batch1"
     if kind == "bmm_scale":  # attention's Q K^T / sqrt(d): two activations [4, m, k] x [4, k, n]
-        inits, kind = [], "scale_div"
+        g.inits, kind = [], "scale_div"
         inputs = [helper.make_tensor_value_info("q", et, [4, m, k]), helper.make_tensor_value_info("kt", et, [4, k, n])]
-        nodes = [helper.make_node("MatMul", ["q", "kt"], ["mm"])]
+        g.nodes = [helper.make_node("MatMul", ["q", "kt"], ["mm"])]
     y = "mm"
     if dtype == "f16cast":
-        nodes.append(helper.make_node("Cast", ["mm"], ["mm32"], to=TensorProto.FLOAT))
+        g.nodes.append(helper.make_node("Cast", ["mm"], ["mm32"], to=TensorProto.FLOAT))
         y = "mm32"
-
-    def node(op: str, ins: list[str], **attrs) -> str:
-        out = f"t{len(nodes)}"
-        nodes.append(helper.make_node(op, ins, [out], **attrs))
-        return out
 
     def bias(v: str, bias_shape=(n,)) -> str:
         return node("Add", [v, const("B", rng.standard_normal(bias_shape))])
 
     if kind == "gemm":  # ONNX Gemm (transB = 0): the matmul and its bias in one node
-        nodes = [helper.make_node("Gemm", ["x", "W", const("B", rng.standard_normal((n,)), np_t)], ["g"])]
+        g.nodes = [helper.make_node("Gemm", ["x", "W", const("B", rng.standard_normal((n,)), np_t)], ["g"])]
         y = "g"
     elif kind == "none":
         pass
@@ -110,12 +146,7 @@ def epilogue_onnx(path: Path, kind: str, dtype: str = "f32", *, m: int = M, k: i
     if dtype == "f16cast":
         y = node("Cast", [y], to=TensorProto.FLOAT16)
     out_shape = [d.dim_value for d in inputs[0].type.tensor_type.shape.dim][:-2] + [m, n]  # A's batch dims, if any
-    graph = helper.make_graph(nodes, "layer", inputs, [helper.make_tensor_value_info(y, et, out_shape)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    model.ir_version = 9
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return g.save(path, "layer", inputs, [helper.make_tensor_value_info(y, et, out_shape)], opset=20)
 
 
 def at_matching_stage(model: Path, tmp: Path) -> str:
@@ -138,8 +169,7 @@ def at_matching_stage(model: Path, tmp: Path) -> str:
 
 def ffn_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, activation: str = "Gelu", seed: int = 0) -> Path:
     """A transformer FFN in f16 as exporters write it: `x + (act(x @ W1 + b1) @ W2 + b2)`."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(seed)
 
@@ -156,22 +186,13 @@ def ffn_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, activat
         helper.make_node("Add", ["y0", "B2"], ["y1"]),
         helper.make_node("Add", ["y1", "x"], ["y"]),
     ]
-    f16 = TensorProto.FLOAT16
-    graph = helper.make_graph(
-        nodes, "ffn", [helper.make_tensor_value_info("x", f16, [m, hidden])], [helper.make_tensor_value_info("y", f16, [m, hidden])], inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    model.ir_version = 9
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return save_model(path, "ffn", nodes, [f16_value("x", [m, hidden])], [f16_value("y", [m, hidden])], inits, opset=20)
 
 
 def mlp_onnx(path: Path, *, m: int = M, width: int = K, seed: int = 0) -> Path:
     """An f16 MLP of three layers as exporters write them: `Relu(x W1 + b1)`, then SiLU as
     `h * Sigmoid(h)` of `h = . W2 + b2`, then `(. W3) * 0.125`."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array((rng.standard_normal((width, width)) * width ** -0.5).astype(np.float16), f"W{i}") for i in (1, 2, 3)]
@@ -183,22 +204,13 @@ def mlp_onnx(path: Path, *, m: int = M, width: int = K, seed: int = 0) -> Path:
         helper.make_node("Sigmoid", ["b1"], ["b2"]), helper.make_node("Mul", ["b1", "b2"], ["b"]),
         helper.make_node("MatMul", ["b", "W3"], ["c0"]), helper.make_node("Mul", ["c0", "alpha"], ["y"]),
     ]
-    f16 = TensorProto.FLOAT16
-    graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("x", f16, [m, width])], [helper.make_tensor_value_info("y", f16, [m, width])], inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    model.ir_version = 9
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return save_model(path, "mlp", nodes, [f16_value("x", [m, width])], [f16_value("y", [m, width])], inits, opset=20)
 
 
 def swiglu_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, up_first: bool = False, seed: int = 0) -> Path:
     """Llama's MLP in f16 as the dynamo exporter writes it: `(g * Sigmoid(g)) * u @ Wd` with
     g = x Wg, u = x Wu; `up_first` writes the up projection's MatMul node before the gate's."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array((rng.standard_normal(shape) * shape[0] ** -0.5).astype(np.float16), name)
@@ -207,15 +219,7 @@ def swiglu_onnx(path: Path, *, m: int = M, hidden: int = K, inner: int = N, up_f
     nodes = [up, gate] if up_first else [gate, up]
     nodes += [helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["silu"]),
               helper.make_node("Mul", ["silu", "u"], ["h"]), helper.make_node("MatMul", ["h", "Wd"], ["y"])]
-    f16 = TensorProto.FLOAT16
-    graph = helper.make_graph(
-        nodes, "swiglu", [helper.make_tensor_value_info("x", f16, [m, hidden])], [helper.make_tensor_value_info("y", f16, [m, hidden])], inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return save_model(path, "swiglu", nodes, [f16_value("x", [m, hidden])], [f16_value("y", [m, hidden])], inits, opset=18)
 
 
 def post_ln_layer_onnx(path: Path, *, batch: int = 2, seq: int = 32, hidden: int = 128, heads: int = 2, inner: int = 256,
@@ -229,27 +233,13 @@ def post_ln_layer_onnx(path: Path, *, batch: int = 2, seq: int = 32, hidden: int
     a 2-D matmul and an expand_shape. `head_bias`: "split" adds bq as above (IREE adds it in
     the transposing generic after the expand); "per_head" outputs `Reshape(h Wq) + bq` with bq
     [hidden/heads] (a bias over part of n, which no kernel's bias [n] is), not transposed."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     rng = np.random.default_rng(seed)
     d = hidden // heads
-    inits = []
+    g = OnnxGraph(np.float16)
+    node, const = g.node, g.const
 
     def weight(name: str, shape: tuple, scale: float = 1.0) -> str:
-        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float16), name))
-        return name
-
-    def const(name: str, value, dtype=np.float16) -> str:
-        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    nodes = []
-
-    def node(op: str, ins: list[str], **attrs) -> str:
-        out = f"t{len(nodes)}"
-        nodes.append(helper.make_node(op, ins, [out], **attrs))
-        return out
+        return const(name, rng.standard_normal(shape) * scale)
 
     def layer_norm(x: str, tag: str) -> str:
         ins = [x, weight(f"ln{tag}_w", (hidden,), 0.1), weight(f"ln{tag}_b", (hidden,), 0.1)]
@@ -269,16 +259,8 @@ def post_ln_layer_onnx(path: Path, *, batch: int = 2, seq: int = 32, hidden: int
     f = linear(a, "1", hidden, inner)
     gelu = node("Mul", [f, node("Mul", [const("half", 0.5), node("Add", [node("Erf", [node("Div", [f, const("s2", 1.4142)])]), const("one", 1.0)])])])
     y = layer_norm(node("Add", [linear(gelu, "2", inner, hidden), a]), "2")
-    f16 = TensorProto.FLOAT16
-    graph = helper.make_graph(
-        nodes, "post_ln_layer", [helper.make_tensor_value_info("x", f16, [batch, seq, hidden])],
-        [helper.make_tensor_value_info(q, f16, q_shape), helper.make_tensor_value_info(y, f16, [batch, seq, hidden])], inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return g.save(path, "post_ln_layer", [f16_value("x", [batch, seq, hidden])], [f16_value(q, q_shape), f16_value(y, [batch, seq, hidden])],
+                  opset=18)
 
 
 if __name__ == "__main__":  # tools/prebuild.py: python tests/models/epilogue_models.py OUT.onnx {ffn|mlp|post_ln|swiglu}

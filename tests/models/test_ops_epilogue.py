@@ -7,28 +7,12 @@ import json
 import re
 
 import pytest
-from conftest import HAVE_IREE_COMPILE, KERNEL_TOML, REPO, SOFTMAX_CU, matmul_kernel, matmul_model, only, ops_of, replaces_of
-
-from kitdispatch.models.ops.epilogue import read_chain
+from conftest import (
+    HAVE_IREE_COMPILE, KERNEL_TOML, REPO, SOFTMAX_CU, chain_of, matmul_kernel, matmul_model, onnx_build_with_baseline, only, ops_of,
+    prebuilt_or_fixture, replaces_of,
+)
 
 needs_iree = pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
-
-
-def chain_of(mlir: str):
-    """The epilogue chain of the model's one matmul."""
-    from iree.compiler import ir
-
-    module = ir.Module.parse(mlir, ir.Context())
-    found = []
-
-    def visit(op):
-        if op.name in ("linalg.matmul", "linalg.batch_matmul"):
-            found.append(read_chain(op))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    assert len(found) == 1
-    return found[0]
 
 
 @pytest.fixture(scope="session")
@@ -413,25 +397,12 @@ def no_more_iree_dispatches(built) -> None:
     assert len(elementwise) <= len([d for d in alone if "elementwise" in d]), (mine, alone)
 
 
-def _gemm_build(tmp_path_factory, make, name: str):
-    """The model `make` writes, built with the GEMM family alone (and IREE alone, the baseline)."""
-    pytest.importorskip("onnx")
-    if not HAVE_IREE_COMPILE:
-        pytest.skip("iree-compile is not installed")
-    from kitdispatch import BuildOptions
-    from kitdispatch.models.pipeline import build_model
-
-    tmp = tmp_path_factory.mktemp(name)
-    model = make(tmp / f"{name}.onnx")
-    return build_model(GEMM, model, BuildOptions.create("sm_90a"), tmp / "out", library=False, with_baseline=True)
-
-
 @pytest.fixture(scope="module")
 def ffn_build(tmp_path_factory):
     """A BERT-style f16 FFN (bias + GELU, then bias + residual)."""
     from models.epilogue_models import ffn_onnx
 
-    return _gemm_build(tmp_path_factory, ffn_onnx, "ffn")
+    return onnx_build_with_baseline(tmp_path_factory, GEMM, ffn_onnx, "ffn")
 
 
 @pytest.fixture(scope="module")
@@ -439,7 +410,7 @@ def mlp_build(tmp_path_factory):
     """An f16 MLP: bias + ReLU, bias + SiLU, a scale."""
     from models.epilogue_models import mlp_onnx
 
-    return _gemm_build(tmp_path_factory, mlp_onnx, "mlp")
+    return onnx_build_with_baseline(tmp_path_factory, GEMM, mlp_onnx, "mlp")
 
 
 def test_ffn_matmuls_replaced_with_their_epilogues(ffn_build):
@@ -466,17 +437,6 @@ def test_ffn_build_leaves_iree_no_dispatch(ffn_build):
     assert all(r["kernel_entry"].encode() in module for r in json.loads(ffn_build.report.read_text())["replaced"])
 
 
-def _built(request, prebuilt_dir, name: str):
-    """The build folder of `name`: prebuilt (tools/prebuild.py's epilogue_NAME_model) on a GPU
-    machine without iree-compile, else built here."""
-    if prebuilt_dir is not None:
-        built = prebuilt_dir / f"epilogue_{name}_model"
-        if not built.is_dir():
-            pytest.skip(f"{built} was not prebuilt")
-        return built
-    return request.getfixturevalue(f"{name}_build").out_dir
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["ffn", "mlp"])
 def test_epilogues_agree_with_iree_on_gpu(request, prebuilt_dir, tmp_path, name):
@@ -494,7 +454,7 @@ def test_epilogues_agree_with_iree_on_gpu(request, prebuilt_dir, tmp_path, name)
     if name == "ffn":
         inputs = tmp_path / "x.npz"
         np.savez(inputs, x=np.random.default_rng(0).uniform(-1, 1, (64, 128)).astype(np.float16))
-    result = compare_model(_built(request, prebuilt_dir, name), inputs=inputs)
+    result = compare_model(prebuilt_or_fixture(request, prebuilt_dir, f"epilogue_{name}_model", f"{name}_build"), inputs=inputs)
     assert result.agree, result.worst
     assert all(n.startswith("matmul_nn_f16_") for n in result.kernel_names), result.kernel_names
 

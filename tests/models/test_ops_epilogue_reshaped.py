@@ -6,34 +6,20 @@ chain is read through the expand; the kernel takes its result and residual colla
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
 import pytest
-from conftest import HAVE_IREE_COMPILE, REPO
-
-from kitdispatch.models.ops.epilogue import read_chain
+from conftest import (
+    HAVE_IREE_COMPILE,
+    REPO,
+    chain_of,
+    onnx_build_with_baseline,
+    prebuilt_or_fixture,
+)
 
 needs_iree = pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
-
-
-def chain_of(mlir: str, op: str = "linalg.matmul"):
-    """The epilogue chain of the module's one `op` (other dialects' ops allowed: `test.use`)."""
-    from iree.compiler import ir
-
-    context = ir.Context()
-    context.allow_unregistered_dialects = True
-    module = ir.Module.parse(mlir, context)
-    found = []
-
-    def visit(operation):
-        if operation.name == op:
-            found.append(read_chain(operation))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    assert len(found) == 1
-    return found[0]
 
 
 def expanded(shape: str, groups: str, body: str, *, side: str = "", side_map: str = "", args: str = "%in: f32", out: str = "f16",
@@ -143,16 +129,10 @@ def iree_own_dispatches(vmfb) -> list[str]:
 
 
 def _build(tmp_path_factory, head_bias: str):
-    pytest.importorskip("onnx")
-    if not HAVE_IREE_COMPILE:
-        pytest.skip("iree-compile is not installed")
-    from kitdispatch import BuildOptions
-    from kitdispatch.models.pipeline import build_model
     from models.epilogue_models import post_ln_layer_onnx
 
-    tmp = tmp_path_factory.mktemp(f"post_ln_{head_bias}")
-    model = post_ln_layer_onnx(tmp / f"post_ln_{head_bias}.onnx", head_bias=head_bias)
-    return build_model([MATMUL, NORM], model, BuildOptions.create("sm_90a"), tmp / "out", library=False, with_baseline=True)
+    make = functools.partial(post_ln_layer_onnx, head_bias=head_bias)
+    return onnx_build_with_baseline(tmp_path_factory, [MATMUL, NORM], make, f"post_ln_{head_bias}")
 
 
 @pytest.fixture(scope="module")
@@ -211,13 +191,7 @@ def test_3d_layer_agrees_with_iree_on_gpu(request, prebuilt_dir):
     IREE alone (f16 tolerance), and the kit's kernels ran."""
     from kitdispatch.models.compare import compare_model
 
-    if prebuilt_dir is not None:
-        folder = prebuilt_dir / "epilogue_post_ln_model"
-        if not folder.is_dir():
-            pytest.skip(f"{folder} was not prebuilt")
-    else:
-        folder = request.getfixturevalue("post_ln_build").out_dir
-    result = compare_model(folder)
+    result = compare_model(prebuilt_or_fixture(request, prebuilt_dir, "epilogue_post_ln_model", "post_ln_build"))
     assert result.agree, result.worst
     assert any(n.startswith("matmul_nn_f16_bias_residual") for n in result.kernel_names), result.kernel_names
     assert any(n.startswith("layer_norm_f16") for n in result.kernel_names), result.kernel_names
@@ -244,5 +218,5 @@ func.func @f(%p: tensor<16x512x512xf16>, %v: tensor<16x512x128xf16>) -> tensor<1
   } -> tensor<1x512x16x128xf16>
   return %t : tensor<1x512x16x128xf16>
 }"""
-    chain = chain_of(mlir, "linalg.batch_matmul")
+    chain = chain_of(mlir, ("linalg.batch_matmul",))
     assert len(chain.forms) == 1 and chain.fused_next == "linalg.generic {truncf}", (chain.stop, chain.fused_next)

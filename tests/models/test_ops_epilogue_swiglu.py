@@ -10,11 +10,18 @@ and the gate's kernel takes its rounding alone."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
 import pytest
-from conftest import HAVE_IREE_COMPILE, REPO
+from conftest import (
+    HAVE_IREE_COMPILE,
+    REPO,
+    chains_of,
+    onnx_build_with_baseline,
+    prebuilt_or_fixture,
+)
 
 MATMUL = REPO / "kernels" / "matmul"
 
@@ -25,16 +32,9 @@ def dispatch_kinds(vmfb) -> list[tuple[str, str]]:
 
 
 def _build(tmp_path_factory, up_first: bool):
-    pytest.importorskip("onnx")
-    if not HAVE_IREE_COMPILE:
-        pytest.skip("iree-compile is not installed")
-    from kitdispatch import BuildOptions
-    from kitdispatch.models.pipeline import build_model
     from models.epilogue_models import swiglu_onnx
 
-    tmp = tmp_path_factory.mktemp("swiglu_up_first" if up_first else "swiglu")
-    model = swiglu_onnx(tmp / "swiglu.onnx", up_first=up_first)
-    return build_model(MATMUL, model, BuildOptions.create("sm_90a"), tmp / "out", library=False, with_baseline=True)
+    return onnx_build_with_baseline(tmp_path_factory, MATMUL, functools.partial(swiglu_onnx, up_first=up_first), "swiglu")
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +82,7 @@ def test_swiglu_agrees_with_iree_on_gpu(request, prebuilt_dir):
     sum to f16 first and computes in f16)."""
     from kitdispatch.models.compare import compare_model
 
-    if prebuilt_dir is not None:
-        folder = prebuilt_dir / "epilogue_swiglu_model"
-        if not folder.is_dir():
-            pytest.skip(f"{folder} was not prebuilt")
-    else:
-        folder = request.getfixturevalue("swiglu_build").out_dir
-    result = compare_model(folder)
+    result = compare_model(prebuilt_or_fixture(request, prebuilt_dir, "epilogue_swiglu_model", "swiglu_build"))
     assert result.agree, result.worst
     assert any(n.startswith("matmul_nn_f16_silu_mul") for n in result.kernel_names), result.kernel_names
 
@@ -121,19 +115,6 @@ def test_a_residual_that_an_earlier_matmul_makes_stays_in_the_later_chain():
     """h = x W1 (rounded), y = h W2 + h: h is read twice (by the second matmul too), so IREE
     cannot fuse the add into the first matmul's dispatch; the second matmul's chain keeps it
     (its residual epilogue), unlike SwiGLU's product, whose other operand is read once."""
-    from iree.compiler import ir
-
-    from kitdispatch.models.ops.epilogue import read_chain
-
-    module = ir.Module.parse(RESIDUAL_OF_AN_EARLIER_MATMUL, ir.Context())
-    chains = []
-
-    def visit(op):
-        if op.name == "linalg.matmul":
-            chains.append(read_chain(op))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    first, second = chains
+    first, second = chains_of(RESIDUAL_OF_AN_EARLIER_MATMUL, ("linalg.matmul",))
     assert "2 users" in first.stop
     assert (second.longest.name, second.longest.covers) == ("residual", 1), [(f.name, f.why) for f in second.forms]
