@@ -614,15 +614,19 @@ def run(build_dir: Path, out_dir: Path) -> None:
 
 
 def main() -> None:
-    cmd = sys.argv[1]
-    if cmd == "build":
-        build(Path(sys.argv[2]))
-    elif cmd == "run":
-        run(Path(sys.argv[2]), Path(sys.argv[3]))
-    elif cmd == "ncu-child":
-        ncu_child(Path(sys.argv[2]))
-    else:
+    # Folder arguments only: "--help" (or any option) is a request for the usage, never a folder
+    # to build into.
+    args = sys.argv[1:]
+    wanted = {"build": 1, "run": 2, "ncu-child": 1}
+    if not args or args[0] not in wanted or len(args) != 1 + wanted[args[0]] or any(a.startswith("-") for a in args):
         raise SystemExit(__doc__)
+    cmd, paths = args[0], [Path(a) for a in args[1:]]
+    if cmd == "build":
+        build(*paths)
+    elif cmd == "run":
+        run(*paths)
+    else:
+        ncu_child(*paths)
 
 
 if __name__ == "__main__":
