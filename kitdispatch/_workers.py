@@ -36,6 +36,10 @@ class WorkerTimeout(ToolError):
     """A call did not finish within its deadline; its worker was killed."""
 
 
+class CallsStopped(ToolError):
+    """A call refused, or its new worker killed, while an interrupted run stops its calls."""
+
+
 class _Worker:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -90,6 +94,7 @@ class WorkerPool:
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._lock = threading.Lock()
+        self._stopping = 0  # interrupted runs stopping their calls: no call starts meanwhile
 
     def call(self, name: str, payload: object, *, timeout: float, what: str, argv: list[str] | None = None):
         """Runs `name(payload)` in a worker; returns its reply, or raises WorkerTimeout /
@@ -123,12 +128,27 @@ class WorkerPool:
 
     def _take(self) -> _Worker:
         with self._lock:
+            self._refuse_while_stopping()
             worker = self._idle.pop() if self._idle else None
         if worker is None or worker.proc.poll() is not None:
-            worker = _Worker()
+            worker = _Worker()  # slow under load: an interrupt may come meanwhile
         with self._lock:
-            self._busy.add(worker)
+            stopped = self._stopping > 0
+            if not stopped:
+                self._busy.add(worker)
+        if stopped:
+            worker.kill()
+            self._refuse_while_stopping()
         return worker
+
+    def _refuse_while_stopping(self) -> None:
+        if self._stopping:
+            raise CallsStopped("the compile was not started: the build was interrupted", fix="run the command again")
+
+    def stopping(self) -> "_Stopping":
+        """While in this context no call starts (a worker started meanwhile is killed), so a
+        run's threads can all be made to give up (`_stop_calls`)."""
+        return _Stopping(self)
 
     def _give_back(self, worker: _Worker) -> None:
         with self._lock:
@@ -147,6 +167,19 @@ class WorkerPool:
             self._busy.clear()
         for worker in workers:
             worker.kill()
+
+
+class _Stopping:
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = pool
+
+    def __enter__(self) -> None:
+        with self._pool._lock:
+            self._pool._stopping += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._pool._lock:
+            self._pool._stopping -= 1
 
 
 POOL = WorkerPool()
@@ -172,16 +205,18 @@ def run_in_threads(fn: Callable, items: Iterable) -> list[Future]:
     return futures
 
 
-def _stop_calls(futures: list[Future], limit: float = 10.0) -> None:
-    """Kills the workers until every started call has given up: a thread still starting its
-    worker when the interrupt came takes it after the first kill and would wait out its compile
-    (a Ctrl-C under load once waited past 60 s); a later kill stops it. Bounded: never waits forever."""
+def _stop_calls(futures: list[Future], limit: float = 60.0) -> None:
+    """Kills the workers until every started call has given up, no call starting meanwhile: a
+    thread still starting its worker when the interrupt came (seconds, under load) gets it
+    killed and gives up, where it once waited out its compile (a Ctrl-C in CI waited past
+    60 s). Bounded: never waits forever for a thread busy elsewhere."""
     deadline = time.monotonic() + limit
-    while True:
-        POOL.kill_all()
-        _, pending = wait(futures, timeout=0.2)
-        if not pending or time.monotonic() > deadline:
-            return
+    with POOL.stopping():
+        while True:
+            POOL.kill_all()
+            _, pending = wait(futures, timeout=0.2)
+            if not pending or time.monotonic() > deadline:
+                return
 
 
 def map_in_threads(fn: Callable, items: Iterable) -> list:

@@ -553,7 +553,8 @@ def test_a_deeply_nested_build_record_is_a_damaged_record(tmp_path):
 def test_an_interrupt_while_a_worker_is_still_starting_stops_that_worker_too(tmp_path, monkeypatch):
     """Ctrl-C while a thread is still starting its compiler worker: the first kill of the
     workers misses it, and its compile would be waited out (one under load waited past 60 s).
-    Workers here hang in their call like a compile that expands without end; one starts late."""
+    Workers here hang in their call like a compile that expands without end; one starts 12 s
+    after the interrupt (longer than any fixed wait for it: the pool must refuse it)."""
     import threading
 
     from kitdispatch import _workers
@@ -562,18 +563,21 @@ def test_an_interrupt_while_a_worker_is_still_starting_stops_that_worker_too(tmp
     hanging = tmp_path / "hanging_worker.py"
     hanging.write_text("import sys, time\nsys.stdin.buffer.read(8)\ntime.sleep(600)\n")
     monkeypatch.setattr(_workers, "_SCRIPT", hanging)
-    late = threading.Event()
+    late, late_started = threading.Event(), threading.Event()
     start_worker = _workers._Worker.__init__
 
     def slow_start(self):
         if threading.current_thread().name.endswith("_1"):
-            late.wait(5)  # this one starts after the interrupt
-        start_worker(self)
+            late.wait(20)  # this one starts after the interrupt
+            start_worker(self)
+            late_started.set()
+        else:
+            start_worker(self)
 
     monkeypatch.setattr(_workers._Worker, "__init__", slow_start)
 
     def interrupt(*_):
-        threading.Timer(0.3, late.set).start()
+        threading.Timer(12, late.set).start()
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGALRM, interrupt)
@@ -586,6 +590,8 @@ def test_an_interrupt_while_a_worker_is_still_starting_stops_that_worker_too(tmp
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 30
+    assert late_started.wait(20)
+    time.sleep(1)  # a call that went ahead would now be hanging in its worker
     leftover = subprocess.run(["pgrep", "-f", str(hanging)], capture_output=True, text=True).stdout.split()
     assert not leftover, leftover
