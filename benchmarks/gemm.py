@@ -128,11 +128,13 @@ def reference(e, a, b, bias, res, scalar):
     epi = e["epi"]
     if epi == "scale":
         return scalar * v
+    if epi == "silu_mul":  # the model epilogues (gen_manifest.MODEL_EPILOGUES): no bias; up in `res`
+        return v * torch.sigmoid(v) * res.double()
     if epi.startswith("bias"):
         v = v + bias.double()
-    if epi == "bias_gelu_erf":
+    if epi in ("bias_gelu_erf", "gelu_erf"):
         v = 0.5 * v * (1 + torch.erf(v / math.sqrt(2.0)))
-    elif epi == "bias_gelu_tanh":
+    elif epi in ("bias_gelu_tanh", "gelu_tanh"):
         v = 0.5 * v * (1 + torch.tanh(scalar * (v + 0.044715 * v**3)))
     elif epi == "bias_relu":
         v = torch.relu(v)
@@ -158,8 +160,9 @@ def make_case(e, batch, m, n, k, seed):
     bshape = (n, k) if e["layout"] == "nt" else (k, n)
     b = torch.randn(*lead, *bshape, device="cuda", generator=g).to(ti)
     bias = (torch.randn(n, device="cuda", generator=g) * 4).to(to) if e["epi"].startswith("bias") else None
-    res = torch.randn(*lead, m, n, device="cuda", generator=g).to(to) if e["epi"].endswith("residual") else None
-    scalar = {"scale": 0.37, "bias_gelu_tanh": 0.7978846}.get(e["epi"])
+    has_res = e["epi"].endswith("residual") or e["epi"] == "silu_mul"
+    res = torch.randn(*lead, m, n, device="cuda", generator=g).to(to) if has_res else None
+    scalar = {"scale": 0.37, "bias_gelu_tanh": 0.7978846, "gelu_tanh": 0.797724}.get(e["epi"])
     c = torch.full((*lead, m, n), float("nan"), device="cuda", dtype=to)
     return a, b, bias, res, scalar, c
 

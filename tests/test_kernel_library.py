@@ -121,6 +121,35 @@ def test_matmul_any_shape(tensor_core_builds, function, shape):
     assert _rel_err(got, ref) <= RESULT_TOL[out_type]
 
 
+# The 128 x 64 tiles with K split over a 2-CTA cluster (configs.py rule 2): partial tiles, a k
+# with one 64-wide slice (the second CTA of each split gets none), k % 8 != 0 (mma.sync path,
+# split 0 does all of k), and a model shape; bias and residual on the NN entry.
+SPLIT2_FUNCTIONS = ("matmul_nt_f16_f32_none_t128x64_k2", "matmul_nn_bf16_bias_residual_t128x64_k2")
+SPLIT2_SHAPES = [(300, 1000, 264), (257, 200, 64), (130, 136, 77), (128, 768, 768)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("function", SPLIT2_FUNCTIONS)
+@pytest.mark.parametrize("shape", SPLIT2_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_split_k2_entries(tensor_core_builds, function, shape):
+    m, n, k = shape
+    nt = "_nt_" in function
+    in_type, out_type = ("f16", "f32") if nt else ("bf16", "bf16")
+    rng = np.random.default_rng(m * 7 + n * 13 + k)
+    a = rng.standard_normal((m, k)).astype(_numpy_dtype(in_type))
+    b = rng.standard_normal((n, k) if nt else (k, n)).astype(_numpy_dtype(in_type))
+    ref = a.astype(np.float64) @ (b.astype(np.float64).T if nt else b.astype(np.float64))
+    args = [a, b]
+    if not nt:
+        bias = rng.standard_normal(n).astype(_numpy_dtype(out_type))
+        residual = rng.standard_normal((m, n)).astype(_numpy_dtype(out_type))
+        args += [bias, residual]
+        ref = ref + bias.astype(np.float64) + residual.astype(np.float64)
+    got = _module(tensor_core_builds, "matmul").call(function, *args)
+    assert got.shape == (m, n) and got.dtype == _numpy_dtype(out_type)
+    assert _rel_err(got, ref) <= RESULT_TOL[out_type]
+
+
 def _attention_reference(q, k, v, causal, scale=None):
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     scores = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)

@@ -44,7 +44,9 @@ def test_choose_config_returns_a_config_for_every_shape():
 def test_choose_config_classes():
     c = _load("configs").choose_config
     assert c(128, 768, 3072) == "t128x64_k4"  # small M, narrow N: split K 4 ways
-    assert c(128, 4096, 4096) == "t128x128_k2"  # small M, deep K
+    assert c(128, 4096, 4096) == "t128x64_k2"  # few tiles: 128 x 64, K split 2 ways (one wave)
+    assert c(512, 768, 768) == "t128x64_k2"  # a BERT/GPT-2 layer at 512 tokens
+    assert c(128, 5120, 4096) == "t128x128_k2"  # 40 tiles of 128 x 128 (> 132 / 4), deep K
     assert c(8192, 768, 768) == "t128x128_p"  # narrow N, shallow K, many tiles
     assert c(512, 512, 64, "f16", 96) == "t128x128_p"  # attention Q K^T
     assert c(4096, 4096, 4096) == ""  # large: 128 x 256

@@ -16,6 +16,7 @@ CONFIGS = {
     "t128x128": (128, 1, 1),
     "t128x128_k2": (128, 2, 1),
     "t128x64_k4": (64, 4, 1),
+    "t128x64_k2": (64, 2, 1),
     "t128x128_p": (128, 1, 1),
 }
 # persistent configs: a fixed grid of SMS CTAs walking the tiles (gemm.cuh, hopper::persistent)
@@ -49,21 +50,30 @@ def choose_config(m, n, k, dtype="f16", batch=1):
     """The config suffix for C[m, n] = A[m, k] B[k, n] (either layout; `batch` matmuls of that
     shape; dtype f16 or bf16: both measured alike). The f32 kernels have one config.
 
-    Rules (from the H100 measurements in README.md / benchmarks/results/gemm-h100-*.txt):
+    Rules (from the H100 measurements in README.md / benchmarks/results/gemm-h100-*.txt and
+    gemm-floor-h100.txt):
       1. very few 128 x 128 tiles (<= 12) and k >= 768: 128 x 64 tiles, K split 4 ways
          (small M, narrow N: the split fills the GPU);
-      2. few 128 x 128 tiles (<= 48) and k >= 2048: 128 x 128, K split 2 ways;
-      3. shallow K (<= 256) and many tiles (> 2 x 132): the persistent 128 x 128 kernel (the
+      2. few 128 x 128 tiles (4 x tiles <= 132: the 128 x 64 tiles of both K halves fit one wave)
+         and k >= 512: 128 x 64 tiles, K split 2 ways. Small shapes are bound by how fast one SM
+         takes in its tiles (about 110 GB/s an SM through TMA) and by the split-K reduction in
+         distributed shared memory (about 1.9 us for 4 partial tiles, half that for 2): twice the
+         CTAs of 128 x 128 with half the k each, one partial to add (512x768x768 6.8 us against
+         7.7; 128x4096x4096 15.2 against 19.9 for 128 x 128 split 2);
+      3. few 128 x 128 tiles (<= 48) and k >= 2048: 128 x 128, K split 2 ways;
+      4. shallow K (<= 256) and many tiles (> 2 x 132): the persistent 128 x 128 kernel (the
          next tile's loads overlap the epilogue; attention's Q K^T);
-      4. 128 x 128 tiles when they use the GPU's tile slots clearly better than 128 x 256 ones
+      5. 128 x 128 tiles when they use the GPU's tile slots clearly better than 128 x 256 ones
          (wave quantization x column padding, 15% margin); persistent when k <= 1024 and there
          are more than 2 x 132 tiles;
-      5. otherwise the default 128 x 256.
+      6. otherwise the default 128 x 256.
     At every shape of benchmarks/gemm.py this picks the fastest measured config or one within 2%.
     """
     t128 = batch * _ceil(m, 128) * _ceil(n, 128)
     if t128 <= 12 and k >= 768:
         return "t128x64_k4"
+    if 4 * t128 <= SMS and k >= 512:
+        return "t128x64_k2"
     if t128 <= 48 and k >= 2048:
         return "t128x128_k2"
     many = t128 > 2 * SMS
@@ -77,12 +87,12 @@ def choose_config(m, n, k, dtype="f16", batch=1):
 # The configs in the order a manifest lists them: the kit takes the first kernel whose
 # `replace_when.when` holds, so that listing the conditions below in this order picks what
 # choose_config picks (tests/test_library_gemm.py checks it over a grid of shapes).
-CONFIG_ORDER = ["t128x64_k4", "t128x128_k2", "t128x128_p", "t128x128", ""]
+CONFIG_ORDER = ["t128x64_k4", "t128x64_k2", "t128x128_k2", "t128x128_p", "t128x128", ""]
 
 
 def config_conditions(batched):
     """{config: the manifest condition (replace_when.when) of choose_config's rule for it},
-    over the kernel's sizes m, n, k (and batch). Rule 4 compares shares of the tile slots:
+    over the kernel's sizes m, n, k (and batch). Rule 5 compares shares of the tile slots:
     tiles / (waves * SMS) * n / (ceil(n, BN) * BN), where tiles = batch * ceil(m, 128) *
     ceil(n, BN); the ratio of the 128- and 256-wide scores is 2 * waves256 / waves128, so
     "better than 1.15x" is 40 * waves256 > 23 * waves128 in integers."""
@@ -93,6 +103,7 @@ def config_conditions(batched):
     narrow = f"40 * ceildiv({t256}, {SMS}) > 23 * ceildiv({t128}, {SMS})"
     return {
         "t128x64_k4": f"{t128} <= 12 && k >= 768",
+        "t128x64_k2": f"4 * {t128} <= {SMS} && k >= 512",
         "t128x128_k2": f"{t128} <= 48 && k >= 2048",
         "t128x128_p": f"{many} && (k <= 256 || (k <= 1024 && {narrow}))",
         "t128x128": narrow,

@@ -65,6 +65,26 @@ constexpr int kThreads = 384;
 constexpr int BM = 128;
 constexpr int kDynamicSmem = 100352;  // kitdispatch.toml's dynamic_shared_memory
 
+// Investigation hooks (benchmarks/investigations/gemm_floor.py): with -DKITGEMM_TRACE each CTA
+// writes clock64 at points of its life into kitgemm_trace[block][i] (i = 10, 11: globaltimer at
+// entry and exit). Empty otherwise.
+#ifdef KITGEMM_TRACE
+__device__ unsigned long long kitgemm_trace[4096][12];
+__device__ __forceinline__ void kitgemm_mark(int i, bool wall = false) {
+  const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  unsigned long long t;
+  if (wall) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } else {
+    t = clock64();
+  }
+  if (b < 4096) kitgemm_trace[b][i] = t;
+}
+#define KITGEMM_MARK(...) kitgemm_mark(__VA_ARGS__)
+#else
+#define KITGEMM_MARK(...)
+#endif
+
 enum Epi { kNone, kBias, kBiasGeluErf, kBiasGeluTanh, kBiasRelu, kBiasSilu, kResidual, kBiasResidual, kScale, kGeluErf,
            kGeluTanh, kSiluMul };
 
@@ -397,6 +417,14 @@ struct Smem {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
+// The cluster barrier without the release fence, for the last sync of a split-K epilogue ("every
+// CTA has read my partials"): it orders only remote loads whose values this thread has already
+// used, and the release form waits for every global store of the epilogue to complete first
+// (MEMBAR.ALL.GPU in the SASS): 0.3-3 us per split-K call on an H100
+// (benchmarks/results/gemm-floor-h100.txt).
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait;\n" ::: "memory");
+}
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -423,19 +451,23 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
   void* map_a = slot;
   void* map_b = static_cast<char*>(slot) + kTensorMapBytes;
   if (lane == 0) {
+    KITGEMM_MARK(1);
     tensor_map_3d<E>(maps, A, k, m, batch, C::BK, BM);
     if constexpr (kNT) {
       tensor_map_3d<E>(maps + kTensorMapBytes, B, k, n, batch, C::BK, BN);
     } else {
       tensor_map_3d<E>(maps + kTensorMapBytes, B, n, k, batch, 64, C::BK);
     }
+    KITGEMM_MARK(2);
   }
   __syncwarp();
   tensor_map_publish(map_a, maps);
   tensor_map_publish(map_b, maps + kTensorMapBytes);
   if (lane == 0) {
+    KITGEMM_MARK(3);
     tensor_map_acquire(map_a);
     tensor_map_acquire(map_b);
+    KITGEMM_MARK(4);
     for (int t = 0; t < nt; ++t) {
       const int s = t % C::kStages;
       const int k0 = (kt0 + t) * C::BK;
@@ -464,6 +496,7 @@ __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int
   for (int t = 0; t < nt; ++t) {
     const int s = t % C::kStages;
     mbar_wait(&sm.full[s], (t / C::kStages) & 1);
+    if (t == 0 && threadIdx.x == 128) KITGEMM_MARK(5);
     const unsigned a = sm.a(s) + wg * 64 * C::BK * 2, b = sm.b(s);
     wgmma_fence();
 #pragma unroll
@@ -506,6 +539,8 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   const int ktiles = (k + Cf::BK - 1) / Cf::BK;
   const int kt0 = ktiles * split / S, nt = ktiles * (split + 1) / S - kt0;
   if (threadIdx.x == 0) {
+    KITGEMM_MARK(10, true);
+    KITGEMM_MARK(0);
     for (int s = 0; s < Cf::kStages; ++s) {
       mbar_init(&sm.full[s], 1);
       mbar_init(&sm.empty[s], 2);
@@ -536,7 +571,7 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
 #pragma unroll
       for (int ch = 0; ch < (BN < 128 ? 1 : BN / 128); ++ch) {
         cluster_sync();  // partials written
-        cluster_sync();  // partials read
+        cluster_sync_relaxed();  // partials read
       }
     }
     return;
@@ -544,6 +579,7 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   if constexpr (R == 1) setmaxnreg_inc<232>();
   float d[BN / 2];
   mainloop<E, kNT, BN, R>(d, sm, nt, cw);
+  if (threadIdx.x == 128) KITGEMM_MARK(6);
   const int ctid = threadIdx.x - (R == 1 ? 128 : 0);  // 0 .. 255 over the consumers
   if constexpr (R == 2) {
     if (ctid == 0) {  // every copy has landed: the slot is free again
@@ -578,6 +614,7 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
     } else {
       cluster_sync();
     }
+    if (threadIdx.x == 128 && ch == 0) KITGEMM_MARK(8);
     for (int u = ctid; u < kRows * (CW / 8); u += 256) {
       const int r = rank * kRows + u / (CW / 8), c = u % (CW / 8) * 8;
       float v[8];
@@ -597,7 +634,12 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
       }
       store8<kEpi, Out>(C, e, m, n, bm + r, bn + ch * CW + c, v, vec);
     }
-    if constexpr (S > 1) cluster_sync();  // the partials are read: the CTAs may reuse or leave
+    if (threadIdx.x == 128) KITGEMM_MARK(9);
+    if constexpr (S > 1) cluster_sync_relaxed();  // the partials are read: the CTAs may reuse or leave
+  }
+  if (threadIdx.x == 128) {
+    KITGEMM_MARK(7);
+    KITGEMM_MARK(11, true);
   }
 }
 
