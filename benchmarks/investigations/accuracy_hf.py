@@ -84,6 +84,9 @@ def build(onnx_dir: Path, out: Path, arch: str) -> None:
         if any(p.exists() for p in (mlir, irpa, folder)):
             print(f"{name}: skipped, its files are already in {out}", flush=True)
             continue
+        if not (onnx_dir / f"{name}.onnx").is_file():
+            print(f"{name}: skipped, {onnx_dir} has no {name}.onnx (export it first)", flush=True)
+            continue
         # Imported as benchmarks/hf_models.py imports (small initializers stay constants: the
         # exporter's attention mask must be one for the kit to read it); the weights travel.
         hf_models.import_onnx(onnx_dir / f"{name}.onnx", mlir, irpa)
