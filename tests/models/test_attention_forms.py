@@ -290,5 +290,35 @@ def test_attention_forms_agree_with_iree_on_gpu(tmp_path, prebuilt_dir, case):
         model = make_model(tmp_path, kind, _CASES["model_name"](kind), *args)
         built = build_model(None, model, BuildOptions.create(_CASES["ARCHS"]), tmp_path / "out", with_baseline=True).out_dir
     result = compare_model(built)
-    assert result.agree, result.worst
+    if not result.agree and kind == "onnx":
+        # IREE 3.13's own build of the head-dim-96 layer at 197 tokens returns NaNs at places
+        # that change from call to call (64-197 of its 151296 outputs on an H100, through IREE's
+        # runtime alone too; the kit's build none): there the kit is held to the ONNX model's
+        # reference evaluation (the `onnx` package) instead, and only if IREE's output is not finite.
+        iree_finite, agree, worst = _against_onnx_reference(tmp_path, built, args)
+        assert not iree_finite and agree, (result.worst, worst)
+    else:
+        assert result.agree, result.worst
     assert kernel in result.kernel_names
+
+
+def _against_onnx_reference(tmp_path, built, args):
+    """(whether IREE alone's output is finite, whether the kit's agrees with the ONNX model run
+    by onnx.reference on the same inputs, the worst elements), on compare's seeded inputs."""
+    import numpy as np
+    from onnx import load
+    from onnx.reference import ReferenceEvaluator
+
+    from kitdispatch import load_module
+    from kitdispatch.describe.model_record import read_model_record
+    from kitdispatch.models.compare import check_agreement, random_inputs
+
+    folder, record = read_model_record(built)
+    sig = record.function(None)
+    inputs = random_inputs(sig, 0)
+    kit = load_module(folder / record.vmfb).call(sig.name, *inputs)
+    iree = load_module(folder / record.baseline_vmfb).call(sig.name, *inputs)
+    model = load(make_model(tmp_path, "onnx", "attn.onnx", *args))
+    reference = ReferenceEvaluator(model).run(None, {i.name: x for i, x in zip(model.graph.input, inputs)})
+    agree, _, _, worst = check_agreement([np.asarray(kit)], [np.asarray(reference[0])], sig)
+    return bool(np.isfinite(np.asarray(iree, np.float64)).all()), agree, worst
