@@ -19,7 +19,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -138,17 +139,24 @@ class WorkerPool:
                 self._busy.add(worker)
         if stopped:
             worker.kill()
-            self._refuse_while_stopping()
+            raise _stopped()
         return worker
 
     def _refuse_while_stopping(self) -> None:
         if self._stopping:
-            raise CallsStopped("the compile was not started: the build was interrupted", fix="run the command again")
+            raise _stopped()
 
-    def stopping(self) -> "_Stopping":
+    @contextmanager
+    def stopping(self) -> Iterator[None]:
         """While in this context no call starts (a worker started meanwhile is killed), so a
         run's threads can all be made to give up (`_stop_calls`)."""
-        return _Stopping(self)
+        with self._lock:
+            self._stopping += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._stopping -= 1
 
     def _give_back(self, worker: _Worker) -> None:
         with self._lock:
@@ -169,17 +177,8 @@ class WorkerPool:
             worker.kill()
 
 
-class _Stopping:
-    def __init__(self, pool: WorkerPool) -> None:
-        self._pool = pool
-
-    def __enter__(self) -> None:
-        with self._pool._lock:
-            self._pool._stopping += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._pool._lock:
-            self._pool._stopping -= 1
+def _stopped() -> CallsStopped:
+    return CallsStopped("the compile was not started: the build was interrupted", fix="run the command again")
 
 
 POOL = WorkerPool()
