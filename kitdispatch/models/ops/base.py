@@ -386,16 +386,28 @@ def destination_facts(op: ir.Operation, detail: KindFacts) -> OpFacts:
     return OpFacts(op.name, function_of(op), location(op), inputs, init, result, detail)
 
 
+def readers(value: ir.Value) -> list[ir.Operation]:
+    """The distinct ops that read `value` (in MLIR's use-list order: latest use first). Ops compare and hash by the op they
+    wrap; never key them by id(): each `.operation` is a new Python object, freed at once, so
+    two readers can get the same recycled id and count as one (a silent miscount, seen as a
+    softmax kept "for its one reader" that had two)."""
+    seen: list[ir.Operation] = []
+    for use in value.uses:
+        if use.owner.operation not in seen:
+            seen.append(use.owner.operation)
+    return seen
+
+
 def fused_consumer(value: ir.Value) -> str | None:
     """The op that reads `value` where it is its only reader and IREE's dispatch formation
     would fuse it into the producer's dispatch: a linalg.generic of parallel loops only (an
     elementwise op, a transpose or broadcast with a bias add); its body's ops, in words."""
     from iree.compiler import ir
 
-    owners = {id(u.owner.operation): u.owner.operation for u in value.uses}
+    owners = readers(value)
     if len(owners) != 1:
         return None
-    owner = next(iter(owners.values()))
+    owner = owners[0]
     if owner.name != "linalg.generic" or not all("parallel" in str(a) for a in ir.ArrayAttr(owner.attributes["iterator_types"])):
         return None
     body = [o.operation.name.split(".")[-1] for o in owner.regions[0].blocks[0].operations if o.operation.name != "linalg.yield"]

@@ -41,7 +41,7 @@ import struct
 from dataclasses import dataclass
 
 from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
-from kitdispatch.models.ops.base import Call, Constant, Layout, OpFacts, Operand, Reshape, TensorFacts, expect, fused_consumer, map_dims, op_name, tensor_facts
+from kitdispatch.models.ops.base import Call, Constant, Layout, OpFacts, Operand, Reshape, TensorFacts, expect, fused_consumer, map_dims, op_name, readers, tensor_facts
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -184,16 +184,12 @@ def _elementwise_user(value: ir.Value, shape: tuple, expanded: bool) -> tuple[tu
     `tensor.expand_shape` of the 2-D product (a 3-D `x @ W`: [b*s, n] back to [b, s, n])."""
     from iree.compiler import ir
 
-    uses = list(value.uses)
-    owners: list = []
-    for use in uses:  # one Python object per access: compare the operations
-        if not any(use.owner.operation == o for o in owners):
-            owners.append(use.owner.operation)
-    if not uses:
+    uses, owners = list(value.uses), readers(value)
+    if not owners:
         return None, "the result has no user"
     if len(owners) != 1:
         return None, f"the result has {len(owners)} users (IREE keeps it in memory)"
-    owner = uses[0].owner.operation
+    owner = owners[0]
     if owner.name == COLLAPSE and [d for d in shape if d != 1] == list(tensor_facts(owner.results[0].type).shape):
         return (owner, 0), ""
     if owner.name == EXPAND:
@@ -222,10 +218,10 @@ def _past_unit_reshapes(value: ir.Value) -> ir.Value:
     there (Llama's P.V batch_matmul, expanded [16, 512, 128] -> [16, 1, 512, 128], then
     transposed and rounded: one dispatch, IREE 3.13 --compile-to=flow)."""
     for _ in range(4):
-        users = {id(u.owner.operation): u.owner.operation for u in value.uses}
+        users = readers(value)
         if len(users) != 1:
             return value
-        user = next(iter(users.values()))
+        user = users[0]
         if user.name not in (COLLAPSE, EXPAND):
             return value
         before = [d for d in tensor_facts(value.type).shape if d != 1]
