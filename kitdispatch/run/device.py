@@ -229,7 +229,7 @@ class TorchImports:
         entry = self._entries.get(id(tensor))
         if entry is None or entry[0]() is not tensor:
             return None
-        if tensor.data_ptr() != entry[1] or tensor.shape != entry[2] or tensor.stride() != entry[3] or tensor.dtype != entry[4]:
+        if tensor.data_ptr() != entry[1] or tensor.shape != entry[2] or tensor.stride() != entry[3] or tensor.dtype is not entry[4]:
             return None
         return entry[5]
 
@@ -299,6 +299,7 @@ class Device:
         self.order = threading.Lock()  # held from taking a value to queueing the call
         self._no_wait = rt.HalFence(0)
         self._create_at = rt.HalFence.create_at
+        self._execute = self.hal.queue_execute
         self._legacy_stream = None
         self.torch_imports = TorchImports()
         self._torch_stream = None  # torch's current raw stream of a device index, once torch is used
@@ -422,9 +423,17 @@ class Device:
         wait = fence(*self._point(self._last)) if self._chained else self._no_wait
         return wait, done
 
-    def submit(self, commands: HalCommandBuffer) -> int:
-        """Queues a recorded command buffer as the next call; returns its number."""
-        return self._queue(self.hal.queue_execute, commands)
+    def submit(self, commands: HalCommandBuffer, *, after_torch: bool = False) -> int:
+        """Queues a recorded command buffer as the next call; returns its number. `after_torch`:
+        the call runs after the work torch has queued (order_after_torch; written out here, as
+        this is every repeated call's path)."""
+        if after_torch:
+            legacy, torch_stream = self._legacy_stream, self._torch_stream
+            if legacy is None or torch_stream is None:
+                self.order_after_torch()
+            else:
+                legacy.settle(torch_stream(self.ordinal))
+        return self._queue(self._execute, commands)
 
     def queue_copy(self, source: HalBuffer, target: HalBuffer) -> int:
         """Queues a copy of all of `source` into the start of `target` as the next call (IREE
