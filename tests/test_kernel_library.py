@@ -283,9 +283,11 @@ def norm_build(tmp_path_factory, prebuilt_dir):
     return prebuilt_or_build(REPO / "kernels" / "norm", tmp_path_factory, prebuilt_dir)
 
 
-# (rows, cols): a warp per row with 16-byte accesses, element by element (cols not a multiple
-# of 8), the block per row (cached up to 8192 columns), passes over memory beyond, tiny rows.
-NORM_SHAPES = [(67, 1000), (5, 1001), (300, 64), (3, 4096), (7, 2050), (2, 8192), (3, 10000), (2, 12289), (1, 1)]
+# (rows, cols): a warp per row (more than 384 rows) with 16-byte accesses, element by element
+# (cols not a multiple of 8); the block per row: rows up to 1024 columns from few rows, cached
+# up to 8192 columns, passes over memory beyond; tiny rows.
+NORM_SHAPES = [(1000, 1000), (777, 1001), (400, 64), (67, 1000), (5, 1001), (300, 64), (3, 4096), (7, 2050), (2, 8192),
+               (3, 10000), (2, 12289), (1, 1)]
 NORM_FUNCTIONS = [f"{base}_{dtype}" for dtype in ("f16", "bf16", "f32")
                   for base in ("layer_norm", "layer_norm_nobias", "layer_norm_plain", "rms_norm", "rms_norm_plain")]
 

@@ -11,7 +11,8 @@
 // DRAM sees one read of x and one write per element for rows of up to 8192 columns (4096 for
 // f32):
 // - up to 1024 columns (512 for f32) a warp takes a row (8 rows per block of 256), each lane
-//   keeping its values in registers (32 halves or 16 floats) between the statistics and the write;
+//   keeping its values in registers (32 halves or 16 floats) between the statistics and the write,
+//   unless the grid has a block for every row (few rows: the manifest's count), then the block;
 // - up to 8192 columns (4096 for f32) the whole block takes a row, the same way;
 // - longer rows: the block re-reads the row from global memory for each pass (layer: mean,
 //   variance, write; rms: sum of squares, write), mostly from L2.
@@ -221,7 +222,10 @@ __device__ __forceinline__ void norm_rows(const typename Elem::T* x, const typen
   const bool vector = cols % Elem::kVec == 0 && kit::aligned16(x) && kit::aligned16(out) &&
                       (kAffine < kWeight || kit::aligned16(weight)) && (kAffine < kWeightBias || kit::aligned16(bias));
   const NormRow<Elem, kLayer, kAffine> body{x, weight, bias, out, cols, eps, round_first != 0, vector};
-  if (cols <= 32 * Elem::kCached) {
+  // A warp a row, each lane with up to kCached / kVec chunks, keeps the SMs busy only with rows
+  // enough: a lane's chunks wait on each other's loads and stores. Where a block a row was
+  // launched (the manifest's count does so for few rows) the block takes a row instead.
+  if (cols <= 32 * Elem::kCached && gridDim.x < rows) {
     kit::walk_rows(kit::LaneTeam<32>{}, rows, body);
   } else {
     kit::walk_rows(kit::BlockTeam<kThreads>{}, rows, body);
