@@ -176,8 +176,10 @@ def test_attention_shapes(tensor_core_builds, dtype, causal, shape):
     assert _rel_err(got, _attention_reference(q, k, v, causal)) <= RESULT_TOL[dtype]
 
 
-# (b, h, s, d): s = 197 (ViT) leaves K^T's rows unaligned, which the _kt entries read element-wise.
-LAYOUT_SHAPES = [(1, 12, 128, 64), (2, 3, 197, 64), (2, 2, 300, 128), (1, 1, 1, 64), (1, 4, 197, 80), (2, 2, 130, 96)]
+# (b, h, s, d): s = 197 (ViT) leaves K^T's rows unaligned, which the _kt entries read element-wise;
+# from 257 tokens _bshd takes the wgmma + TMA path on sm_90a (d 64 and 128, partial tiles).
+LAYOUT_SHAPES = [(1, 12, 128, 64), (2, 3, 197, 64), (2, 2, 300, 128), (1, 1, 1, 64), (1, 4, 197, 80), (2, 2, 130, 96),
+                 (2, 3, 300, 64), (1, 2, 520, 64)]
 
 
 @pytest.mark.gpu
@@ -202,8 +204,9 @@ def test_attention_layout_variants(tensor_core_builds, dtype, causal, variant, s
     assert _rel_err(got, expected) <= RESULT_TOL[dtype]
 
 
-# (b, h, g, s, d): K/V heads shared by 2 or 4 query heads, MQA, Llama's d = 128.
-GQA_SHAPES = [(1, 16, 4, 128, 128), (2, 8, 2, 197, 64), (1, 4, 1, 300, 96)]
+# (b, h, g, s, d): K/V heads shared by 2 or 4 query heads, MQA, Llama's d = 128; from 257 tokens
+# the wgmma + TMA path on sm_90a.
+GQA_SHAPES = [(1, 16, 4, 128, 128), (2, 8, 2, 197, 64), (1, 4, 1, 300, 96), (2, 8, 2, 300, 64), (1, 8, 2, 384, 128)]
 
 
 @pytest.mark.gpu

@@ -298,38 +298,34 @@ struct Layout {
 };
 
 struct Args {
-  const half_bits* q;  // whole tensors: the maps see them as [b * h, s, d]
-  const half_bits* k;
-  const half_bits* v;
-  int heads;  // b * h
-  int head;   // this block's
   int ntiles;
 };
 
 // Warp 0 of the producer warpgroup: builds the Q, K and V maps, then (lane 0) loads Q once and
-// keeps the K/V ring full.
+// keeps the K/V ring full. Each map is of this block's head alone ([s, d], rows the layout's
+// row stride apart: [b, h, s, d] and [b, s, h, d] alike, and a query head's K/V head under GQA).
 template <class E, int D>
 __device__ void produce(const Layout<D>& L, const Args& a, const Problem& p, unsigned maps, unsigned char (*slot)[kTensorMapBytes]) {
   using C = Layout<D>;
   const int lane = threadIdx.x % 32;
   if (lane == 0) {
-    tensor_map_3d<E>(maps, a.q, D, p.s, a.heads, 64, BM);
-    tensor_map_3d<E>(maps + kTensorMapBytes, a.k, D, p.s, a.heads, 64, C::BN);
-    tensor_map_3d<E>(maps + 2 * kTensorMapBytes, a.v, D, p.s, a.heads, 64, C::BN);
+    tensor_map_3d<E>(maps, p.q, D, p.s, 1, 64, BM, p.q_row);
+    tensor_map_3d<E>(maps + kTensorMapBytes, p.k, D, p.s, 1, 64, C::BN, p.k_row);
+    tensor_map_3d<E>(maps + 2 * kTensorMapBytes, p.v, D, p.s, 1, 64, C::BN, p.v_row);
   }
   __syncwarp();
   for (int i = 0; i < 3; ++i) tensor_map_publish(slot[i], maps + i * kTensorMapBytes);
   if (lane != 0) return;
   for (int i = 0; i < 3; ++i) tensor_map_acquire(slot[i]);
   mbar_arrive_expect_tx(L.q_full(), C::kQBytes);
-  for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.q() + i * BM * 128, slot[0], 64 * i, p.q0, a.head, L.q_full());
+  for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.q() + i * BM * 128, slot[0], 64 * i, p.q0, 0, L.q_full());
   for (int t = 0; t < a.ntiles; ++t) {
     const int s = t % kStages;
     mbar_wait(L.empty(s), ((t / kStages) & 1) ^ 1);  // the first pass finds every stage free
     mbar_arrive_expect_tx(L.k_full(s), C::kKVBytes);
-    for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.k(s) + i * C::BN * 128, slot[1], 64 * i, t * C::BN, a.head, L.k_full(s));
+    for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.k(s) + i * C::BN * 128, slot[1], 64 * i, t * C::BN, 0, L.k_full(s));
     mbar_arrive_expect_tx(L.v_full(s), C::kKVBytes);
-    for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.v(s) + i * C::BN * 128, slot[2], 64 * i, t * C::BN, a.head, L.v_full(s));
+    for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.v(s) + i * C::BN * 128, slot[2], 64 * i, t * C::BN, 0, L.v_full(s));
   }
 }
 
@@ -450,8 +446,14 @@ __device__ void fill_nan(const Problem& p, int d) {
   }
 }
 
-// The layouts other than [b, h, s, d] everywhere take the mma.sync path on every GPU (the TMA
-// maps of the sm_90a path describe [b * h, s, d] tensors).
+// On sm_90a the wgmma + TMA path takes Q, K and V in [b, h, s, d] or [b, s, h, d] (GQA too) with
+// O in any layout, from kHopperMinKeys keys: below that its fixed cost (tensor maps built on the
+// device, the pipeline's fill) outweighs its speed and the mma.sync path is faster. K^T
+// [b, h, d, s], cross-attention and misaligned tensors take the mma.sync path, as every other GPU
+// does. H100, device time (benchmarks/results/attention-layouts-h100-round29.txt): b8 h12 s512
+// d64 [b, s, h, d] 62.3 (mma.sync) -> 47.7 us, GQA 67.0 -> 49.1; b1 h12 s128 d64 [b, h, s, d]
+// 13.4 (wgmma) -> 10.1, s197 [b, s, h, d] 16.2 (wgmma) against 13.9.
+constexpr int kHopperMinKeys = 257;
 template <class E, bool kCausal, Order QL = BHSD, Order KL = BHSD, Order VL = BHSD, Order OL = BHSD>
 __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k, const half_bits* v, half_bits* o,
                                           int b, int h, int s, int d, int g = 0, float scale = 0.f, int t = 0) {
@@ -467,11 +469,11 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
   half_bits* smem = reinterpret_cast<half_bits*>(dyn_smem);
   const bool aligned = kit::aligned16(q) && kit::aligned16(k) && kit::aligned16(v) && kit::aligned16(o);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kPlain = QL == BHSD && KL == BHSD && VL == BHSD && OL == BHSD;
+  constexpr bool kRows = QL != BHDS && KL != BHDS && VL != BHDS;  // head dim contiguous: what TMA tiles
   __shared__ __align__(1024) char stat[hopper::kStaticBytes];
   const unsigned stat_addr = kit::smem_addr(stat);
-  if (kPlain && !grouped && keys == s && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
-    const hopper::Args a{q, k, v, b * h, int(blockIdx.z) * h + int(blockIdx.y), 0};
+  if (kRows && keys == s && s >= kHopperMinKeys && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
+    const hopper::Args a{0};
     if (d == 128) {
       hopper::block<E, 128, kCausal>(p, a, stat_addr, dyn_smem);
     } else {

@@ -70,15 +70,18 @@ __device__ __forceinline__ unsigned sm_id() {
 // A tiled map of a row-major [outer2, outer1, inner] tensor of 16-bit elements (`inner`
 // contiguous, rows of `inner` elements, planes of `outer1` rows), boxes of box_inner x box_outer
 // x 1, 128-byte swizzle (box_inner * 2 must be 128), zeros past the edges of every dimension.
-// Written by one thread into 128 zeroed bytes of shared memory at `map`.
+// `row_elems`, where given, is the distance between rows (a multiple of 8: rows of a wider
+// tensor, e.g. one head of [s, h, d]). Written by one thread into 128 zeroed bytes of shared
+// memory at `map`.
 template <class E>
 __device__ __forceinline__ void tensor_map_3d(unsigned map, const void* base, unsigned inner, unsigned outer1,
-                                              unsigned outer2, unsigned box_inner, unsigned box_outer) {
+                                              unsigned outer2, unsigned box_inner, unsigned box_outer,
+                                              unsigned long long row_elems = 0) {
 #pragma unroll
   for (int i = 0; i < kTensorMapBytes; i += 16) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(map + i), "r"(0) : "memory");
   }
-  const unsigned long long row_bytes = 2ull * inner, plane_bytes = row_bytes * outer1;
+  const unsigned long long row_bytes = 2ull * (row_elems ? row_elems : inner), plane_bytes = row_bytes * outer1;
   asm volatile(
       "tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n"
       "tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], 2;\n"  // rank - 1
