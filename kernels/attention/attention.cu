@@ -304,13 +304,18 @@ struct Args {
 // Warp 0 of the producer warpgroup: builds the Q, K and V maps, then (lane 0) loads Q once and
 // keeps the K/V ring full. Each map is of this block's head alone ([s, d], rows the layout's
 // row stride apart: [b, h, s, d] and [b, s, h, d] alike, and a query head's K/V head under GQA).
-template <class E, int D>
+// kKT: K arrives as K^T [d, s] (keys contiguous), loaded as BN / 64 boxes of d rows x 64 keys.
+template <class E, int D, bool kKT>
 __device__ void produce(const Layout<D>& L, const Args& a, const Problem& p, unsigned maps, unsigned char (*slot)[kTensorMapBytes]) {
   using C = Layout<D>;
   const int lane = threadIdx.x % 32;
   if (lane == 0) {
     tensor_map_3d<E>(maps, p.q, D, p.s, 1, 64, BM, p.q_row);
-    tensor_map_3d<E>(maps + kTensorMapBytes, p.k, D, p.s, 1, 64, C::BN, p.k_row);
+    if (kKT) {
+      tensor_map_3d<E>(maps + kTensorMapBytes, p.k, p.s, D, 1, 64, D, p.k_row);
+    } else {
+      tensor_map_3d<E>(maps + kTensorMapBytes, p.k, D, p.s, 1, 64, C::BN, p.k_row);
+    }
     tensor_map_3d<E>(maps + 2 * kTensorMapBytes, p.v, D, p.s, 1, 64, C::BN, p.v_row);
   }
   __syncwarp();
@@ -323,14 +328,18 @@ __device__ void produce(const Layout<D>& L, const Args& a, const Problem& p, uns
     const int s = t % kStages;
     mbar_wait(L.empty(s), ((t / kStages) & 1) ^ 1);  // the first pass finds every stage free
     mbar_arrive_expect_tx(L.k_full(s), C::kKVBytes);
-    for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.k(s) + i * C::BN * 128, slot[1], 64 * i, t * C::BN, 0, L.k_full(s));
+    if (kKT) {
+      for (int i = 0; i < C::BN / 64; ++i) tma_load_3d(L.k(s) + i * D * 128, slot[1], t * C::BN + 64 * i, 0, 0, L.k_full(s));
+    } else {
+      for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.k(s) + i * C::BN * 128, slot[1], 64 * i, t * C::BN, 0, L.k_full(s));
+    }
     mbar_arrive_expect_tx(L.v_full(s), C::kKVBytes);
     for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.v(s) + i * C::BN * 128, slot[2], 64 * i, t * C::BN, 0, L.v_full(s));
   }
 }
 
 // Consumer warpgroup `wg` (0 or 1): query rows 64 * wg .. + 64 of the block.
-template <class E, int D, bool kCausal>
+template <class E, int D, bool kCausal, bool kKT>
 __device__ void consume(const Layout<D>& L, const Args& a, const Problem& p, int wg) {
   using C = Layout<D>;
   constexpr int BN = C::BN;
@@ -346,7 +355,8 @@ __device__ void consume(const Layout<D>& L, const Args& a, const Problem& p, int
   for (int t = 0; t < a.ntiles; ++t) {
     const int s = t % kStages;
     const unsigned parity = (t / kStages) & 1;
-    // S = Q K^T (64 x BN): A = Q and B = K, both K-major (head dim contiguous).
+    // S = Q K^T (64 x BN): A = Q, K-major (head dim contiguous); B = K, K-major, or K^T, N-major
+    // (keys contiguous: 16 of its d rows a step, boxes of 64 keys D rows apart, as V's columns).
     float sc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) sc[i] = 0.f;
@@ -355,8 +365,13 @@ __device__ void consume(const Layout<D>& L, const Args& a, const Problem& p, int
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const unsigned box = kk / 4, col = kk % 4 * 32;
-      wgmma_ss<E, BN, 0>(sc, smem_desc_sw128(q + box * BM * 128 + col, 16, 1024),
-                         smem_desc_sw128(L.k(s) + box * BN * 128 + col, 16, 1024));
+      if constexpr (kKT) {
+        wgmma_ss<E, BN, 1>(sc, smem_desc_sw128(q + box * BM * 128 + col, 16, 1024),
+                           smem_desc_sw128(L.k(s) + kk * 16 * 128, D * 128, 1024));
+      } else {
+        wgmma_ss<E, BN, 0>(sc, smem_desc_sw128(q + box * BM * 128 + col, 16, 1024),
+                           smem_desc_sw128(L.k(s) + box * BN * 128 + col, 16, 1024));
+      }
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -407,7 +422,7 @@ __device__ void consume(const Layout<D>& L, const Args& a, const Problem& p, int
   write_rows<E, D>(p, row_a, l_a, l_b, lane, [&](int j, int e) { return o[4 * j + e]; });
 }
 
-template <class E, int D, bool kCausal>
+template <class E, int D, bool kCausal, bool kKT>
 __device__ void block(const Problem& p, Args a, unsigned stat, char* dyn_smem) {
   using C = Layout<D>;
   const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
@@ -428,10 +443,10 @@ __device__ void block(const Problem& p, Args a, unsigned stat, char* dyn_smem) {
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     setmaxnreg_dec<40>();
-    if (threadIdx.x < 32) produce<E, D>(L, a, p, dyn + C::kMapOffset, tensor_map_slots[sm_id()]);
+    if (threadIdx.x < 32) produce<E, D, kKT>(L, a, p, dyn + C::kMapOffset, tensor_map_slots[sm_id()]);
   } else {
     setmaxnreg_inc<232>();
-    consume<E, D, kCausal>(L, a, p, wg - 1);
+    consume<E, D, kCausal, kKT>(L, a, p, wg - 1);
   }
 }
 
@@ -446,11 +461,11 @@ __device__ void fill_nan(const Problem& p, int d) {
   }
 }
 
-// On sm_90a the wgmma + TMA path takes Q, K and V in [b, h, s, d] or [b, s, h, d] (GQA too) with
-// O in any layout, from kHopperMinKeys keys: below that its fixed cost (tensor maps built on the
-// device, the pipeline's fill) outweighs its speed and the mma.sync path is faster. K^T
-// [b, h, d, s], cross-attention and misaligned tensors take the mma.sync path, as every other GPU
-// does. H100, device time (benchmarks/results/attention-layouts-h100-round29.txt): b8 h12 s512
+// On sm_90a the wgmma + TMA path takes Q, K and V in [b, h, s, d] or [b, s, h, d] (GQA too), K
+// also as K^T [b, h, d, s] where s is a multiple of 8, with O in any layout, from kHopperMinKeys
+// keys: below that its fixed cost (tensor maps built on the device, the pipeline's fill)
+// outweighs its speed and the mma.sync path is faster. Cross-attention and misaligned tensors
+// take the mma.sync path, as every other GPU does. H100, device time (benchmarks/results/attention-layouts-h100-round29.txt): b8 h12 s512
 // d64 [b, s, h, d] 62.3 (mma.sync) -> 47.7 us, GQA 67.0 -> 49.1; b1 h12 s128 d64 [b, h, s, d]
 // 13.4 (wgmma) -> 10.1, s197 [b, s, h, d] 16.2 (wgmma) against 13.9.
 constexpr int kHopperMinKeys = 257;
@@ -469,15 +484,16 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
   half_bits* smem = reinterpret_cast<half_bits*>(dyn_smem);
   const bool aligned = kit::aligned16(q) && kit::aligned16(k) && kit::aligned16(v) && kit::aligned16(o);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kRows = QL != BHDS && KL != BHDS && VL != BHDS;  // head dim contiguous: what TMA tiles
+  constexpr bool kRows = QL != BHDS && VL != BHDS;  // K may be K^T (its keys contiguous)
   __shared__ __align__(1024) char stat[hopper::kStaticBytes];
   const unsigned stat_addr = kit::smem_addr(stat);
-  if (kRows && keys == s && s >= kHopperMinKeys && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
+  const bool tma_rows = KL != BHDS || p.k_row % 8 == 0;  // TMA takes rows 16-byte multiples apart
+  if (kRows && tma_rows && keys == s && s >= kHopperMinKeys && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
     const hopper::Args a{0};
     if (d == 128) {
-      hopper::block<E, 128, kCausal>(p, a, stat_addr, dyn_smem);
+      hopper::block<E, 128, kCausal, KL == BHDS>(p, a, stat_addr, dyn_smem);
     } else {
-      hopper::block<E, 64, kCausal>(p, a, stat_addr, dyn_smem);
+      hopper::block<E, 64, kCausal, KL == BHDS>(p, a, stat_addr, dyn_smem);
     }
     return;
   }
