@@ -177,8 +177,8 @@ def test_attention_shapes(tensor_core_builds, dtype, causal, shape):
 
 
 # (b, h, s, d): s = 197 (ViT) leaves K^T's rows unaligned, which the _kt entries read element-wise;
-# from 257 tokens both variants take the wgmma + TMA path on sm_90a (d 64 and 128, partial tiles;
-# _kt where s is a multiple of 8: 520 and 384).
+# on sm_90a _bshd takes the wgmma + TMA path from 257 tokens (300, 520), _kt where s is a multiple
+# of 8 (128, 520, 384: d 64 and 128, partial tiles).
 LAYOUT_SHAPES = [(1, 12, 128, 64), (2, 3, 197, 64), (2, 2, 300, 128), (1, 1, 1, 64), (1, 4, 197, 80), (2, 2, 130, 96),
                  (2, 3, 300, 64), (1, 2, 520, 64), (2, 2, 384, 128)]
 

@@ -461,11 +461,12 @@ __device__ void fill_nan(const Problem& p, int d) {
   }
 }
 
-// On sm_90a the wgmma + TMA path takes Q, K and V in [b, h, s, d] or [b, s, h, d] (GQA too), K
-// also as K^T [b, h, d, s] where s is a multiple of 8, with O in any layout, from kHopperMinKeys
-// keys: below that its fixed cost (tensor maps built on the device, the pipeline's fill)
-// outweighs its speed and the mma.sync path is faster. Cross-attention and misaligned tensors
-// take the mma.sync path, as every other GPU does. H100, device time (benchmarks/results/attention-layouts-h100-round29.txt): b8 h12 s512
+// On sm_90a the wgmma + TMA path takes Q, K and V in [b, h, s, d] or [b, s, h, d] (GQA too) with
+// O in any layout from kHopperMinKeys keys: below that its fixed cost (tensor maps built on the
+// device, the pipeline's fill) outweighs its speed and the mma.sync path is faster. K as K^T
+// [b, h, d, s] takes it at any length where s is a multiple of 8 (its mma.sync path is slower:
+// b1 h12 s128 d64 9.7 us against 14.8, s256 12.5 against 25.0). Cross-attention and misaligned
+// tensors take the mma.sync path, as every other GPU does. H100, device time (benchmarks/results/attention-layouts-h100-round29.txt): b8 h12 s512
 // d64 [b, s, h, d] 62.3 (mma.sync) -> 47.7 us, GQA 67.0 -> 49.1; b1 h12 s128 d64 [b, h, s, d]
 // 13.4 (wgmma) -> 10.1, s197 [b, s, h, d] 16.2 (wgmma) against 13.9.
 constexpr int kHopperMinKeys = 257;
@@ -488,7 +489,7 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
   __shared__ __align__(1024) char stat[hopper::kStaticBytes];
   const unsigned stat_addr = kit::smem_addr(stat);
   const bool tma_rows = KL != BHDS || p.k_row % 8 == 0;  // TMA takes rows 16-byte multiples apart
-  if (kRows && tma_rows && keys == s && s >= kHopperMinKeys && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
+  if (kRows && tma_rows && keys == s && (KL == BHDS || s >= kHopperMinKeys) && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
     const hopper::Args a{0};
     if (d == 128) {
       hopper::block<E, 128, kCausal, KL == BHDS>(p, a, stat_addr, dyn_smem);
