@@ -5,6 +5,8 @@ that has only IREE's runtime (README: "Running the GPU tests on a machine withou
     KITDISPATCH_PREBUILT=OUT python -m pytest -q -m gpu
     python -m kitdispatch test OUT/*        # every module against its numpy reference
 
+    python tools/prebuild.py OUT --only attention norm_rms_f16_model attention_forms   # a subset
+
 Each project goes to OUT/<its folder's name> (what tests/conftest.py's prebuilt_or_build looks
 for): the samples, the kernel library, the test modules under tests/data, and the model samples
 that tests/models/test_compare.py compares (OUT/<sample>_model, with their baselines).
@@ -81,8 +83,10 @@ def projects() -> list[Path]:
     return found
 
 
-def build_projects(out: Path, failures: list[str]) -> None:
+def build_projects(out: Path, failures: list[str], only: set[str]) -> None:
     for project in projects():
+        if only and project.name not in only:
+            continue
         archs = "sm_90a,sm_80" if project.name in HOPPER else "sm_80,sm_90"
         compilers = ["nvrtc"] + (["nvcc"] if project.name in NVCC_TOO and shutil.which("nvcc") else [])
         for compiler in compilers:
@@ -94,8 +98,10 @@ def build_projects(out: Path, failures: list[str]) -> None:
                 failures.append(f"{project.relative_to(ROOT)} ({compiler}): {str(exc).splitlines()[0]}")
 
 
-def build_models(out: Path, failures: list[str]) -> None:
+def build_models(out: Path, failures: list[str], only: set[str]) -> None:
     for name, ((maker, *args), project) in MODELS.items():
+        if only and name not in only:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             model = Path(tmp) / "model.onnx"
             subprocess.run([sys.executable, str(maker), str(model), *args], check=True, timeout=300)
@@ -106,10 +112,12 @@ def build_models(out: Path, failures: list[str]) -> None:
                 failures.append(f"{name}: {str(exc).splitlines()[0]}")
 
 
-def build_attention_forms(out: Path, failures: list[str]) -> None:
+def build_attention_forms(out: Path, failures: list[str], only: set[str]) -> None:
     cases = runpy.run_path(str(FORMS / "gpu_cases.py"))
     for case, (kind, args, _) in cases["GPU_CASES"].items():
         name = f"attention_forms_{case}"
+        if only and name not in only and "attention_forms" not in only:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             model = Path(tmp) / cases["model_name"](kind)
             subprocess.run([sys.executable, str(FORMS / f"make_{kind}.py"), str(model), *args], check=True, timeout=300)
@@ -124,12 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder to build into (one subfolder a project)")
     parser.add_argument("--no-models", action="store_true", help="skip the model samples")
+    parser.add_argument("--only", nargs="+", default=[], metavar="NAME",
+                        help="build only these projects and models (OUT's subfolder names; attention_forms: every form)")
     args = parser.parse_args(argv)
+    only = set(args.only)
+    known = {p.name for p in projects()} | set(MODELS) | {"attention_forms"}
+    unknown = sorted(n for n in only if n not in known and not n.startswith("attention_forms_"))
+    if unknown:
+        parser.error(f"no project or model named {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     failures: list[str] = []
-    build_projects(args.out, failures)
+    build_projects(args.out, failures, only)
     if not args.no_models:
-        build_models(args.out, failures)
-        build_attention_forms(args.out, failures)
+        build_models(args.out, failures, only)
+        build_attention_forms(args.out, failures, only)
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)
     return 1 if failures else 0
