@@ -24,7 +24,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from configs import CONFIG_ORDER, CONFIGS, EPILOGUES, PERSISTENT, SMS, config_conditions  # noqa: E402
+from configs import CONFIG_ORDER, CONFIGS, EPILOGUES, PERSISTENT, SMS, config_conditions, tile_rows  # noqa: E402
 
 # Epilogues exported models have beyond EPILOGUES (f16/bf16 matmuls only): GELU where the
 # exporter folded a zero bias away (GPT-2's c_fc), and SwiGLU's silu(x Wg) * (x Wu) (Llama's MLP,
@@ -71,7 +71,7 @@ def entries():
             for epi in epis:
                 for cfg in CONFIG_ORDER:
                     bn, s, r = CONFIGS[cfg]
-                    yield dict(kind=kind, layout=layout, src=src, ti=ti, to=to, epi=epi, cfg=cfg, bn=bn, s=s, r=r,
+                    yield dict(kind=kind, layout=layout, src=src, ti=ti, to=to, epi=epi, cfg=cfg, bn=bn, s=s, r=r, tm=tile_rows(cfg),
                                persistent=cfg in PERSISTENT,
                                prec="", threads=THREADS if r == 1 else 288, smem=SMEM, name=kernel_name(kind, layout, ti, to, epi, cfg))
 
@@ -125,6 +125,8 @@ def _c_function(e):
     b = "w" if e["layout"] == "nt" else "b"
     nt = "true" if e["layout"] == "nt" else "false"
     tmpl = f"{KTYPE[e['ti']]}, {KTYPE[e['to']]}, {nt}, {e['bn']}, {e['s']}, kitgemm::{EPI_ENUM[e['epi']]}, {e['r']}"
+    if e.get("tm", 128) != 128:
+        tmpl += f", {e['tm']}"
     cluster = f" KIT_SPLIT_K({e['s']})" if e["s"] > 1 else ""
     if e.get("persistent"):
         return (
@@ -147,7 +149,7 @@ def _c_function(e):
 
 
 def toml_entry(e):
-    count = [f'"ceildiv(n, {e["bn"]})"', '"ceildiv(m, 128)"']
+    count = [f'"ceildiv(n, {e["bn"]})"', f'"ceildiv(m, {e.get("tm", 128)})"']
     if e.get("persistent"):
         count = [str(SMS), "1"]
     if e.get("persistent"):
