@@ -88,7 +88,8 @@ def parse(name):
 def launcher(K, e, a, b, c, bias=None, res=None, scalar=None, batch=1, m=0, n=0, k=0):
     f = K.get(e["name"])
     bn, s = e["bn"], e["s"]
-    grid = ((n + bn - 1) // bn, (m + 127) // 128, batch * s)
+    tm = e.get("tm", 128)
+    grid = ((n + bn - 1) // bn, (m + tm - 1) // tm, batch * s)
     if e.get("persistent"):
         grid = (132, 1, 1)
     args = [cp.asarray(a), cp.asarray(b)]
@@ -171,6 +172,7 @@ CHECK_SHAPES = [  # (batch, m, n, k)
     (1, 257, 1000, 264),  # TMA path; partial tiles everywhere; k8 splits with no k slice
     (1, 130, 67, 77),     # k % 8 != 0: mma.sync path (both layouts)
     (1, 200, 333, 128),   # NT: TMA with odd n; NN: mma.sync (n % 8 != 0)
+    (1, 70, 264, 1544),   # TMA; 64-row tiles: a partial second tile; 25 k slices over 2 and 4 splits
 ]
 CHECK_SHAPES_BMM = [(3, 257, 200, 72), (2, 65, 33, 77), (1, 129, 136, 520)]
 

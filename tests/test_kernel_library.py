@@ -132,6 +132,24 @@ SPLIT2_SHAPES = [(300, 1000, 264), (257, 200, 64), (130, 136, 77), (128, 768, 76
 @pytest.mark.parametrize("function", SPLIT2_FUNCTIONS)
 @pytest.mark.parametrize("shape", SPLIT2_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_split_k2_entries(tensor_core_builds, function, shape):
+    _check_nt_none_or_nn_bias_residual(tensor_core_builds, function, shape)
+
+
+# The 64-row tiles (configs.py rules 0a, 0b): one consumer warpgroup; t64x64_k4 sums its 4
+# partials through the per-SM slots. Partial 64-row tiles, a split with empty shares, k % 8 != 0
+# (mma.sync), the model shapes they are chosen for.
+T64_FUNCTIONS = ("matmul_nt_f16_f32_none_t64x64", "matmul_nn_bf16_bias_residual_t64x64_k4")
+T64_SHAPES = [(300, 1000, 264), (70, 264, 1544), (130, 136, 77), (128, 768, 768), (128, 768, 3072)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("function", T64_FUNCTIONS)
+@pytest.mark.parametrize("shape", T64_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_64_row_entries(tensor_core_builds, function, shape):
+    _check_nt_none_or_nn_bias_residual(tensor_core_builds, function, shape)
+
+
+def _check_nt_none_or_nn_bias_residual(tensor_core_builds, function, shape):
     m, n, k = shape
     nt = "_nt_" in function
     in_type, out_type = ("f16", "f32") if nt else ("bf16", "bf16")

@@ -43,9 +43,14 @@ def test_choose_config_returns_a_config_for_every_shape():
 
 def test_choose_config_classes():
     c = _load("configs").choose_config
-    assert c(128, 768, 3072) == "t128x64_k4"  # small M, narrow N: split K 4 ways
+    assert c(128, 768, 768) == "t64x64"  # 24 tiles of 64 x 64, k <= 1024: no split
+    assert c(512, 768, 768) == "t64x64"  # a BERT/GPT-2 layer at 512 tokens: 96 tiles of 64 x 64
+    assert c(128, 3072, 768) == "t64x64"  # 96 tiles
+    assert c(128, 768, 3072) == "t64x64_k4"  # small M, narrow N, deep K: 64 x 64 split 4 ways
+    assert c(128, 768, 1536) == "t128x64_k4"  # 12 tiles of 128 x 128, 1024 < k < 2048
+    assert c(128, 1536, 3072) == "t128x64_k4"  # 48 tiles of 64 x 64: split 4 ways, two waves
     assert c(128, 4096, 4096) == "t128x64_k2"  # few tiles: 128 x 64, K split 2 ways (one wave)
-    assert c(512, 768, 768) == "t128x64_k2"  # a BERT/GPT-2 layer at 512 tokens
+    assert c(512, 2304, 768) == "t128x128"  # 288 tiles of 64 x 64: more than a wave
     assert c(128, 5120, 4096) == "t128x128_k2"  # 40 tiles of 128 x 128 (> 132 / 4), deep K
     assert c(8192, 768, 768) == "t128x128_p"  # narrow N, shallow K, many tiles
     assert c(512, 512, 64, "f16", 96) == "t128x128_p"  # attention Q K^T
@@ -65,6 +70,10 @@ def test_manifest_launches_match_the_configs():
         if e["ti"] != "f32":
             bn, s, _ = configs.CONFIGS[e["cfg"]]
             assert (bn, s) == (e["bn"], e["s"])
+            if not e.get("persistent"):  # grid (ceildiv(n, BN), ceildiv(m, TM), ...): TM from the config
+                assert str(list(kernel.workgroup_count)[1]) == f"ceildiv(m, {configs.tile_rows(e['cfg'])})", e["name"]
+                tm = f", {configs.tile_rows(e['cfg'])}>" if configs.tile_rows(e["cfg"]) != 128 else f", {e['r']}>"
+                assert tm in gen.c_entry(e), e["name"]  # the kernel is instantiated with that TM
 
 
 # --------------------------------------------------------- the config a model's op gets

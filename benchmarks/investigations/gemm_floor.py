@@ -27,6 +27,13 @@ class Variant:
         self.mod = G.cp.RawModule(path=path)
         self.fns = {}
 
+    def has(self, name):
+        try:
+            self.get(name)
+        except Exception:  # noqa: BLE001  (CUDA_ERROR_NOT_FOUND: not in this module)
+            return False
+        return True
+
     def get(self, name):
         if name not in self.fns:
             f = self.mod.get_function(name)

@@ -1,10 +1,11 @@
 """Tile configurations of the library GEMM (gemm.cuh) and the table that picks one from a static
 shape. Pure Python, no imports: the model-replacement code can copy or import it.
 
-A config is (BN, S): tiles of 128 x BN of C, K split S ways over a thread-block cluster of S CTAs
-(partials summed in distributed shared memory by the cluster, no workspace). Every config runs
-384 threads with 100352 bytes of dynamic shared memory; its grid is
-(ceildiv(n, BN), ceildiv(m, 128), batch * S). The kernel name carries the config as a suffix
+A config is (BN, S) and its tile rows TM (TILE_ROWS, 128 unless listed): tiles of TM x BN of C,
+K split S ways over a thread-block cluster of S CTAs (partials summed by the cluster: S = 2 in
+distributed shared memory, S = 4 through per-SM slots in global memory, gemm.cuh). Every config
+runs 384 threads with 100352 bytes of dynamic shared memory; its grid is
+(ceildiv(n, BN), ceildiv(m, TM), batch * S). The kernel name carries the config as a suffix
 ("" for the default 128 x 256): e.g. matmul_nt_f16_bias_t128x64_k4.
 """
 
@@ -18,7 +19,13 @@ CONFIGS = {
     "t128x64_k4": (64, 4, 1),
     "t128x64_k2": (64, 2, 1),
     "t128x128_p": (128, 1, 1),
+    "t64x64": (64, 1, 1),
+    "t64x64_k4": (64, 4, 1),
 }
+# Tile rows (TM in gemm.cuh) where not 128: 64-row tiles have one consumer warpgroup, and twice
+# the CTAs of 128-row ones at small m (cuBLAS runs M = 128 with 64-row tiles too). t64x64_k2,
+# t64x128 and t64x128_k2 were measured and never the fastest (benchmarks/investigations/gemm_small.py).
+TILE_ROWS = {"t64x64": 64, "t64x64_k4": 64}
 # persistent configs: a fixed grid of SMS CTAs walking the tiles (gemm.cuh, hopper::persistent)
 PERSISTENT = {"t128x128_p"}
 
@@ -32,7 +39,11 @@ def grid(cfg, m, n, batch=1):
     if cfg in PERSISTENT:
         return (SMS, 1, 1)
     bn, s, _ = CONFIGS[cfg]
-    return (-(-n // bn), -(-m // 128), batch * s)
+    return (-(-n // bn), -(-m // tile_rows(cfg)), batch * s)
+
+
+def tile_rows(cfg):
+    return TILE_ROWS.get(cfg, 128)
 
 
 def _ceil(a, b):
@@ -50,8 +61,15 @@ def choose_config(m, n, k, dtype="f16", batch=1):
     """The config suffix for C[m, n] = A[m, k] B[k, n] (either layout; `batch` matmuls of that
     shape; dtype f16 or bf16: both measured alike). The f32 kernels have one config.
 
-    Rules (from the H100 measurements in README.md / benchmarks/results/gemm-h100-*.txt and
-    gemm-floor-h100.txt):
+    Rules (from the H100 measurements in README.md / benchmarks/results/gemm-h100-*.txt,
+    gemm-floor-h100.txt and gemm-small-h100-round29*.txt); t64 = batch * ceil(m/64) * ceil(n/64):
+      0a. 64 x 64 tiles fill at most one wave (t64 <= 132) and k <= 1024: t64x64, no split. Small
+         shapes are bound by the prologue (~1.2 us), the intake of each SM and the split-K sum;
+         64-row tiles give twice the CTAs of 128-row ones with no sum to do (128x768x768 5.2 us
+         against 5.8 for t128x64_k4, 128x3072x768 5.4 against 6.9 for t128x64_k2, 512x768x768
+         5.3 against 6.9);
+      0b. 64 x 64 tiles with K split 4 ways fill at most one wave (4 t64 <= 132) and k >= 2048:
+         t64x64_k4 (128x768x3072: 7.2 us against 7.8 for t128x64_k4);
       1. very few 128 x 128 tiles (<= 12) and k >= 768: 128 x 64 tiles, K split 4 ways
          (small M, narrow N: the split fills the GPU);
       2. few 128 x 128 tiles (4 x tiles <= 132: the 128 x 64 tiles of both K halves fit one wave)
@@ -69,6 +87,11 @@ def choose_config(m, n, k, dtype="f16", batch=1):
       6. otherwise the default 128 x 256.
     At every shape of benchmarks/gemm.py this picks the fastest measured config or one within 2%.
     """
+    t64 = batch * _ceil(m, 64) * _ceil(n, 64)
+    if t64 <= SMS and k <= 1024:
+        return "t64x64"
+    if 4 * t64 <= SMS and k >= 2048:
+        return "t64x64_k4"
     t128 = batch * _ceil(m, 128) * _ceil(n, 128)
     if t128 <= 12 and k >= 768:
         return "t128x64_k4"
@@ -87,7 +110,7 @@ def choose_config(m, n, k, dtype="f16", batch=1):
 # The configs in the order a manifest lists them: the kit takes the first kernel whose
 # `replace_when.when` holds, so that listing the conditions below in this order picks what
 # choose_config picks (tests/test_library_gemm.py checks it over a grid of shapes).
-CONFIG_ORDER = ["t128x64_k4", "t128x64_k2", "t128x128_k2", "t128x128_p", "t128x128", ""]
+CONFIG_ORDER = ["t64x64", "t64x64_k4", "t128x64_k4", "t128x64_k2", "t128x128_k2", "t128x128_p", "t128x128", ""]
 
 
 def config_conditions(batched):
@@ -97,11 +120,14 @@ def config_conditions(batched):
     ceil(n, BN); the ratio of the 128- and 256-wide scores is 2 * waves256 / waves128, so
     "better than 1.15x" is 40 * waves256 > 23 * waves128 in integers."""
     b = "batch * " if batched else ""
+    t64 = f"{b}ceildiv(m, 64) * ceildiv(n, 64)"
     t128 = f"{b}ceildiv(m, 128) * ceildiv(n, 128)"
     t256 = f"{b}ceildiv(m, 128) * ceildiv(n, 256)"
     many = f"{t128} > {2 * SMS}"
     narrow = f"40 * ceildiv({t256}, {SMS}) > 23 * ceildiv({t128}, {SMS})"
     return {
+        "t64x64": f"{t64} <= {SMS} && k <= 1024",
+        "t64x64_k4": f"4 * {t64} <= {SMS} && k >= 2048",
         "t128x64_k4": f"{t128} <= 12 && k >= 768",
         "t128x64_k2": f"4 * {t128} <= {SMS} && k >= 512",
         "t128x128_k2": f"{t128} <= 48 && k >= 2048",

@@ -6,23 +6,29 @@
 //   weight W[n, k]).  b = 0 .. batch-1 with contiguous (strided by m*k, k*n, m*n) batches;
 //   the plain matmuls are batch 1.
 //
-// Launch: 384 threads (288 for R = 2), grid (ceildiv(n, BN), ceildiv(m, 128), batch * S), the
+// Launch: 384 threads (288 for R = 2), grid (ceildiv(n, BN), ceildiv(m, TM), batch * S), the
 // manifest's 100352 bytes of dynamic shared memory. Template parameters:
 //   E     input element type (kit::F16 / kit::BF16)
 //   Out   result type (kit::F16 / kit::BF16 / kit::F32); bias and residual have this type too
 //   kNT   B layout
-//   BN    tile width: 256, 128 or 64 (the tile is 128 x BN)
+//   BN    tile width: 256, 128 or 64 (the tile is TM x BN)
 //   S     split-K factor: 1, 2 or 4. On sm_90a the S CTAs of a K split are one thread-block
 //         cluster (__cluster_dims__(1, 1, S)): each computes a contiguous share of the k slices
-//         into its own f32 staging tile in shared memory; after a cluster barrier CTA r sums
-//         rows [r * 128 / S, (r + 1) * 128 / S) of all S tiles through distributed shared memory,
-//         applies the epilogue and stores. No global workspace: concurrent launches cannot
-//         collide. On the mma.sync path split 0 computes the whole k, the others exit.
+//         into its own f32 staging tile in shared memory; after a cluster barrier CTA r sums rows
+//         [r * TM / S, (r + 1) * TM / S) of all S tiles, applies the epilogue and stores. S = 2
+//         reads the other tile through distributed shared memory; S >= 4 has each CTA write the
+//         rows other CTAs own to its SM's slot of a global f32 buffer first (hopper::splitk_slots,
+//         one slot per SM id like the tensor-map slots: one such CTA per SM, so concurrent
+//         launches cannot collide) and the owners read them through L2: distributed shared memory
+//         moves about 10 bytes a clock an SM, 1.9 us of a 6 us call for four 128 x 64 partials
+//         (benchmarks/results/gemm-small-h100-round29*.txt).
+//         On the mma.sync path split 0 computes the whole k, the others exit.
 //   kEpi  the epilogue (below), applied in f32 to the f32 accumulator, then one rounding
 //         (round-to-nearest-even) to Out.
 //   R     CTAs per SM: 1 (3 warpgroups, producer warpgroup 0 with setmaxnreg) or 2 (BN = 128:
 //         288 threads, consumers warpgroups 0-1, producer warp 8, all stages in dynamic memory,
 //         so one CTA's pipeline fill and epilogue overlap the other's main loop).
+//   TM    tile rows: 128, or 64 (R = 1; one consumer warpgroup): twice the CTAs at small m.
 // Persistent variant (gemm_persistent, config t128x128_p): 128 x 128 tiles, a fixed grid (132
 // CTAs) walking the tiles, the producer running ahead across tiles; see hopper::persistent.
 // The epilogue goes through an f32 tile in shared memory (the stages, free after the main loop):
@@ -357,7 +363,7 @@ __device__ void sub_tile(const Sub& p, typename Out::T* C, const EpiArgs<Out>& e
     }
 }
 
-template <class E, class Out, bool kNT, int BN, int kEpi, int NG = kGroups>
+template <class E, class Out, bool kNT, int BN, int kEpi, int NG = kGroups, int TM = BM>
 __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C, const EpiArgs<Out>& e, int m, int n,
                       int k, int bm, int bn, char* smem) {
   const int group = threadIdx.x / kGroupThreads;
@@ -365,7 +371,7 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   const bool vec = k % 8 == 0 && (kNT || n % 8 == 0) && kit::aligned16(A) && kit::aligned16(B);
   const Sub p{A, B, m, n, k, vec};
   half_bits* mine = reinterpret_cast<half_bits*>(smem + group * kGroupBytes);
-  for (int s = group; s < (BM / SUB) * (BN / SUB); s += NG) {
+  for (int s = group; s < (TM / SUB) * (BN / SUB); s += NG) {
     const int sm = bm + s / (BN / SUB) * SUB, sn = bn + s % (BN / SUB) * SUB;
     if (sm < m && sn < n) sub_tile<E, Out, kNT, kEpi>(p, C, e, sm, sn, mine, 1 + group);
   }
@@ -380,16 +386,18 @@ namespace hopper {
 
 using namespace kit::sm90;
 
+// TM: tile rows, 128 (two consumer warpgroups of 64 rows) or 64 (one consumer warpgroup; the
+// other waits: more CTAs at small m without a split, as cuBLAS's 64-row tiles at M = 128).
 // R: CTAs per SM. R = 1: stage 0 is a static array of kStageBytes, stages 1.. in the dynamic
 // memory (after up to 1 KB of alignment padding), then the barriers and the two maps; static +
 // dynamic memory exceed half an SM, so one CTA per SM and the SM's tensor-map slot is its own.
 // R = 2: every stage in the dynamic memory (no static stage), at most two CTAs per SM, each
 // takes one of the SM's two slots under a lock word (acquired before the maps are written,
 // released once every copy has landed).
-template <int BN, int R = 1>
+template <int BN, int R = 1, int TM = BM>
 struct Cfg {
   static constexpr int BK = 64;
-  static constexpr int kABytes = BM * BK * 2, kBBytes = BN * BK * 2, kStageBytes = kABytes + kBBytes;
+  static constexpr int kABytes = TM * BK * 2, kBBytes = BN * BK * 2, kStageBytes = kABytes + kBBytes;
   static constexpr int kStatic = R == 1 ? 1 : 0;
   static constexpr int kStages = kStatic + (kDynamicSmem - 1023 - 128 - 2 * kTensorMapBytes) / kStageBytes;
   static constexpr int kBarrierOffset = (kStages - kStatic) * kStageBytes;
@@ -440,19 +448,50 @@ __device__ __forceinline__ float4 ld_cluster_v4(unsigned local_addr, unsigned ra
                : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned ld_cluster_u32(unsigned local_addr, unsigned rank) {
+  unsigned remote, v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+// Split-K partials of S >= 4 on their way to the CTA that owns their rows (S = 2 pulls the one
+// other partial through distributed shared memory: as fast or faster there, measured on an H100 in
+// benchmarks/results/gemm-small-h100-round29*.txt, e.g. 15.3 against 16.3 us at 128x4096x4096;
+// at S = 4 the slots are 5-11% faster): slot i belongs to the CTA on SM
+// i (one split-K CTA per SM: its shared memory leaves room for no other R = 1 CTA), which writes
+// the rows of its staging tile that other CTAs own, compacted ([128 - 128 / S rows][CW]), and
+// keeps the slot until the cluster's last barrier, after every owner has read it. 8 MB for 256
+// SM ids; a variable template, so only the split-K entries' objects carry it.
+constexpr int kSplitSlotFloats = 8192;  // (128 - 128 / S) x CW floats at most (S = 2, CW = 128)
+template <int kUnused = 0>
+__device__ __align__(16) float splitk_slots[kTensorMapSlots][kSplitSlotFloats];
+
+template <int S>
+__host__ __device__ constexpr bool uses_slots() {
+  return S >= 4;
+}
+
+// The epilogue's pass width (columns of the staging tile a pass): 128 at most, and for a split
+// through the slots narrow enough that the other CTAs' rows fit a slot.
+template <int BN, int S, int TM>
+__host__ __device__ constexpr int epilogue_cols() {
+  constexpr int cw = BN < 128 ? BN : 128;
+  return uses_slots<S>() && (TM - TM / S) * cw > kSplitSlotFloats ? 64 : cw;
+}
 
 // Warp 0 of the producer warpgroup: builds and publishes the maps, then lane 0 keeps the ring
 // full with k slices kt0 .. kt0 + nt - 1.
-template <class E, bool kNT, int BN, int R>
+template <class E, bool kNT, int BN, int R, int TM>
 __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, int batch, int m, int n, int k, int bz,
                         int bm, int bn, int kt0, int nt, unsigned maps, void* slot) {
-  using C = Cfg<BN, R>;
+  using C = Cfg<BN, R, TM>;
   const int lane = threadIdx.x % 32;
   void* map_a = slot;
   void* map_b = static_cast<char*>(slot) + kTensorMapBytes;
   if (lane == 0) {
     KITGEMM_MARK(1);
-    tensor_map_3d<E>(maps, A, k, m, batch, C::BK, BM);
+    tensor_map_3d<E>(maps, A, k, m, batch, C::BK, TM);
     if constexpr (kNT) {
       tensor_map_3d<E>(maps + kTensorMapBytes, B, k, n, batch, C::BK, BN);
     } else {
@@ -487,9 +526,9 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
 
 // Consumer warpgroup `wg` (0 or 1): rows 64 * wg .. + 64 of the tile, k slices 0 .. nt - 1 of
 // this CTA's share.
-template <class E, bool kNT, int BN, int R>
+template <class E, bool kNT, int BN, int R, int TM>
 __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int nt, int wg) {
-  using C = Cfg<BN, R>;
+  using C = Cfg<BN, R, TM>;
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
   const int t_in_wg = threadIdx.x % 128;
@@ -526,10 +565,25 @@ __device__ __forceinline__ void stage_columns(float* tile, const float (&d)[N], 
   }
 }
 
-template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R>
+// Pass `ch` (< P + 1) of stage_columns, for a pass index known only at run time.
+template <int P, int CW, int LD, int N>
+__device__ __forceinline__ void stage_pass(int ch, float* tile, const float (&d)[N], int lr, int lane) {
+  if constexpr (P > 0) {
+    if (ch == P) {
+      stage_columns<P, CW, LD>(tile, d, lr, lane);
+      return;
+    }
+    stage_pass<P - 1, CW, LD>(ch, tile, d, lr, lane);
+  } else {
+    stage_columns<0, CW, LD>(tile, d, lr, lane);
+  }
+}
+
+template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R, int TM>
 __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C, const EpiArgs<Out>& e, int batch,
                       int m, int n, int k, int bz, int split, int bm, int bn, unsigned stage0, char* dyn_smem) {
-  using Cf = Cfg<BN, R>;
+  using Cf = Cfg<BN, R, TM>;
+  constexpr int kConsumerWgs = TM / 64, kConsumers = 128 * kConsumerWgs;
   const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
   char* dyn_aligned = dyn_smem + (dyn - kit::smem_addr(dyn_smem));
   unsigned* slot_sel = reinterpret_cast<unsigned*>(dyn_aligned + Cf::kBarrierOffset + 120);
@@ -543,16 +597,16 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
     KITGEMM_MARK(0);
     for (int s = 0; s < Cf::kStages; ++s) {
       mbar_init(&sm.full[s], 1);
-      mbar_init(&sm.empty[s], 2);
+      mbar_init(&sm.empty[s], kConsumerWgs);
     }
     mbar_init_fence();
   }
   __syncthreads();
   // R = 1: warpgroup 0 produces (setmaxnreg moves its registers to the consumers), warpgroups
-  // 1 and 2 consume. R = 2 (288 threads, 112 registers each, two CTAs per SM): warpgroups 0 and
-  // 1 consume, warp 8 produces.
+  // 1 and 2 consume (TM = 64: warpgroup 1; warpgroup 2 only joins the cluster barriers). R = 2
+  // (288 threads, 112 registers each, two CTAs per SM): warpgroups 0 and 1 consume, warp 8 produces.
   const int cw = R == 1 ? int(threadIdx.x / 128) - 1 : int(threadIdx.x / 128);  // consumer warpgroup
-  if (cw < 0 || cw >= 2) {
+  if (cw < 0 || cw >= kConsumerWgs) {
     if constexpr (R == 1) setmaxnreg_dec<40>();
     if (R == 2 || threadIdx.x < 32) {
       void* slot = tensor_map_slots[sm_id()];
@@ -565,11 +619,11 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
         sel = __shfl_sync(0xffffffffu, sel, 0);
         slot = tensor_map_slots2[sm_id()][sel];
       }
-      produce<E, kNT, BN, R>(sm, A, B, batch, m, n, k, bz, bm, bn, kt0, nt, dyn + Cf::kMapOffset, slot);
+      produce<E, kNT, BN, R, TM>(sm, A, B, batch, m, n, k, bz, bm, bn, kt0, nt, dyn + Cf::kMapOffset, slot);
     }
     if constexpr (S > 1) {
 #pragma unroll
-      for (int ch = 0; ch < (BN < 128 ? 1 : BN / 128); ++ch) {
+      for (int ch = 0; ch < BN / epilogue_cols<BN, S, TM>(); ++ch) {
         cluster_sync();  // partials written
         cluster_sync_relaxed();  // partials read
       }
@@ -578,9 +632,9 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   }
   if constexpr (R == 1) setmaxnreg_inc<232>();
   float d[BN / 2];
-  mainloop<E, kNT, BN, R>(d, sm, nt, cw);
+  mainloop<E, kNT, BN, R, TM>(d, sm, nt, cw);
   if (threadIdx.x == 128) KITGEMM_MARK(6);
-  const int ctid = threadIdx.x - (R == 1 ? 128 : 0);  // 0 .. 255 over the consumers
+  const int ctid = threadIdx.x - (R == 1 ? 128 : 0);  // 0 .. kConsumers - 1
   if constexpr (R == 2) {
     if (ctid == 0) {  // every copy has landed: the slot is free again
       __threadfence();
@@ -590,32 +644,45 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   // Epilogue: the accumulators go through a row-major f32 tile in shared memory (the stages are
   // free once both consumer warpgroups are done), in passes of CW columns; then each thread takes
   // 8 consecutive columns of a row: epilogue in f32, one rounding, one 16-byte store. With a
-  // split (S > 1) CTA `rank` of the cluster sums rows [rank * 128 / S, ...) of all S partial
-  // tiles through distributed shared memory.
-  constexpr int CW = BN < 128 ? BN : 128, LD = CW + 8;
-  static_assert(BM * LD * 4 <= Cf::kBarrierOffset, "the staging tile fits the dynamic stages");
+  // split (S > 1) CTA `rank` of the cluster sums rows [rank * TM / S, ...) of its own tile and
+  // the other CTAs' partials of those rows: from their shared memory (S = 2) or from the slots
+  // they wrote them to (S >= 4).
+  constexpr int CW = epilogue_cols<BN, S, TM>(), LD = CW + 8;
+  static_assert(TM * LD * 4 <= Cf::kBarrierOffset, "the staging tile fits the dynamic stages");
+  static_assert(S == 1 || R == 1, "split-K slots are per SM: one split-K CTA per SM");
   float* tile = reinterpret_cast<float*>(dyn_aligned);
   const int t_in_wg = threadIdx.x % 128, warp = t_in_wg / 32, lane = t_in_wg % 32;
   const int lr = cw * 64 + warp * 16 + lane / 4;
   const bool vec = (n * (int)sizeof(typename Out::T)) % 16 == 0 && kit::aligned16(C);
-  constexpr int kRows = BM / S;
+  constexpr int kRows = TM / S;
   unsigned rank = 0;
+  unsigned* my_sm = reinterpret_cast<unsigned*>(dyn_aligned + Cf::kBarrierOffset + 124);
   if constexpr (S > 1) rank = cluster_rank();
+  if constexpr (uses_slots<S>()) {
+    if (ctid == 0) *my_sm = sm_id();  // read by the other CTAs after the first cluster barrier
+  }
 #pragma unroll
   for (int ch = 0; ch < BN / CW; ++ch) {
-    kit::named_barrier(1, 256);  // the stages, or the previous pass's tile, are free
-    if (ch == 0) {
-      stage_columns<0, CW, LD>(tile, d, lr, lane);
-    } else if constexpr (BN / CW > 1) {
-      stage_columns<1, CW, LD>(tile, d, lr, lane);
+    kit::named_barrier(1, kConsumers);  // the stages, or the previous pass's tile, are free
+    stage_pass<BN / CW - 1, CW, LD>(ch, tile, d, lr, lane);
+    kit::named_barrier(1, kConsumers);
+    if constexpr (uses_slots<S>()) {
+      // the rows other CTAs own -> this SM's slot, compacted (16-byte stores, a warp's row-contiguous)
+      float* slot = splitk_slots<>[sm_id()];
+      for (int u = ctid; u < (TM - kRows) * (CW / 4); u += kConsumers) {
+        const int i = u / (CW / 4), c = u % (CW / 4) * 4;
+        const int r = i < int(rank) * kRows ? i : i + kRows;
+        *reinterpret_cast<float4*>(&slot[i * CW + c]) = *reinterpret_cast<const float4*>(&tile[r * LD + c]);
+      }
     }
-    if constexpr (S == 1) {
-      kit::named_barrier(1, 256);
-    } else {
-      cluster_sync();
-    }
+    if constexpr (S > 1) cluster_sync();  // release: the partials (slots, shared memory) are visible to the cluster
     if (threadIdx.x == 128 && ch == 0) KITGEMM_MARK(8);
-    for (int u = ctid; u < kRows * (CW / 8); u += 256) {
+    const float* slots[S];
+    if constexpr (uses_slots<S>()) {
+#pragma unroll
+      for (int q = 0; q < S; ++q) slots[q] = splitk_slots<>[ld_cluster_u32(kit::smem_addr(my_sm), q)];
+    }
+    for (int u = ctid; u < kRows * (CW / 8); u += kConsumers) {
       const int r = rank * kRows + u / (CW / 8), c = u % (CW / 8) * 8;
       float v[8];
       if constexpr (S == 1) {
@@ -623,19 +690,29 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
         const float4 y = *reinterpret_cast<const float4*>(&tile[r * LD + c + 4]);
         v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
       } else {
-        const unsigned addr = kit::smem_addr(&tile[r * LD + c]);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = 0.f;
 #pragma unroll
-        for (int q = 0; q < S; ++q) {
-          const float4 x = ld_cluster_v4(addr, q), y = ld_cluster_v4(addr + 16, q);
+        for (int q = 0; q < S; ++q) {  // in rank order, as the sum over k runs
+          float4 x, y;
+          if (q == int(rank)) {
+            x = *reinterpret_cast<const float4*>(&tile[r * LD + c]);
+            y = *reinterpret_cast<const float4*>(&tile[r * LD + c + 4]);
+          } else if constexpr (!uses_slots<S>()) {
+            const unsigned addr = kit::smem_addr(&tile[r * LD + c]);
+            x = ld_cluster_v4(addr, q), y = ld_cluster_v4(addr + 16, q);
+          } else {
+            const float* p = slots[q] + (r < q * kRows ? r : r - kRows) * CW + c;
+            x = __ldcg(reinterpret_cast<const float4*>(p));  // L2: written by another SM
+            y = __ldcg(reinterpret_cast<const float4*>(p + 4));
+          }
           v[0] += x.x, v[1] += x.y, v[2] += x.z, v[3] += x.w, v[4] += y.x, v[5] += y.y, v[6] += y.z, v[7] += y.w;
         }
       }
       store8<kEpi, Out>(C, e, m, n, bm + r, bn + ch * CW + c, v, vec);
     }
     if (threadIdx.x == 128) KITGEMM_MARK(9);
-    if constexpr (S > 1) cluster_sync_relaxed();  // the partials are read: the CTAs may reuse or leave
+    if constexpr (S > 1) cluster_sync_relaxed();  // the partials are read: the CTAs may reuse them or leave
   }
   if (threadIdx.x == 128) {
     KITGEMM_MARK(7);
@@ -814,27 +891,27 @@ __device__ __forceinline__ bool takes_tma(const void* A, const void* B, bool nt,
 #endif
 
 // The kernel body of every entry. A, B, C, e.res: the first batch's (base) pointers.
-template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R = 1>
+template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R = 1, int TM = BM>
 __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typename Out::T* C, EpiArgs<Out> e,
                                      int batch, int m, int n, int k) {
   extern __shared__ __align__(1024) char dyn_smem[];
   int tile_m, tile_n;
   block_tile(tile_m, tile_n);
-  const int bm = tile_m * BM, bn = tile_n * BN;
+  const int bm = tile_m * TM, bn = tile_n * BN;
   const int bz = blockIdx.z / S, split = blockIdx.z % S;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ __align__(1024) char stage0[hopper::Cfg<BN, R>::kStaticBytes];
+  __shared__ __align__(1024) char stage0[hopper::Cfg<BN, R, TM>::kStaticBytes];
   const unsigned s0 = kit::smem_addr(stage0);
   if (hopper::takes_tma(A, B, kNT, n, k, s0)) {
     if constexpr (EpiTraits<kEpi>::kHasRes) e.res += (long long)bz * m * n;
-    hopper::block<E, Out, kNT, BN, S, kEpi, R>(A, B, C + (long long)bz * m * n, e, batch, m, n, k, bz, split, bm, bn, s0,
+    hopper::block<E, Out, kNT, BN, S, kEpi, R, TM>(A, B, C + (long long)bz * m * n, e, batch, m, n, k, bz, split, bm, bn, s0,
                                             dyn_smem);
     return;
   }
 #endif
   if (split != 0) return;  // the mma.sync path does the whole k in split 0
   if constexpr (EpiTraits<kEpi>::kHasRes) e.res += (long long)bz * m * n;
-  ampere::block<E, Out, kNT, BN, kEpi, R == 1 ? ampere::kGroups : 2>(A + (long long)bz * m * k, B + (long long)bz * k * n, C + (long long)bz * m * n,
+  ampere::block<E, Out, kNT, BN, kEpi, R == 1 ? ampere::kGroups : 2, TM>(A + (long long)bz * m * k, B + (long long)bz * k * n, C + (long long)bz * m * n,
                                        e, m, n, k, bm, bn, dyn_smem);
 }
 

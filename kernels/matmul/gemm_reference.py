@@ -49,7 +49,7 @@ _EPILOGUES = ("bias_gelu_erf", "bias_gelu_tanh", "bias_residual", "bias_relu", "
 _NAME = re.compile(
     r"^(?P<kind>matmul|bmm)_(?P<layout>nn|nt)_(?P<ti>f16|bf16|f32)(?P<to>_f32|_tf32)?_(?P<epi>"
     + "|".join(_EPILOGUES)
-    + r")(?P<cfg>_t128x\d+(?:_k\d|_p)?)?$"
+    + r")(?P<cfg>_t(?:128|64)x\d+(?:_k\d|_p)?)?$"
 )
 _OUT = {"f16": np.float16, "bf16": bfloat16, "f32": np.float32}
 

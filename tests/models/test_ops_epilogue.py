@@ -216,7 +216,7 @@ GEMM = next(p for p in (REPO / "kernels" / "matmul" / "gemm.toml", REPO / "kerne
 
 def family(name: str) -> str:
     """A family entry's name without its tile config (the config is chosen per shape)."""
-    return re.sub(r"_t128x\w+$", "", name)
+    return re.sub(r"_t(128|64)x\w+$", "", name)
 
 
 @pytest.fixture(scope="module")

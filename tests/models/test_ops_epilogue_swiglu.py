@@ -46,9 +46,9 @@ def test_gate_takes_the_swiglu_product(swiglu_build):
     report = json.loads(swiglu_build.report.read_text())
     got = [(r["kernel"], r.get("epilogue"), r.get("epilogue_ops_after")) for r in report["replaced"]]
     assert got == [
-        ("matmul_nn_f16_silu_mul_t128x128", "silu_mul", 2),  # the gate's truncf and the product
-        ("matmul_nn_f16_none_t128x128", "none", 1),  # the up's truncf
-        ("matmul_nn_f16_none_t128x128", "none", 1),  # the down projection
+        ("matmul_nn_f16_silu_mul_t64x64", "silu_mul", 2),  # the gate's truncf and the product
+        ("matmul_nn_f16_none_t64x64", "none", 1),  # the up's truncf
+        ("matmul_nn_f16_none_t64x64", "none", 1),  # the down projection
     ], got
     gate = report["replaced"][0]  # A, Wg, then up's f16 result [m, n]
     assert [t["shape"] for t in gate["inputs"]] == [[64, 128], [128, 256], [64, 256]]
@@ -67,7 +67,7 @@ def test_up_first_keeps_the_up_with_the_product(tmp_path_factory):
     built = _build(tmp_path_factory, up_first=True)
     report = json.loads(built.report.read_text())
     assert [(r["kernel"], r.get("epilogue_ops_after")) for r in report["replaced"]] == [
-        ("matmul_nn_f16_none_t128x128", 1), ("matmul_nn_f16_none_t128x128", 1),
+        ("matmul_nn_f16_none_t64x64", 1), ("matmul_nn_f16_none_t64x64", 1),
     ]
     kept = [k for k in report["not_replaced"] if k["op"] == "linalg.matmul"]
     assert len(kept) == 1 and kept[0]["epilogue_refused"].endswith("which is no epilogue of the family"), kept

@@ -188,3 +188,35 @@ def test_torch_linear_agrees_with_iree_alone_on_gpu(tmp_path):
     for function in ("linear_f16", "linear_f32_batch1"):
         result = compare_model(built, function=function)
         assert result.agree, (function, result.tolerance, result.worst)
+
+
+# ------------------------------------------------------------------ the 64-row tile configs
+# M = 128 with N = 384: 12 tiles of 64 x 64. K = 256 gives t64x64 (the BUILDS above); K = 2048 the
+# split t64x64_k4 (4 CTAs a tile in a cluster, partials summed through the per-SM slots).
+DEEP_K = 2048
+
+
+def _build_deep_k(tmp_path, *, with_baseline=False):
+    model = tmp_path / "deep_k.onnx"
+    make_matmul_form(model, "wt", "--dtype", "f16", "--k", DEEP_K)
+    return build_model(None, model, BuildOptions.create("sm_90"), tmp_path / "out", with_baseline=with_baseline)
+
+
+def test_small_m_shapes_get_the_64_row_configs():
+    assert _suffix(M, N, K) == "_t64x64" and _suffix(M, N, DEEP_K) == "_t64x64_k4"
+
+
+@needs_iree_compile
+def test_build_model_replaces_a_deep_k_matmul_with_the_split_64_row_entry(tmp_path):
+    built = _build_deep_k(tmp_path)
+    [replaced] = [d for d in built.decisions if d.op.kind == "linalg.matmul"]
+    assert replaced.kernel.name == "matmul_nt_f16_none_t64x64_k4", replaced.reasons
+    assert "matmul_nt_f16_none_t64x64_k4" in built.vmfb.read_bytes().decode("latin-1")
+    assert not iree_dispatches(built.vmfb, "matmul")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
+def test_deep_k_split_64_row_entry_agrees_with_iree_alone_on_gpu(tmp_path):
+    result = compare_model(_build_deep_k(tmp_path, with_baseline=True).out_dir)
+    assert result.agree, (result.tolerance, result.worst)

@@ -63,7 +63,7 @@ def library_matmul_toml() -> str:
     return entry.replace('source = "matmul.cu"', f'source = "{MATMUL_CU}"') + 'replaces = ["linalg.matmul"]\n'
 
 
-LIBRARY_MATMUL = "matmul_nn_f16_f32_none_t128x128"  # what the library gives the f16 -> f32 matmuls below
+LIBRARY_MATMUL = "matmul_nn_f16_f32_none_t64x64"  # what the library gives the f16 -> f32 matmuls below
 
 
 # ------------------------------------------------------------------ the projects, combined
@@ -154,7 +154,7 @@ def test_the_library_replaces_an_onnx_matmul_with_no_project(tmp_path):
     rc, out, err = cli("--model", str(model), "-o", str(tmp_path / "out"))
     assert rc == 0, err
     [replaced] = json.loads(out)["replaced"]
-    assert replaced["kernel"] == "matmul_nn_f16_none_t128x128"  # an ONNX f16 MatMul: with the truncf after it
+    assert replaced["kernel"] == "matmul_nn_f16_none_t64x64"  # an ONNX f16 MatMul: with the truncf after it
 
 
 @needs_iree_compile

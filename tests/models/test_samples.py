@@ -55,7 +55,7 @@ def test_onnx_matmul_sample_takes_the_library_matmul(tmp_path):
     rc, out, err = cli_build(MATMUL_CU.parent, model, tmp_path / "out", "--with-baseline")
     assert rc == 0, err
     [replaced] = json.loads(out)["replaced"]
-    assert replaced["op"] == "linalg.matmul" and replaced["kernel"] == "matmul_nn_f16_none_t128x128" and replaced["init"] == "zero fill"
+    assert replaced["op"] == "linalg.matmul" and replaced["kernel"] == "matmul_nn_f16_none_t64x64" and replaced["init"] == "zero fill"
     assert replaced["inputs"] == [{"dtype": "f16", "shape": [256, 128]}, {"dtype": "f16", "shape": [128, 512]}]
     assert replaced["result"] == {"dtype": "f16", "shape": [256, 512]}  # the truncation after it, replaced with it
     vmfb, baseline = tmp_path / "out" / "model.vmfb", tmp_path / "out" / "model.baseline.vmfb"
@@ -185,7 +185,7 @@ def test_llama_layer_matmuls_take_the_library_matmul(tmp_path):
     assert rc == 0, err
     report = json.loads(out)
     kernels = [r["kernel"] for r in report["replaced"]]  # with its epilogue (the residual add, the f16 rounding)
-    assert kernels == ["matmul_nn_f16_silu_mul_t128x128", "matmul_nn_f16_none_t128x128", "matmul_nn_f16_residual_t128x128"], kernels
+    assert kernels == ["matmul_nn_f16_silu_mul_t64x64", "matmul_nn_f16_none_t64x64", "matmul_nn_f16_residual_t64x64"], kernels
     assert [k for k in report["not_replaced"] if k["op"] == "linalg.matmul"] == []
     assert all(k in dump_module(tmp_path / "out" / "layer.vmfb") for k in kernels)
     mine, alone = ({(n, kind) for n, kind in re.findall(r"async_dispatch_(\d+)_([a-z]+)", (tmp_path / "out" / f"layer.{v}vmfb").read_bytes().decode("latin-1"))}

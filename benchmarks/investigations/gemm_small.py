@@ -1,0 +1,168 @@
+"""The library GEMM against cuBLAS at small model shapes (issue 25 item 1, round 29), on the GPU
+machine. Objects from benchmarks/investigations/gemm_small_build.sh (compiled with nvcc here).
+
+    python benchmarks/investigations/gemm_small.py OBJDIR cublas|sweep|trace
+
+cublas: what torch.matmul launches at each shape (kernel names, grid, block, registers, shared
+        memory, device time: the CUPTI records of torch.profiler).
+sweep:  at each shape, every config of the new kernels (configs.py's and gemm_small_configs.cu's
+        xp_*) interleaved with cuBLAS, then the old kernels' configs interleaved with cuBLAS
+        (one kernel name in two modules: separate passes); CUPTI device time, median of 30;
+        each result checked against a float64 reference (rel L2 error <= 2e-3).
+trace:  the new_trace variant: per CTA, clock64 at each phase (KITGEMM_MARK in gemm.cuh).
+"""
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+import gemm as G  # noqa: E402
+import gemm_floor as F  # noqa: E402
+
+LINEAR = [(768, 768), (2304, 768), (3072, 768), (768, 3072), (4096, 4096), (11008, 4096), (4096, 11008)]
+SHAPES = [(m, n, k) for m in (128, 512) for n, k in LINEAR]
+XP = {"xp_t128x128_k4": (128, 128, 4), "xp_t128x64_k8": (128, 64, 8), "xp_t128x256_k2": (128, 256, 2),
+      "xp_t64x64_k2": (64, 64, 2), "xp_t64x128_k1": (64, 128, 1), "xp_t64x128_k2": (64, 128, 2)}
+
+
+def operands(m, n, k):
+    torch = G.torch
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = torch.randn(m, k, device="cuda", generator=g).half()
+    b = torch.randn(n, k, device="cuda", generator=g).half()
+    return a, b, a.double() @ b.double().t()
+
+
+def step_cublas(objdir):
+    torch = G.torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for (m, n, k) in SHAPES:
+        a, b, _ = operands(m, n, k)
+        for _ in range(3):
+            a @ b.t()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                a @ b.t()
+            torch.cuda.synchronize()
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            path = f.name
+        prof.export_chrome_trace(path)
+        trace = json.load(open(path))
+        os.unlink(path)
+        kev = [ev for ev in trace.get("traceEvents", []) if ev.get("cat") == "kernel" and ev.get("ph") == "X"]
+        per = {}
+        for ev in kev:
+            a_ = ev.get("args", {})
+            key = (ev["name"], tuple(a_.get("grid", [])), tuple(a_.get("block", [])), a_.get("registers per thread"),
+                   a_.get("shared memory"))
+            per.setdefault(key, []).append(float(ev["dur"]))
+        for (name, grid, block, regs, smem), ds in per.items():
+            G.log(f"CUBLAS {m}x{n}x{k}: {len(ds) // 10} per call, {statistics.median(ds):.2f} us, grid {list(grid)} "
+                  f"block {list(block)} regs {regs} smem {smem} | {name}")
+
+
+def step_sweep(objdir):
+    torch = G.torch
+    vs = F.variants(objdir)
+    xp = G.cp.RawModule(path=os.path.join(objdir, "xp.cubin"))
+    for (m, n, k) in SHAPES:
+        a, b, ref = operands(m, n, k)
+        res = {}
+        for vn in ("new", "old"):
+            K = vs[vn]
+            calls, outs = [], {}
+            for cfg in G.CONFIGS:
+                bn, s, _ = G.CONFIGS[cfg]
+                if s > 1 and k < 128 * s or not K.has(G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg)):
+                    continue
+                c = torch.empty(m, n, device="cuda", dtype=torch.half)
+                outs[cfg or "t128x256"] = c
+                calls.append((cfg or "t128x256", F.call(K, cfg, a, b, c, m, n, k),
+                              G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg)))
+            if vn == "new":
+                for name, (tm, bn, s) in XP.items():
+                    if s > 1 and k < 128 * s:
+                        continue
+                    f = xp.get_function(name)
+                    f.max_dynamic_shared_size_bytes = G.SMEM
+                    c = torch.empty(m, n, device="cuda", dtype=torch.half)
+                    outs[name] = c
+                    args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
+                    grid = ((n + bn - 1) // bn, (m + tm - 1) // tm, s)
+                    calls.append((name, lambda f=f, grid=grid, args=args: f(grid, (384, 1, 1), args, shared_mem=G.SMEM), name))
+            calls.append(("cublas", lambda: a @ b.t(), None))
+            t = G.kernel_times(calls, 30)
+            errs = {key: G.rel_err(c, ref) for key, c in outs.items()}
+            bad = [key for key, e in errs.items() if not e <= 2e-3]
+            kit = {key: v for key, v in t.items() if key != "cublas"}
+            best = min(kit, key=kit.get)
+            res[vn] = (t["cublas"], kit)
+            G.log(f"SWEEP {vn} {m}x{n}x{k}: cublas {t['cublas']:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
+                  + f" | best {best} {t['cublas'] / kit[best]:.2f}x" + (f" BAD {bad} {[errs[x] for x in bad]}" if bad else ""))
+        chosen = G.choose_config(m, n, k) or "t128x256"
+        (cn, kn), (co, ko) = res["new"], res["old"]
+        was = OLD_CHOICE.get((m, n, k), chosen)
+        G.log(f"CHOSEN {m}x{n}x{k}: old {was} {ko[was]:.2f} (cublas {co:.2f}, {co / ko[was]:.2f}x) -> "
+              f"new {chosen} {kn[chosen]:.2f} (cublas {cn:.2f}, {cn / kn[chosen]:.2f}x)")
+
+
+# choose_config of main (before this round) at SHAPES, where it differs from this tree's
+OLD_CHOICE = {(128, 768, 768): "t128x64_k4", (128, 2304, 768): "t128x64_k2", (128, 3072, 768): "t128x64_k2",
+              (128, 768, 3072): "t128x64_k4", (128, 4096, 4096): "t128x64_k2", (128, 11008, 4096): "t128x128",
+              (128, 4096, 11008): "t128x64_k2", (512, 768, 768): "t128x64_k2", (512, 2304, 768): "t128x128",
+              (512, 3072, 768): "t128x128", (512, 768, 3072): "t128x64_k2", (512, 4096, 4096): "t128x128",
+              (512, 11008, 4096): "t128x128", (512, 4096, 11008): "t128x128"}
+
+
+TRACE = [((128, 768, 768), "t128x64_k4"), ((128, 768, 768), "t64x64"), ((512, 768, 768), "t64x64"),
+         ((128, 768, 3072), "t64x64_k4"), ((128, 4096, 4096), "t128x64_k2")]
+
+
+def step_trace(objdir):
+    torch = G.torch
+    K = F.variants(objdir)["new_trace"]
+    for (m, n, k), cfg in TRACE:
+        a, b, _ = operands(m, n, k)
+        c = torch.empty(m, n, device="cuda", dtype=torch.half)
+        fn = F.call(K, cfg, a, b, c, m, n, k)
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        buf = K.mod.get_global("_ZN7kitgemm13kitgemm_traceE")
+        G.cp.cuda.runtime.memset(buf.ptr, 0, 4096 * 12 * 8)
+        fn()
+        torch.cuda.synchronize()
+        tr = G.cp.ndarray((4096, 12), dtype=G.cp.uint64, memptr=buf).get().astype("int64")
+        e = G.parse(G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg))
+        nb = ((n + e["bn"] - 1) // e["bn"]) * ((m + e["tm"] - 1) // e["tm"]) * e["s"]
+        tr = tr[:nb]
+        rates = [(r[7] - r[0]) / (r[11] - r[10]) for r in tr if r[7] and r[0] and r[11] > r[10]]
+        ghz = statistics.median(rates) if rates else 1.98
+        parts = [f"clock64/globaltimer {ghz:.2f} GHz"]
+        for i, j, label in F.PHASES:
+            d = [int(r[j] - r[i]) for r in tr if r[i] and r[j]]
+            if d:
+                parts.append(f"{label} {statistics.median(d) / ghz:.0f} ns (max {max(d) / ghz:.0f})")
+        starts = [int(r[10]) for r in tr if r[10]]
+        ends = [int(r[11]) for r in tr if r[11]]
+        span = f"entry spread {max(starts) - min(starts)} ns, first entry to last exit {max(ends) - min(starts)} ns" if starts and ends else ""
+        G.log(f"TRACE new_trace {m}x{n}x{k} {cfg} ({nb} CTAs): " + "; ".join(parts) + "; " + span)
+
+
+def main():
+    objdir, mode = sys.argv[1], sys.argv[2]
+    G.setup()
+    p = G.torch.cuda.get_device_properties(0)
+    G.log("ENV", p.name, "driver", G.cp.cuda.runtime.driverGetVersion(), "torch", G.torch.__version__)
+    {"cublas": step_cublas, "sweep": step_sweep, "trace": step_trace}[mode](objdir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+// Split-K configs the library does not generate, for benchmarks/investigations/gemm_small.py:
+// f16 NT "none" entries of gemm.cuh with other (TM, BN, S). Grid (ceildiv(n, BN), ceildiv(m, TM), S).
+#include "../../kernels/matmul/gemm.cuh"
+
+#define XP(TM, BN, S)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(384, 1) KIT_SPLIT_K(S)                                       \
+      xp_t##TM##x##BN##_k##S(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w,    \
+                             unsigned short* __restrict__ c, int m, int n, int k) {                         \
+    kitgemm::gemm<kit::F16, kit::F16, true, BN, S, kitgemm::kNone, 1, TM>(                                  \
+        a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);                           \
+  }
+
+XP(128, 128, 4)
+XP(128, 64, 8)
+XP(128, 256, 2)
+XP(64, 64, 2)
+XP(64, 128, 1)
+XP(64, 128, 2)
