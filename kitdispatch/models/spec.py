@@ -236,6 +236,20 @@ class _Body:
         index = self.add(f"arith.constant {axis} : index")
         return self.add(f"tensor.dim {value}, {index} : {tensor_text(facts)}")
 
+    def widen_bool(self, value: str, facts: TensorFacts) -> str:
+        """An i1 tensor as i8 (0 or 1) by a linalg.generic: arith on tensors is illegal at this stage."""
+        wide = TensorFacts("i8", facts.shape)
+        dims = [self.dim(value, facts, axis) for axis, size in enumerate(facts.shape) if size is None]
+        empty = self.add(f"tensor.empty({', '.join(dims)}) : {tensor_text(wide)}")
+        loops = ", ".join(f"d{i}" for i in range(len(facts.shape)))
+        identity = f"affine_map<({loops}) -> ({loops})>"
+        n, parallel = self.count, ", ".join(['"parallel"'] * len(facts.shape))
+        return self.add(
+            f"linalg.generic {{indexing_maps = [{identity}, {identity}], iterator_types = [{parallel}]}} "
+            f"ins({value} : {tensor_text(facts)}) outs({empty} : {tensor_text(wide)}) {{\n"
+            f"^bb0(%in{n}: i1, %out{n}: i8):\n  %w{n} = arith.extui %in{n} : i1 to i8\n  linalg.yield %w{n} : i8\n}} -> {tensor_text(wide)}"
+        )
+
     def cast(self, value: str, have: str, want: str) -> str:
         return value if have == want else self.add(f"tensor.cast {value} : {have} to {want}")
 
@@ -270,7 +284,7 @@ def adapter_lines(decision: Decision) -> dict:
         if isinstance(argument, Constant):
             arguments.append((body.add(f"arith.constant {argument.value} : {argument.type}"), kernel_type))
             continue
-        i, facts = next(tensors)
+        i, facts = next(tensors, (len(params), None))  # past the op's inputs: a tensor the call names (attention's keep flags)
         facts = argument.tensor or facts
         value = f"%x{i}"
         params.append(f"{value}: {tensor_text(facts)}")
@@ -281,6 +295,8 @@ def adapter_lines(decision: Decision) -> dict:
             else:
                 value = body.expand(value, facts, reshaped, groups, value, facts, _expanded_axes(groups))
             facts = reshaped
+        if facts.dtype == "i1" and kernel_type.endswith("xi8>"):  # booleans (attention's keep flags) as the kernel's bytes
+            value, facts = body.widen_bool(value, facts), TensorFacts("i8", facts.shape)
         arguments.append((body.cast(value, tensor_text(facts), kernel_type), kernel_type))
     result_type = signature.results[0].mlir
     types = ", ".join(t for _, t in arguments)
