@@ -2,11 +2,11 @@
 // O = softmax(Q K^T / sqrt(d)) V per batch and head, Q, K, V, O [b, h, s, d] row-major, f16 or
 // bf16, f32 accumulation and softmax; head dims 64 and 128 (others give NaN: loud, not wrong).
 // Causal variants mask key j > query i (PyTorch's is_causal, top-left aligned).
-// Key-padding variants (_pad) read keep flags [b, t] (a model's attention_mask: nonzero attends)
-// and give a padded key the score the model's f16/bf16 chain gives it: the score rounded to E,
-// scaled in E, plus the masked value (HF's lowest) in E. Beside an attending key its weight is
-// exp(-65504 - max) = 0, as -inf's; in a fully padded row the softmax runs over those values,
-// as the model's does (not NaN).
+// Key-padding variants (_pad) add a bias per (batch, key) [b, t] of E (a model's attention_mask
+// as 0 where it attends and the dtype's lowest where it pads) as the model's f16/bf16 chain adds
+// it: where the bias is not 0, the score rounded to E, scaled in E, plus the bias in E. Beside an
+// attending key a padded one's weight is exp(-65504 - max) = 0, as -inf's; a fully padded row
+// gets the softmax over those values, as the model's does (not NaN).
 //
 // One source, one launch for every GPU: blocks of 384 threads, each owning 128 query rows of
 // one head (grid ceildiv(s, 128) x h x b), 98 KB of dynamic shared memory.
@@ -51,8 +51,8 @@ struct Problem {
   long long q_row, k_row, v_row, o_row;
   int d;          // the head dim (80 and 96 run as 128: zero columns past d, never written)
   int sk;         // keys (s but for cross-attention)  // elements between rows (between keys of K^T's d rows)
-  const signed char* keep = nullptr;  // key-padding flags of this block's batch row (the _pad variants)
-  float scale_e = 0.f;  // the softmax scale rounded to E, and the masked value: a padded key's score (padded_score)
+  const half_bits* bias = nullptr;  // the key-padding bias of this block's batch row (the _pad variants)
+  float scale_e = 0.f;  // the softmax scale rounded to E, and what a causally masked key gets added (padded_score)
   float masked = 0.f;
 };
 
@@ -62,12 +62,12 @@ __device__ __forceinline__ float round_to(float x) {
   return kit::to_float<E>(half_bits(kit::pack2<E>(x, 0.f) & 0xffffu));
 }
 
-// A padded key's score in the log2 domain, as the model computes it: Q.K (f32) rounded to E,
-// times the scale in E, plus the masked value in E (f32 holds each E product exactly and a sum
-// of two E values rounds to E as E's own addition does: 24 >= 2 * 11 + 2 bits).
+// A biased key's score in the log2 domain, as the model computes it: Q.K (f32) rounded to E,
+// times the scale in E, plus `add` (an E value) in E (f32 holds each E product exactly, and a
+// sum of two E values rounds to E as E's own addition does: 24 >= 2 * 11 + 2 bits).
 template <class E>
-__device__ __forceinline__ float padded_score(float qk, const Problem& p) {
-  return round_to<E>(round_to<E>(round_to<E>(qk) * p.scale_e) + p.masked) * kLog2e;
+__device__ __forceinline__ float padded_score(float qk, float add, const Problem& p) {
+  return round_to<E>(round_to<E>(round_to<E>(qk) * p.scale_e) + add) * kLog2e;
 }
 
 // Head `head` of `heads` of a tensor of layout L in this block's batch: its first element, and
@@ -183,7 +183,7 @@ __device__ void block(const Problem& p, half_bits* smem) {
   // Keys past last_key are masked for every row. With padding, a row whose keys 0..i are all
   // padded (left padding) takes the later keys' padded scores too, as the model's softmax does:
   // the block then runs over every key (each adds exp(-65504 - max) = 0 to the other rows).
-  const bool every_key = kPad && kCausal && p.keep[0] == 0;
+  const bool every_key = kPad && kCausal && (p.bias[0] & 0x7fffu) != 0;
   const int last_key = kCausal && !every_key ? min(p.sk, p.q0 + BM) : p.sk;
   const int ntiles = (last_key + BN - 1) / BN;
 
@@ -242,8 +242,10 @@ __device__ void block(const Problem& p, half_bits* smem) {
           const int key = key0 + nt * 8 + (e & 1), row = e < 2 ? row_a : row_b;
           if (key >= p.sk) {
             x = kit::neg_inf();
-          } else if (kPad && ((kCausal && key > row) || p.keep[key] == 0)) {
-            x = padded_score<E>(sc[nt][e], p);  // the model adds its masked value where causal and keep are not both true
+          } else if (kPad && kCausal && key > row) {
+            x = padded_score<E>(sc[nt][e], p.masked, p);  // the model adds its masked value, not the bias, past the diagonal
+          } else if (kPad && (p.bias[key] & 0x7fffu) != 0) {
+            x = padded_score<E>(sc[nt][e], kit::to_float<E>(p.bias[key]), p);
           } else if (kCausal && key > row) {
             x = kit::neg_inf();
           }
@@ -487,13 +489,13 @@ __device__ void fill_nan(const Problem& p, int d) {
 template <class E, bool kCausal, Order QL = BHSD, Order KL = BHSD, Order VL = BHSD, Order OL = BHSD, bool kPad = false>
 __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k, const half_bits* v, half_bits* o,
                                           int b, int h, int s, int d, int g = 0, float scale = 0.f, int t = 0,
-                                          const signed char* keep = nullptr, float masked = 0.f) {
+                                          const half_bits* bias = nullptr, float masked = 0.f) {
   extern __shared__ __align__(1024) char dyn_smem[];
   const bool grouped = g > 0 && g != h;
   const float softmax_scale = scale > 0.f ? scale : rsqrtf(float(d));  // the op's, where the entry takes it
   const int keys = t > 0 ? t : s;  // cross-attention: t keys for s queries
   Problem p = block_problem<QL, KL, VL, OL>(q, k, v, o, h, grouped && h % g == 0 ? g : h, s, d, softmax_scale, keys);
-  if (kPad) p.keep = keep + (long long)blockIdx.z * keys, p.scale_e = round_to<E>(softmax_scale), p.masked = round_to<E>(masked);
+  if (kPad) p.bias = bias + (long long)blockIdx.z * keys, p.scale_e = round_to<E>(softmax_scale), p.masked = round_to<E>(masked);
   if (grouped && h % g != 0) {  // query heads not a multiple of K/V heads: loud, not wrong
     fill_nan(p, d);
     return;
@@ -602,15 +604,15 @@ KIT_ATTENTION_GQA(attention_causal_gqa_bshd_bf16, kit::BF16, true, BSHD)
 KIT_ATTENTION_CROSS(attention_cross_f16, kit::F16)
 KIT_ATTENTION_CROSS(attention_cross_bf16, kit::BF16)
 
-// Key padding (mma.sync path): keep [b, t] flags (an i8 per key, nonzero attends), the softmax
-// scale and the masked value (the op's: HF adds the dtype's lowest) as arguments. Layouts as
-// above: _pad [b, h, s, d] throughout; _pad_kt BERT's; _pad_bshd GPT-2's.
+// Key padding (mma.sync path): bias [b, t] of E added per (batch, key), the softmax scale and
+// the masked value (what the causal variants' model adds past the diagonal: HF's lowest) as
+// arguments. Layouts as above: _pad [b, h, s, d] throughout; _pad_kt BERT's; _pad_bshd GPT-2's.
 #define KIT_ATTENTION_PAD(NAME, E, CAUSAL, QL, KL, VL, OL)                                                            \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
   NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
-       const signed char* __restrict__ keep, half_bits* __restrict__ o, float scale, float masked, int b, int h,      \
+       const half_bits* __restrict__ bias, half_bits* __restrict__ o, float scale, float masked, int b, int h,       \
        int s, int d) {                                                                                                \
-    attention<E, CAUSAL, QL, KL, VL, OL, true>(q, k, v, o, b, h, s, d, 0, scale, 0, keep, masked);                   \
+    attention<E, CAUSAL, QL, KL, VL, OL, true>(q, k, v, o, b, h, s, d, 0, scale, 0, bias, masked);                   \
   }
 
 KIT_ATTENTION_PAD(attention_pad_f16, kit::F16, false, BHSD, BHSD, BHSD, BHSD)

@@ -3,18 +3,18 @@
 import numpy as np
 
 
-def _attention(q, k, v, causal, scale=None, keep=None, masked=None):
+def _attention(q, k, v, causal, scale=None, bias=None, masked=None):
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
     qk = q64 @ np.swapaxes(k64, -1, -2)
     scores = qk * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
-    attends = np.tril(np.ones(scores.shape[-2:], dtype=bool)) if causal else np.ones(scores.shape[-2:], dtype=bool)
-    if keep is not None:  # key padding [b, t]: a padded key's score as the model's chain computes it, in q's type
-        attends = attends & (keep != 0)[:, None, None, :]
+    below = np.tril(np.ones(scores.shape[-2:], dtype=bool))
+    if bias is not None:  # key padding: a biased key's score as the model's chain computes it, in q's type
         e = q.dtype.type
-        padded = ((qk.astype(e) * e(scale)).astype(e) + e(masked)).astype(e).astype(np.float64)
-        scores = np.where(attends, scores, padded)
+        add = np.where(below, bias[:, None, None, :], e(masked)) if causal else bias[:, None, None, :]
+        biased = ((qk.astype(e) * e(scale)).astype(e) + add.astype(e)).astype(e).astype(np.float64)
+        scores = np.where(add != 0, biased, scores)
     elif causal:  # query i sees keys 0..i (PyTorch's is_causal)
-        scores = np.where(attends, scores, -np.inf)
+        scores = np.where(below, scores, -np.inf)
     scores -= scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
     weights /= weights.sum(axis=-1, keepdims=True)
@@ -106,13 +106,13 @@ def attention_cross_f16(q, k, v, scale):  # q [b, h, s, d], k and v [b, h, t, d]
 attention_cross_bf16 = attention_cross_f16
 
 
-def _pad_variant(q, k, v, keep, scale, masked, causal, order):
+def _pad_variant(q, k, v, bias, scale, masked, causal, order):
     """Key padding; order: "" (all [b, h, s, d]), "kt" (K^T, O [b, s, h, d]) or "bshd"."""
     if order == "bshd":
         q, k, v = _bhsd(q), _bhsd(k), _bhsd(v)
     elif order == "kt":
         k = np.swapaxes(k, -1, -2)
-    o = _attention(q, k, v, causal, float(scale), keep, float(masked))
+    o = _attention(q, k, v, causal, float(scale), bias, float(masked))
     return o if order == "" else _bhsd(o)
 
 
@@ -122,7 +122,7 @@ def _pad_entries():
         for order in ("", "kt", "bshd"):
             for dtype in ("f16", "bf16"):
                 name = f"attention{'_causal' if causal else ''}_pad{'_' + order if order else ''}_{dtype}"
-                entries[name] = lambda q, k, v, keep, scale, masked, c=causal, o=order: _pad_variant(q, k, v, keep, scale, masked, c, o)
+                entries[name] = lambda q, k, v, bias, scale, masked, c=causal, o=order: _pad_variant(q, k, v, bias, scale, masked, c, o)
     return entries
 
 

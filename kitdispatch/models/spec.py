@@ -236,18 +236,22 @@ class _Body:
         index = self.add(f"arith.constant {axis} : index")
         return self.add(f"tensor.dim {value}, {index} : {tensor_text(facts)}")
 
-    def widen_bool(self, value: str, facts: TensorFacts) -> str:
-        """An i1 tensor as i8 (0 or 1) by a linalg.generic: arith on tensors is illegal at this stage."""
-        wide = TensorFacts("i8", facts.shape)
+    def select_bool(self, value: str, facts: TensorFacts, dtype: str, where_false: str) -> str:
+        """An i1 tensor as select(x, 0, where_false) of `dtype`, by a linalg.generic (arith on
+        tensors is illegal at this stage); where_false is an f32 literal (exact in `dtype`)."""
+        out = TensorFacts(dtype, facts.shape)
         dims = [self.dim(value, facts, axis) for axis, size in enumerate(facts.shape) if size is None]
-        empty = self.add(f"tensor.empty({', '.join(dims)}) : {tensor_text(wide)}")
+        empty = self.add(f"tensor.empty({', '.join(dims)}) : {tensor_text(out)}")
         loops = ", ".join(f"d{i}" for i in range(len(facts.shape)))
         identity = f"affine_map<({loops}) -> ({loops})>"
         n, parallel = self.count, ", ".join(['"parallel"'] * len(facts.shape))
         return self.add(
             f"linalg.generic {{indexing_maps = [{identity}, {identity}], iterator_types = [{parallel}]}} "
-            f"ins({value} : {tensor_text(facts)}) outs({empty} : {tensor_text(wide)}) {{\n"
-            f"^bb0(%in{n}: i1, %out{n}: i8):\n  %w{n} = arith.extui %in{n} : i1 to i8\n  linalg.yield %w{n} : i8\n}} -> {tensor_text(wide)}"
+            f"ins({value} : {tensor_text(facts)}) outs({empty} : {tensor_text(out)}) {{\n"
+            f"^bb0(%in{n}: i1, %out{n}: {dtype}):\n"
+            f"  %zero{n} = arith.constant 0.0 : {dtype}\n  %wide{n} = arith.constant {where_false} : f32\n"
+            f"  %masked{n} = arith.truncf %wide{n} : f32 to {dtype}\n"
+            f"  %w{n} = arith.select %in{n}, %zero{n}, %masked{n} : {dtype}\n  linalg.yield %w{n} : {dtype}\n}} -> {tensor_text(out)}"
         )
 
     def cast(self, value: str, have: str, want: str) -> str:
@@ -295,8 +299,9 @@ def adapter_lines(decision: Decision) -> dict:
             else:
                 value = body.expand(value, facts, reshaped, groups, value, facts, _expanded_axes(groups))
             facts = reshaped
-        if facts.dtype == "i1" and kernel_type.endswith("xi8>"):  # booleans (attention's keep flags) as the kernel's bytes
-            value, facts = body.widen_bool(value, facts), TensorFacts("i8", facts.shape)
+        if argument.where_false is not None:  # booleans (attention's keep flags) as the additive mask they select
+            dtype = kernel_type.rsplit("x", 1)[-1].rstrip(">")
+            value, facts = body.select_bool(value, facts, dtype, argument.where_false), TensorFacts(dtype, facts.shape)
         arguments.append((body.cast(value, tensor_text(facts), kernel_type), kernel_type))
     result_type = signature.results[0].mlir
     types = ", ".join(t for _, t in arguments)

@@ -13,10 +13,10 @@ it, so each must have no other user.
 
 The kernel computes the scores, their scale and the softmax in f32; the chain rounds the scores
 and probabilities to f16 between its ops. That is the only difference accepted: the scale must
-be 1/sqrt(d) as the kernel applies it, the mask none or causal (_masks.py), or key-padding flags
-[b, t] (anded with a causal one) added as select(keep, 0, masked): the chain then keeps the
-flags tensor (`Chain.keep`) for the kernel to read, and the masked value (`Chain.masked`), the
-softmax over the keys.
+be 1/sqrt(d) as the kernel applies it, the mask none or causal (_masks.py), or key padding: an
+additive [b, t] mask, or boolean [b, t] flags (anded with a causal one) added as
+select(keep, 0, masked): the chain then keeps that tensor (`Chain.keep`) for the kernel to read,
+and the masked value (`Chain.masked`); the softmax over the keys.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from dataclasses import dataclass, field
 
-from kitdispatch.models.ops._masks import NONE, OTHER, MaskForm, is_masked_value, key_flags, read_additive, made_by, read_mask, with_key_padding
+from kitdispatch.models.ops._masks import NONE, OTHER, MaskForm, is_masked_value, per_key, read_additive, read_mask, with_key_padding
 from kitdispatch.models.ops.base import TensorFacts, location, map_dims, tensor_facts
 from kitdispatch.models.ops.generic import plain_transpose
 from kitdispatch.models.ops.matmul import init_source
@@ -67,8 +67,8 @@ class Chain:
     ops: tuple = field(default=(), compare=False, repr=False)  # the ir ops that die with the replacement
     options: tuple[tuple[Input, ...], ...] = ()  # Q, K, V: each readable as these (nearest first, q/k/v among them)
     o_order: str = "bhsd"  # the marked op's result as the kernel's O
-    keep: Input | None = None  # key-padding flags [b, t] (i1) the kernel reads, where the mask has them
-    masked: float | None = None  # what select(keep, 0, masked) adds to a padded key's score
+    keep: Input | None = None  # the key-padding mask [b, t] (additive, or i1 flags) the kernel reads, where the mask has it
+    masked: float | None = None  # what select(keep, 0, masked) adds to a padded key's score (flags)
     mask_dtype: str = ""  # the element type the mask is added in
 
     def read_as(self, orders: tuple[str, ...]) -> tuple[Input, ...] | None:
@@ -330,7 +330,7 @@ def read_chain(anchor: ir.Operation) -> Chain:
     q, k, v = (xs[0] for xs in options)
     out = tensor_facts(down[-1].results[0].type)
     keep = None if padding is None else Input((0,) * marked + padding.path, tensor_facts(padding.value.type), "")
-    added = next((s for s in program if s.name == _ADD_SELECT), None)
+    added = next((s for s in program if s.name in (_ADD_SELECT, "arith.addf")), None)
     return Chain(q, k, v, out, marked, scale, scale_text, mask, repeated_heads(k_value, v_value), r.problem,
                  tuple(r.ops) + (down[-1],), options, _order(o_roles), keep,
                  added.masked if added and keep else None, added.dtype if added and keep else "")
@@ -525,7 +525,7 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list, path: tu
             steps.append(_Step("select", masks=(mask(index),), loops=len(maps[-1])))
         elif inner.name == "arith.addf" and len(others) == 1 and others[0] in args[:len(op.operands) - 1]:
             index = args.index(others[0])
-            steps.append(_Step(inner.name, masks=(mask(index),), loops=len(maps[-1])))
+            steps.append(_Step(inner.name, masks=(mask(index),), loops=len(maps[-1]), dtype=str(inner.results[0].type)))
         else:
             r.fail(f"the scores go through {inner.name} before the softmax, which the kernel does not compute")
             return steps
@@ -594,7 +594,7 @@ def _scale_and_mask(r: _Reader, program: list[_Step]):
         r.fail(f"the scores get {shifts[0].constant_text} added before the softmax")
     if len(scales) != 1:
         r.fail(f"the scores are scaled {len(scales)} times before the softmax; the kernel scales them once by 1/sqrt(d)")
-        return None, "not one constant", None
+        return None, "not one constant", None, None
     scale = scales[0]
     if adds and program.index(adds[0]) < program.index(scale):
         r.fail("the mask is applied before the scores are scaled; the kernel scales, then masks")
@@ -610,9 +610,9 @@ def _scale_and_mask(r: _Reader, program: list[_Step]):
 
 
 def _step_mask(step: _Step) -> tuple[MaskForm, _Mask | None]:
-    """The form of the mask a step applies, and its key-padding flags where it has them (a
-    boolean [b, t] read per (batch, key), _masks.key_flags)."""
-    flags = [m for m in step.masks if key_flags(m.value, m.dims, step.loops)]
+    """The form of the mask a step applies, and its key-padding tensor where it has one (a
+    [b, t] read per (batch, key), _masks.per_key: flags anded, or the additive mask itself)."""
+    flags = [m for m in step.masks if per_key(m.dims, step.loops)]
     rest = [m for m in step.masks if m not in flags]
     if len(flags) > 1 or len(rest) > 1:
         return MaskForm(OTHER, f"a mask anded from {len(step.masks)} tensors"), None
@@ -626,10 +626,10 @@ def _step_mask(step: _Step) -> tuple[MaskForm, _Mask | None]:
         form = read(rest[0].value, dims.index(q), dims.index(k))
     if not flags:
         return form, None
-    if step.name != _ADD_SELECT:
+    if step.name == "select":
         return MaskForm(OTHER, "key-padding flags applied as select(keep, scores, masked); the kernels add the masked "
                                "value to the scores, as select(keep, 0, masked) + scores does (a fully padded row differs)"), None
-    form = with_key_padding(form, made_by(flags[0].value))
+    form = with_key_padding(form, flags[0].value)
     return form, (flags[0] if form.form != OTHER else None)
 
 

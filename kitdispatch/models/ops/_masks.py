@@ -11,10 +11,12 @@ what made it.
 
 A key-padding mask (a model's `attention_mask` input [b, t], 1 = attend) needs no evaluation:
 transformers broadcasts it over heads and queries, which IREE's elementwise fusion folds into
-the map by which the scores' generic reads the boolean [b, t] tensor (d0, d3) of its loops
-[b, h, q, k] (measured on HF BERT and GPT-2 exported by torch's dynamo exporter, IREE 3.13).
+the map by which the scores' generic reads a [b, t] tensor, (d0, d3) of its loops [b, h, q, k]:
+boolean flags that a select(keep, 0, lowest) in the generic turns into the additive mask (HF
+BERT and GPT-2 exported by torch's dynamo exporter, IREE 3.13: the flags come out of a gather),
+or the additive [b, t] mask itself (where IREE fuses that select into the flags' producer).
 Whatever its values, a kernel that reads that same tensor per (batch, key) computes what the op
-does (`key_flags`); anded with a causal constant [q, k] it is causal key padding.
+does (`per_key`); anded with a causal constant [q, k] it is causal key padding.
 """
 
 from __future__ import annotations
@@ -73,20 +75,21 @@ def read_additive(value: ir.Value, query_axis: int, key_axis: int) -> MaskForm:
     return read_mask(value, query_axis, key_axis)
 
 
-def key_flags(value: ir.Value, dims: tuple[int, ...] | None, loops: int) -> bool:
-    """Whether a boolean tensor read through `dims` (its axes' loops) in a generic of `loops`
-    loops [b, h, q, k] holds keep flags per (batch, key): a [b, t] tensor read as (d0, d3)."""
-    return loops == 4 and dims == (0, loops - 1) and _element(value.type) == "i1"
+def per_key(dims: tuple[int, ...] | None, loops: int) -> bool:
+    """Whether a tensor read through `dims` (its axes' loops) in a generic of `loops` loops
+    [b, h, q, k] holds one value per (batch, key): a [b, t] tensor read as (d0, d3)."""
+    return loops == 4 and dims == (0, loops - 1)
 
 
-def with_key_padding(form: MaskForm, made_by: str) -> MaskForm:
-    """`form` (of the rest of the mask) anded with key-padding flags made by `made_by`."""
-    flags = f"key-padding flags [b, t] made by {made_by}"
+def with_key_padding(form: MaskForm, value: ir.Value) -> MaskForm:
+    """`form` (of the rest of the mask) with the key-padding tensor `value` [b, t] (boolean
+    flags anded with it, or an additive mask where `form` is NONE)."""
+    what = f"{'key-padding flags' if _element(value.type) == 'i1' else 'an additive key-padding mask'} [b, t] made by {made_by(value)}"
     if form.form == NONE:
-        return MaskForm(KEY_PADDING, f"a boolean mask of {flags}")
+        return MaskForm(KEY_PADDING, what)
     if form.form == CAUSAL:
-        return MaskForm(CAUSAL_KEY_PADDING, f"a causal boolean mask and {flags}")
-    return MaskForm(OTHER, f"{form.text}, and {flags}")
+        return MaskForm(CAUSAL_KEY_PADDING, f"a causal boolean mask and {what}")
+    return MaskForm(OTHER, f"{form.text}, and {what}")
 
 
 def made_by(value: ir.Value) -> str:
@@ -97,8 +100,9 @@ def made_by(value: ir.Value) -> str:
         seen += 1
         if owner is not None and owner.name == "hal.tensor.import":
             return "ops from an input of the model's function"
-        if owner is not None:
+        if owner is not None:  # its operands, and what its body reads from outside (a gather's table)
             todo.extend(owner.operands)
+            todo.extend(v for region in owner.regions for block in region.blocks for inner in block.operations for v in inner.operands)
     return op_name(value.owner)
 
 

@@ -4,9 +4,10 @@ A kernel that replaces attention takes Q, K, V and writes O, all of one layout [
 (row-major, one s for queries and keys), with scale = 1/sqrt(d) in f32 (attention.cu computes
 rsqrtf(float(d))) and no mask, or, for a kernel with replace_when's `mask = "causal"`, a causal
 one; a mask operand that masks nothing is no mask (_masks.py reads what the mask is). A kernel
-of `mask = "key_padding"` (or "causal_key_padding") takes a fourth input, `keep` i8 [b, s] (or
-[b, t]): the decomposed chain's boolean key-padding flags, widened from i1 in the adapter, and
-the scalars `scale` and `masked` (the value the chain adds to a padded key's score). An op with one batch dim runs as b = 1, through an
+of `mask = "key_padding"` (or "causal_key_padding") takes a fourth input, `bias` [b, s] (or
+[b, t]) of Q's type: the decomposed chain's additive mask per (batch, key), or its boolean
+flags as select(keep, 0, masked) made in the adapter, and the scalars `scale` and `masked`
+(what the chain adds to a causally masked key's score). An op with one batch dim runs as b = 1, through an
 adapter in the spec that adds the unit dim; V may be read through the plain transpose IREE's
 global optimization puts before it (the spec passes the transpose's input).
 """
@@ -37,8 +38,8 @@ BATCH_DIMS = 2  # the kernel's b and h; an op with one batch dim runs as b = 1
 ROLES = ("Q", "K", "V", "O")
 PLAIN = ("bhsd",) * 4  # every tensor [b, h, s, d]
 SCALE = "scale"  # an f32 scalar argument: the kernel scales the scores by the op's constant
-MASKED = "masked"  # an f32 scalar argument of key-padding kernels: the value added to a padded key's score
-KEEP = "keep"  # key-padding kernels' fourth input: i8 [b, s] flags, nonzero where the key attends
+MASKED = "masked"  # an f32 scalar argument of key-padding kernels: the value added past the diagonal (causal)
+BIAS = "bias"  # key-padding kernels' fourth input: [b, s] of Q's type, added to the scores per (batch, key)
 PADDING = (KEY_PADDING, CAUSAL_KEY_PADDING)
 KEYS = "t"  # K and V's sequence dim where a kernel takes another key length (cross-attention)
 # The orders a kernel's tensors may have, named by their dims (b, h, s, d): projections leave
@@ -104,12 +105,13 @@ class Attention(OpKind):
         args, result = kernel_buffers(_without_scale(kernel), self.name, where)
         padding = kernel.replaces.mask in PADDING
         expect(len(args) == 3 + padding and result.access != "inout", "it must take Q, K and V in that order (then, for a "
-               "key_padding mask, its flags `keep` i8 [b, s]) and write one new result O", where)
+               "key_padding mask, its `bias` [b, s]) and write one new result O", where)
         if padding:
-            keep = args[3].type
-            expect(args[3].name == KEEP and keep.dtype == "i8" and len(keep.shape) == 2 and keep.shape[0] == args[1].type.shape[0]
-                   and keep.shape[1] in ("s", KEYS) and {SCALE, MASKED} <= {p.name for p in kernel.function_arguments},
-                   f"a {kernel.replaces.mask} kernel takes `keep` i8 [b, s] (or [b, t]) after V, and the f32 scalars `scale` and `masked`", where)
+            bias = args[3].type
+            expect(args[3].name == BIAS and bias.dtype == args[0].type.dtype and len(bias.shape) == 2 and bias.shape[0] == args[1].type.shape[0]
+                   and bias.shape[1] in ("s", KEYS) and {SCALE, MASKED} <= {p.name for p in kernel.function_arguments},
+                   f"a {kernel.replaces.mask} kernel takes `bias` [b, s] (or [b, t]) of Q's type after V, and the f32 scalars "
+                   "`scale` and `masked`", where)
         shapes = {b.type.shape for b in args[:3] + [result]}
         dtypes = {b.type.dtype for b in args[:3] + [result]}
         expect(
@@ -173,9 +175,10 @@ class Attention(OpKind):
             why = type_mismatch(role, padded, buffer, sizes)
             if why:
                 return why
-        if len(layout.inputs) > 3:  # the key-padding flags [b, t], i1 in the op, read as bytes
-            keep = op.detail.chain.keep.tensor
-            why = type_mismatch("key-padding flags", TensorFacts("i8", keep.shape), layout.inputs[3], sizes)
+        if len(layout.inputs) > 3:  # the key-padding mask [b, t]: boolean flags pass as the bias they select
+            given = op.detail.chain.keep.tensor
+            bias = TensorFacts(layout.inputs[3].type.dtype, given.shape) if given.dtype == "i1" else given
+            why = type_mismatch("key-padding mask", bias, layout.inputs[3], sizes)
             if why:
                 return why
         if sizes.get("g") and sizes.get("h") and sizes["h"] % sizes["g"]:
@@ -212,8 +215,10 @@ class Attention(OpKind):
         if layout.pattern is not None:
             given = {**dict(enumerate(arguments)), SCALE: Constant("f32", repr(float(np.float32(op.detail.scale))))}
             if chain is not None and chain.keep is not None:
-                given[3] = Operand(chain.keep.path, None, chain.keep.tensor)
-                given[MASKED] = Constant("f32", _f32_literal(chain.masked))
+                flags = chain.keep.tensor.dtype == "i1"  # passed as select(keep, 0, masked), the bias they add
+                masked = _f32_literal(chain.masked) if chain.masked is not None else "0.0"
+                given[3] = Operand(chain.keep.path, None, chain.keep.tensor, where_false=masked if flags else None)
+                given[MASKED] = Constant("f32", masked)
             arguments = [given[role] for role in layout.pattern]
         return Call(tuple(arguments), result=reshapes[3], marked=marked, variant=variant)
 
