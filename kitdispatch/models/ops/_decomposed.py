@@ -504,6 +504,10 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list, path: tu
                 r.fail("the generic before the softmax yields something else than the scores' value")
             return steps
         operands = list(inner.operands)
+        if current not in operands and len(inner.results) == 1:
+            r.fail(f"the mask is computed inside the scores' generic ({inner.name} of its other inputs, fused there by IREE); "
+                   "the kernels read a mask the model holds as a tensor (a [b, t] key-padding mask, or a constant)")
+            return steps
         if current not in operands or len(inner.results) != 1:
             r.fail(f"the scores go through {inner.name}, which does not read them")
             return steps
