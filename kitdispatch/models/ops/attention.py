@@ -225,7 +225,7 @@ class Attention(OpKind):
 
 def _without_scale(kernel: Kernel) -> Kernel:
     """The kernel as kernel_buffers checks it: `scale` and `masked` scalars (f32) are the op's to give."""
-    def given(p) -> bool:
+    def given(p: Buffer | Scalar) -> bool:
         return isinstance(p, Scalar) and p.name in (SCALE, MASKED) and p.dtype == "f32" and kernel.is_function_argument(p)
 
     if not any(given(p) for p in kernel.params):
