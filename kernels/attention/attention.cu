@@ -627,3 +627,18 @@ KIT_ATTENTION_PAD(attention_pad_kt_bf16, kit::BF16, false, BHSD, BHDS, BHSD, BSH
 KIT_ATTENTION_PAD(attention_causal_pad_kt_bf16, kit::BF16, true, BHSD, BHDS, BHSD, BSHD)
 KIT_ATTENTION_PAD(attention_pad_bshd_bf16, kit::BF16, false, BSHD, BSHD, BSHD, BSHD)
 KIT_ATTENTION_PAD(attention_causal_pad_bshd_bf16, kit::BF16, true, BSHD, BSHD, BSHD, BSHD)
+
+// Grouped-query attention with key padding (Llama called with attention_mask): the _gqa layouts
+// above and the bias / masked arguments of the _pad entries.
+#define KIT_ATTENTION_PAD_GQA(NAME, E, CAUSAL, KL)                                                                    \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
+  NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
+       const half_bits* __restrict__ bias, half_bits* __restrict__ o, float scale, float masked, int b, int h, int g, \
+       int s, int d) {                                                                                                \
+    attention<E, CAUSAL, BHSD, KL, BSHD, BSHD, true>(q, k, v, o, b, h, s, d, g, scale, 0, bias, masked);             \
+  }
+
+KIT_ATTENTION_PAD_GQA(attention_causal_pad_gqa_f16, kit::F16, true, BHSD)
+KIT_ATTENTION_PAD_GQA(attention_causal_pad_gqa_bf16, kit::BF16, true, BHSD)
+KIT_ATTENTION_PAD_GQA(attention_causal_pad_gqa_bshd_f16, kit::F16, true, BSHD)
+KIT_ATTENTION_PAD_GQA(attention_causal_pad_gqa_bshd_bf16, kit::BF16, true, BSHD)

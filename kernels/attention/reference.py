@@ -69,12 +69,12 @@ attention_bshd_bf16, attention_causal_bshd_bf16 = attention_bshd_f16, attention_
 attention_kt_bf16, attention_causal_kt_bf16 = attention_kt_f16, attention_causal_kt_f16
 
 
-def _gqa_variant(q, k, v, scale, causal):
+def _gqa_variant(q, k, v, scale, causal, bias=None, masked=None):
     """q [b, h, s, d], k [b, g, s, d], v [b, s, g, d] -> o [b, s, h, d]; query head i reads K/V head i // (h // g)."""
     group = q.shape[1] // v.shape[2]
     k_heads = np.repeat(k, group, axis=1)
     v_heads = np.repeat(np.swapaxes(v, 1, 2), group, axis=1)
-    return _bhsd(_attention(q, k_heads, v_heads, causal, float(scale)))
+    return _bhsd(_attention(q, k_heads, v_heads, causal, float(scale), bias, None if masked is None else float(masked)))
 
 
 def attention_gqa_f16(q, k, v, scale):
@@ -127,3 +127,14 @@ def _pad_entries():
 
 
 globals().update(_pad_entries())
+
+
+def attention_causal_pad_gqa_f16(q, k, v, bias, scale, masked):
+    return _gqa_variant(q, k, v, scale, True, bias, masked)
+
+
+def attention_causal_pad_gqa_bshd_f16(q, k, v, bias, scale, masked):  # k [b, s, g, d]
+    return _gqa_variant(q, _bhsd(k), v, scale, True, bias, masked)
+
+
+attention_causal_pad_gqa_bf16, attention_causal_pad_gqa_bshd_bf16 = attention_causal_pad_gqa_f16, attention_causal_pad_gqa_bshd_f16

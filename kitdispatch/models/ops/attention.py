@@ -366,7 +366,7 @@ def _mask_mismatch(a: AttentionFacts, wanted: str | None) -> str | None:
     form = a.mask_form
     if form == (wanted or NONE):
         return None
-    if form not in (NONE, CAUSAL):
+    if form not in (NONE, CAUSAL, *PADDING):
         return f"the op's mask is {a.mask.text}: the library has no kernel for an arbitrary mask"
     shown = "no mask" if a.mask is None else a.mask.text
     return f"the op has {shown}, the kernel applies {'a ' + wanted + ' mask' if wanted else 'none'}"
