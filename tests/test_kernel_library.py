@@ -4,6 +4,7 @@ GPU over many shapes, and their sm_90a code is checked for Hopper's instructions
 
 import importlib.util
 import inspect
+import runpy
 from pathlib import Path
 
 import numpy as np
@@ -265,6 +266,54 @@ def test_attention_cross(tensor_core_builds, dtype, shape):
     scale = float(np.float16(1 / np.sqrt(d)))
     got = _module(tensor_core_builds, "attention").call(f"attention_cross_{dtype}", q, k, v, np.float32(scale))
     assert _rel_err(got, _attention_reference(q, k, v, False, scale)) <= RESULT_TOL[dtype]
+
+
+# (b, h, g, s, d) and the padding of the last batch row: none, right, left (a causal row's own
+# keys all padded), every key (a fully padded row), random holes; g: K/V heads (GQA entries).
+PAD_SHAPES = [(2, 3, 3, 300, 64), (2, 2, 2, 197, 128), (2, 4, 2, 130, 96)]
+PADDINGS = ["none", "right", "left", "full", "holes"]
+
+
+def _padding_bias(b: int, s: int, padding: str, dtype: str) -> np.ndarray:
+    """[b, s] of the attention dtype: 0 where a key attends, f16's lowest (HF's mask) where it is padded."""
+    keep = np.ones((b, s), bool)
+    keep[-1] = {"none": keep[-1], "right": np.arange(s) < s - 37, "left": np.arange(s) >= 50, "full": False,
+                "holes": np.random.default_rng(s).random(s) > 0.3}[padding]
+    return np.where(keep, 0.0, -65504.0).astype(_numpy_dtype(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("variant", ["pad", "causal_pad", "pad_kt", "causal_pad_kt", "pad_bshd", "causal_pad_bshd", "causal_pad_gqa",
+                                     "causal_pad_gqa_bshd"])
+@pytest.mark.parametrize("padding", PADDINGS)
+@pytest.mark.parametrize("shape", PAD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_attention_key_padding(tensor_core_builds, dtype, variant, padding, shape):
+    """The _pad entries against kernels/attention/reference.py (a biased key's score rounded,
+    scaled and biased in the dtype, as a model's chain computes it): a fully padded row gets
+    the softmax over every key's biased score, not NaN; a causal row whose keys are all padded
+    (left padding) runs over every key."""
+    b, h, g, s, d = shape
+    reference = runpy.run_path(str(REPO / "kernels" / "attention" / "reference.py"))
+    function = f"attention_{variant}_{dtype}"
+    rng = np.random.default_rng(sum(shape))
+    make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))
+    grouped = "gqa" in variant
+    q = make(b, h, s, d)
+    layouts = {"kt": ((b, h, d, s), (b, h, s, d)), "bshd": ((b, s, h, d), (b, s, h, d))}
+    if grouped:
+        k_shape, v_shape = ((b, s, g, d) if variant.endswith("bshd") else (b, g, s, d)), (b, s, g, d)
+    else:
+        k_shape, v_shape = layouts.get(variant.rsplit("_", 1)[-1], ((b, h, s, d), (b, h, s, d)))
+    if variant.endswith("bshd") and not grouped:
+        q = make(b, s, h, d)
+    k, v = make(*k_shape), make(*v_shape)
+    bias = _padding_bias(b, s, padding, dtype)
+    scale, masked = np.float32(np.float16(1 / np.sqrt(d))), np.float32(-65504.0)
+    expected = reference[function](q, k, v, bias, scale, masked)
+    got = _module(tensor_core_builds, "attention").call(function, q, k, v, bias, scale, masked)
+    assert got.shape == expected.shape
+    assert _rel_err(got, expected.astype(np.float64)) <= RESULT_TOL[dtype]
 
 
 @pytest.mark.gpu

@@ -10,7 +10,11 @@ BERT-base, GPT-2 small, a Llama-style decoder (hidden 2048, 16 query and 4 key/v
 batch B, seq S (default 1, 128), and ViT-base (batch B, 224x224). Files are NAME-DTYPE-bBsS.onnx.
 GPT-2 exported by the TorchScript exporter stops in IREE 3.13's importer (a dynamic onnx.Reshape,
 benchmarks/results/hf-library-build.txt); the dynamo exporter's imports. Then, where iree-compile
-is: python benchmarks/hf_models.py build OUT_DIR BUILD_DIR."""
+is: python benchmarks/hf_models.py build OUT_DIR BUILD_DIR.
+
+`--attention-mask` exports the text models called with an `attention_mask` input too (int64
+[b, s], the first row's second half padded; GPT-2 and Llama with use_cache=False), as
+NAME-mask-DTYPE-bBsS.onnx: the key-padding mask the kit's `attention_pad_*` kernels take."""
 import argparse
 import os
 
@@ -27,6 +31,18 @@ class LastHidden(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(**{self.key: x}).last_hidden_state
+
+
+class WithMask(torch.nn.Module):
+    """A text model called with input_ids and attention_mask, its last hidden state out."""
+
+    def __init__(self, model: torch.nn.Module, decoder: bool) -> None:
+        super().__init__()
+        self.model, self.decoder = model, decoder
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        extra = {"use_cache": False} if self.decoder else {}
+        return self.model(input_ids=ids, attention_mask=mask, **extra).last_hidden_state
 
 
 def trained_like(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -75,6 +91,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--torchscript", action="store_true")
+    parser.add_argument("--attention-mask", action="store_true", help="text models with an attention_mask input too")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
@@ -85,13 +102,19 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         for tag, dtype in chosen.items():
-            module = LastHidden(model.to(dtype).eval(), key).eval()
+            masked = args.attention_mask and key == "input_ids"
+            module = (WithMask(model.to(dtype).eval(), name in ("gpt2", "llama")) if masked else LastHidden(model.to(dtype).eval(), key)).eval()
             x = example.to(dtype) if example.is_floating_point() else example
+            inputs, names = (x,), [key]
+            if masked:
+                mask = torch.ones(example.shape, dtype=torch.int64)
+                mask[0, example.shape[1] // 2:] = 0
+                inputs, names = (x, mask), [key, "attention_mask"]
             layers = f"-l{args.layers}" if args.layers != 1 else ""  # benchmarks/hf_models.py reads the layers from the name
-            path = os.path.join(args.out, f"{name}-{tag}-b{args.batch}s{args.seq}{layers}.onnx")
+            path = os.path.join(args.out, f"{name}{'-mask' if masked else ''}-{tag}-b{args.batch}s{args.seq}{layers}.onnx")
             try:
                 opset = 17 if args.torchscript else 18
-                torch.onnx.export(module, (x,), path, input_names=[key], opset_version=opset, dynamo=not args.torchscript,
+                torch.onnx.export(module, inputs, path, input_names=names, opset_version=opset, dynamo=not args.torchscript,
                                   external_data=False)
                 print(name, tag, os.path.getsize(path), "bytes")
             except Exception as exc:  # noqa: BLE001 - report and go on with the others

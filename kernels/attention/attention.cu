@@ -2,6 +2,11 @@
 // O = softmax(Q K^T / sqrt(d)) V per batch and head, Q, K, V, O [b, h, s, d] row-major, f16 or
 // bf16, f32 accumulation and softmax; head dims 64 and 128 (others give NaN: loud, not wrong).
 // Causal variants mask key j > query i (PyTorch's is_causal, top-left aligned).
+// Key-padding variants (_pad) add a bias per (batch, key) [b, t] of E (a model's attention_mask
+// as 0 where it attends and the dtype's lowest where it pads) as the model's f16/bf16 chain adds
+// it: where the bias is not 0, the score rounded to E, scaled in E, plus the bias in E. Beside an
+// attending key a padded one's weight is exp(-65504 - max) = 0, as -inf's; a fully padded row
+// gets the softmax over those values, as the model's does (not NaN).
 //
 // One source, one launch for every GPU: blocks of 384 threads, each owning 128 query rows of
 // one head (grid ceildiv(s, 128) x h x b), 98 KB of dynamic shared memory.
@@ -46,7 +51,24 @@ struct Problem {
   long long q_row, k_row, v_row, o_row;
   int d;          // the head dim (80 and 96 run as 128: zero columns past d, never written)
   int sk;         // keys (s but for cross-attention)  // elements between rows (between keys of K^T's d rows)
+  const half_bits* bias = nullptr;  // the key-padding bias of this block's batch row (the _pad variants)
+  float scale_e = 0.f;  // the softmax scale rounded to E, and what a causally masked key gets added (padded_score)
+  float masked = 0.f;
 };
+
+// A value rounded to E (f16 or bf16), as a float.
+template <class E>
+__device__ __forceinline__ float round_to(float x) {
+  return kit::to_float<E>(half_bits(kit::pack2<E>(x, 0.f) & 0xffffu));
+}
+
+// A biased key's score in the log2 domain, as the model computes it: Q.K (f32) rounded to E,
+// times the scale in E, plus `add` (an E value) in E (f32 holds each E product exactly, and a
+// sum of two E values rounds to E as E's own addition does: 24 >= 2 * 11 + 2 bits).
+template <class E>
+__device__ __forceinline__ float padded_score(float qk, float add, const Problem& p) {
+  return round_to<E>(round_to<E>(round_to<E>(qk) * p.scale_e) + add) * kLog2e;
+}
 
 // Head `head` of `heads` of a tensor of layout L in this block's batch: its first element, and
 // the distance between its rows.
@@ -154,11 +176,15 @@ __device__ __forceinline__ void load_keys(half_bits* dst, const Problem& p, int 
   }
 }
 
-template <class E, int D, bool kCausal, Order KL>
+template <class E, int D, bool kCausal, Order KL, bool kPad = false>
 __device__ void block(const Problem& p, half_bits* smem) {
   using L = Smem<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int last_key = kCausal ? min(p.sk, p.q0 + BM) : p.sk;  // keys past it are masked for every row
+  // Keys past last_key are masked for every row. With padding, a row whose keys 0..i are all
+  // padded (left padding) takes the later keys' padded scores too, as the model's softmax does:
+  // the block then runs over every key (each adds exp(-65504 - max) = 0 to the other rows).
+  const bool every_key = kPad && kCausal && (p.bias[0] & 0x7fffu) != 0;
+  const int last_key = kCausal && !every_key ? min(p.sk, p.q0 + BM) : p.sk;
   const int ntiles = (last_key + BN - 1) / BN;
 
   load_rows<D>(smem + L::kQ, p.q, p.q0, BM, p.s, p.q_row, p.d);
@@ -205,7 +231,7 @@ __device__ void block(const Problem& p, half_bits* smem) {
 
     // Online softmax over this tile, in the log2 domain.
     const int key0 = t * BN + lane % 4 * 2;
-    const bool masked = t * BN + BN > p.sk || (kCausal && t * BN + BN - 1 > p.q0 + warp * 16);
+    const bool masked = kPad || t * BN + BN > p.sk || (kCausal && t * BN + BN - 1 > p.q0 + warp * 16);
     float mx_a = m_a, mx_b = m_b;
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt)
@@ -214,7 +240,15 @@ __device__ void block(const Problem& p, half_bits* smem) {
         float x = sc[nt][e] * p.scale2;
         if (masked) {
           const int key = key0 + nt * 8 + (e & 1), row = e < 2 ? row_a : row_b;
-          if (key >= p.sk || (kCausal && key > row)) x = kit::neg_inf();
+          if (key >= p.sk) {
+            x = kit::neg_inf();
+          } else if (kPad && kCausal && key > row) {
+            x = padded_score<E>(sc[nt][e], p.masked, p);  // the model adds its masked value, not the bias, past the diagonal
+          } else if (kPad && (p.bias[key] & 0x7fffu) != 0) {
+            x = padded_score<E>(sc[nt][e], kit::to_float<E>(p.bias[key]), p);
+          } else if (kCausal && key > row) {
+            x = kit::neg_inf();
+          }
         }
         sc[nt][e] = x;
         if (e < 2) mx_a = fmaxf(mx_a, x); else mx_b = fmaxf(mx_b, x);
@@ -464,20 +498,22 @@ __device__ void fill_nan(const Problem& p, int d) {
 // On sm_90a the wgmma + TMA path takes Q, K and V in [b, h, s, d] or [b, s, h, d] (GQA too) with
 // O in any layout from kHopperMinKeys keys: below that its fixed cost (tensor maps built on the
 // device, the pipeline's fill) outweighs its speed and the mma.sync path is faster. K as K^T
-// [b, h, d, s] takes it at any length where s is a multiple of 8 (its mma.sync path is slower:
-// b1 h12 s128 d64 9.7 us against 14.8, s256 12.5 against 25.0). Cross-attention and misaligned
-// tensors take the mma.sync path, as every other GPU does. H100, device time (benchmarks/results/attention-layouts-h100-round29.txt): b8 h12 s512
-// d64 [b, s, h, d] 62.3 (mma.sync) -> 47.7 us, GQA 67.0 -> 49.1; b1 h12 s128 d64 [b, h, s, d]
-// 13.4 (wgmma) -> 10.1, s197 [b, s, h, d] 16.2 (wgmma) against 13.9.
+// [b, h, d, s] takes it at any length where s is a multiple of 8 (its mma.sync path is slower).
+// Cross-attention, key padding (_pad) and misaligned tensors take the mma.sync path, as every
+// other GPU does. H100 device time (benchmarks/results/attention-layouts-h100-round29.txt): b8
+// h12 s512 d64 [b, s, h, d] 62.3 (mma.sync) -> 47.7 us, GQA 67.0 -> 49.1, K^T 122.8 -> 41.5;
+// b1 h12 s128 d64 [b, h, s, d] 13.4 (wgmma) -> 10.1 (mma.sync), K^T 14.8 -> 9.7 (wgmma).
 constexpr int kHopperMinKeys = 257;
-template <class E, bool kCausal, Order QL = BHSD, Order KL = BHSD, Order VL = BHSD, Order OL = BHSD>
+template <class E, bool kCausal, Order QL = BHSD, Order KL = BHSD, Order VL = BHSD, Order OL = BHSD, bool kPad = false>
 __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k, const half_bits* v, half_bits* o,
-                                          int b, int h, int s, int d, int g = 0, float scale = 0.f, int t = 0) {
+                                          int b, int h, int s, int d, int g = 0, float scale = 0.f, int t = 0,
+                                          const half_bits* bias = nullptr, float masked = 0.f) {
   extern __shared__ __align__(1024) char dyn_smem[];
   const bool grouped = g > 0 && g != h;
   const float softmax_scale = scale > 0.f ? scale : rsqrtf(float(d));  // the op's, where the entry takes it
   const int keys = t > 0 ? t : s;  // cross-attention: t keys for s queries
-  const Problem p = block_problem<QL, KL, VL, OL>(q, k, v, o, h, grouped && h % g == 0 ? g : h, s, d, softmax_scale, keys);
+  Problem p = block_problem<QL, KL, VL, OL>(q, k, v, o, h, grouped && h % g == 0 ? g : h, s, d, softmax_scale, keys);
+  if (kPad) p.bias = bias + (long long)blockIdx.z * keys, p.scale_e = round_to<E>(softmax_scale), p.masked = round_to<E>(masked);
   if (grouped && h % g != 0) {  // query heads not a multiple of K/V heads: loud, not wrong
     fill_nan(p, d);
     return;
@@ -485,7 +521,7 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
   half_bits* smem = reinterpret_cast<half_bits*>(dyn_smem);
   const bool aligned = kit::aligned16(q) && kit::aligned16(k) && kit::aligned16(v) && kit::aligned16(o);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kRows = QL != BHDS && VL != BHDS;  // K may be K^T (its keys contiguous)
+  constexpr bool kRows = QL != BHDS && VL != BHDS && !kPad;  // K may be K^T (its keys contiguous)
   __shared__ __align__(1024) char stat[hopper::kStaticBytes];
   const unsigned stat_addr = kit::smem_addr(stat);
   const bool tma_rows = KL != BHDS || p.k_row % 8 == 0;  // TMA takes rows 16-byte multiples apart
@@ -500,9 +536,9 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
   }
 #endif
   if (aligned && (d == 128 || d == 96 || d == 80)) {  // 80 and 96 padded to 128 in shared memory and registers
-    ampere::block<E, 128, kCausal, KL>(p, smem);
+    ampere::block<E, 128, kCausal, KL, kPad>(p, smem);
   } else if (aligned && d == 64) {
-    ampere::block<E, 64, kCausal, KL>(p, smem);
+    ampere::block<E, 64, kCausal, KL, kPad>(p, smem);
   } else {
     fill_nan(p, d);
   }
@@ -586,3 +622,42 @@ KIT_ATTENTION_GQA(attention_causal_gqa_bshd_bf16, kit::BF16, true, BSHD)
 
 KIT_ATTENTION_CROSS(attention_cross_f16, kit::F16)
 KIT_ATTENTION_CROSS(attention_cross_bf16, kit::BF16)
+
+// Key padding (mma.sync path): bias [b, t] of E added per (batch, key), the softmax scale and
+// the masked value (what the causal variants' model adds past the diagonal: HF's lowest) as
+// arguments. Layouts as above: _pad [b, h, s, d] throughout; _pad_kt BERT's; _pad_bshd GPT-2's.
+#define KIT_ATTENTION_PAD(NAME, E, CAUSAL, QL, KL, VL, OL)                                                            \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
+  NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
+       const half_bits* __restrict__ bias, half_bits* __restrict__ o, float scale, float masked, int b, int h,       \
+       int s, int d) {                                                                                                \
+    attention<E, CAUSAL, QL, KL, VL, OL, true>(q, k, v, o, b, h, s, d, 0, scale, 0, bias, masked);                   \
+  }
+
+KIT_ATTENTION_PAD(attention_pad_f16, kit::F16, false, BHSD, BHSD, BHSD, BHSD)
+KIT_ATTENTION_PAD(attention_causal_pad_f16, kit::F16, true, BHSD, BHSD, BHSD, BHSD)
+KIT_ATTENTION_PAD(attention_pad_kt_f16, kit::F16, false, BHSD, BHDS, BHSD, BSHD)
+KIT_ATTENTION_PAD(attention_causal_pad_kt_f16, kit::F16, true, BHSD, BHDS, BHSD, BSHD)
+KIT_ATTENTION_PAD(attention_pad_bshd_f16, kit::F16, false, BSHD, BSHD, BSHD, BSHD)
+KIT_ATTENTION_PAD(attention_causal_pad_bshd_f16, kit::F16, true, BSHD, BSHD, BSHD, BSHD)
+KIT_ATTENTION_PAD(attention_pad_bf16, kit::BF16, false, BHSD, BHSD, BHSD, BHSD)
+KIT_ATTENTION_PAD(attention_causal_pad_bf16, kit::BF16, true, BHSD, BHSD, BHSD, BHSD)
+KIT_ATTENTION_PAD(attention_pad_kt_bf16, kit::BF16, false, BHSD, BHDS, BHSD, BSHD)
+KIT_ATTENTION_PAD(attention_causal_pad_kt_bf16, kit::BF16, true, BHSD, BHDS, BHSD, BSHD)
+KIT_ATTENTION_PAD(attention_pad_bshd_bf16, kit::BF16, false, BSHD, BSHD, BSHD, BSHD)
+KIT_ATTENTION_PAD(attention_causal_pad_bshd_bf16, kit::BF16, true, BSHD, BSHD, BSHD, BSHD)
+
+// Grouped-query attention with key padding (Llama called with attention_mask): the _gqa layouts
+// above and the bias / masked arguments of the _pad entries.
+#define KIT_ATTENTION_PAD_GQA(NAME, E, CAUSAL, KL)                                                                    \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
+  NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
+       const half_bits* __restrict__ bias, half_bits* __restrict__ o, float scale, float masked, int b, int h, int g, \
+       int s, int d) {                                                                                                \
+    attention<E, CAUSAL, BHSD, KL, BSHD, BSHD, true>(q, k, v, o, b, h, s, d, g, scale, 0, bias, masked);             \
+  }
+
+KIT_ATTENTION_PAD_GQA(attention_causal_pad_gqa_f16, kit::F16, true, BHSD)
+KIT_ATTENTION_PAD_GQA(attention_causal_pad_gqa_bf16, kit::BF16, true, BHSD)
+KIT_ATTENTION_PAD_GQA(attention_causal_pad_gqa_bshd_f16, kit::F16, true, BSHD)
+KIT_ATTENTION_PAD_GQA(attention_causal_pad_gqa_bshd_bf16, kit::BF16, true, BSHD)

@@ -3,12 +3,18 @@
 import numpy as np
 
 
-def _attention(q, k, v, causal, scale=None):
+def _attention(q, k, v, causal, scale=None, bias=None, masked=None):
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
-    scores = q64 @ np.swapaxes(k64, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
-    if causal:  # query i sees keys 0..i (PyTorch's is_causal)
-        s = q.shape[-2]
-        scores = np.where(np.tril(np.ones((s, s), dtype=bool)), scores, -np.inf)
+    qk = q64 @ np.swapaxes(k64, -1, -2)
+    scores = qk * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    below = np.tril(np.ones(scores.shape[-2:], dtype=bool))
+    if bias is not None:  # key padding: a biased key's score as the model's chain computes it, in q's type
+        e = q.dtype.type
+        add = np.where(below, bias[:, None, None, :], e(masked)) if causal else bias[:, None, None, :]
+        biased = ((qk.astype(e) * e(scale)).astype(e) + add.astype(e)).astype(e).astype(np.float64)
+        scores = np.where(add != 0, biased, scores)
+    elif causal:  # query i sees keys 0..i (PyTorch's is_causal)
+        scores = np.where(below, scores, -np.inf)
     scores -= scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
     weights /= weights.sum(axis=-1, keepdims=True)
@@ -63,12 +69,12 @@ attention_bshd_bf16, attention_causal_bshd_bf16 = attention_bshd_f16, attention_
 attention_kt_bf16, attention_causal_kt_bf16 = attention_kt_f16, attention_causal_kt_f16
 
 
-def _gqa_variant(q, k, v, scale, causal):
+def _gqa_variant(q, k, v, scale, causal, bias=None, masked=None):
     """q [b, h, s, d], k [b, g, s, d], v [b, s, g, d] -> o [b, s, h, d]; query head i reads K/V head i // (h // g)."""
     group = q.shape[1] // v.shape[2]
     k_heads = np.repeat(k, group, axis=1)
     v_heads = np.repeat(np.swapaxes(v, 1, 2), group, axis=1)
-    return _bhsd(_attention(q, k_heads, v_heads, causal, float(scale)))
+    return _bhsd(_attention(q, k_heads, v_heads, causal, float(scale), bias, None if masked is None else float(masked)))
 
 
 def attention_gqa_f16(q, k, v, scale):
@@ -98,3 +104,37 @@ def attention_cross_f16(q, k, v, scale):  # q [b, h, s, d], k and v [b, h, t, d]
 
 
 attention_cross_bf16 = attention_cross_f16
+
+
+def _pad_variant(q, k, v, bias, scale, masked, causal, order):
+    """Key padding; order: "" (all [b, h, s, d]), "kt" (K^T, O [b, s, h, d]) or "bshd"."""
+    if order == "bshd":
+        q, k, v = _bhsd(q), _bhsd(k), _bhsd(v)
+    elif order == "kt":
+        k = np.swapaxes(k, -1, -2)
+    o = _attention(q, k, v, causal, float(scale), bias, float(masked))
+    return o if order == "" else _bhsd(o)
+
+
+def _pad_entries():
+    entries = {}
+    for causal in (False, True):
+        for order in ("", "kt", "bshd"):
+            for dtype in ("f16", "bf16"):
+                name = f"attention{'_causal' if causal else ''}_pad{'_' + order if order else ''}_{dtype}"
+                entries[name] = lambda q, k, v, bias, scale, masked, c=causal, o=order: _pad_variant(q, k, v, bias, scale, masked, c, o)
+    return entries
+
+
+globals().update(_pad_entries())
+
+
+def attention_causal_pad_gqa_f16(q, k, v, bias, scale, masked):
+    return _gqa_variant(q, k, v, scale, True, bias, masked)
+
+
+def attention_causal_pad_gqa_bshd_f16(q, k, v, bias, scale, masked):  # k [b, s, g, d]
+    return _gqa_variant(q, _bhsd(k), v, scale, True, bias, masked)
+
+
+attention_causal_pad_gqa_bf16, attention_causal_pad_gqa_bshd_bf16 = attention_causal_pad_gqa_f16, attention_causal_pad_gqa_bshd_f16

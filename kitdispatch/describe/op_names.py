@@ -15,8 +15,10 @@ REPLACEABLE_OPS = (
 # The ops a kernel matches through a pattern file (replace_when's `pattern`), and only they.
 PATTERN_OPS = ("linalg.generic",)
 # What an attention kernel may say of the mask it applies (replace_when's `mask`): "causal"
-# (key j attends to query i where j <= i); without it, no mask (an op whose mask masks nothing).
-ATTENTION_MASKS = ("causal",)
+# (key j attends to query i where j <= i); "key_padding" (key j of batch row b attends where the
+# [b, t] keep flags the kernel takes say so: a model's `attention_mask` input); "causal_key_padding"
+# (both); without it, no mask (an op whose mask masks nothing).
+ATTENTION_MASKS = ("causal", "key_padding", "causal_key_padding")
 # The epilogues a matmul kernel may compute after the product (replace_when's `epilogue`; default
 # "none"), in f32 on the f32 accumulator, then one rounding to the result type:
 # kernels/matmul/README.md gives each formula, models/ops/epilogue.py recognises them in a model.

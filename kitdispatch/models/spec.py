@@ -236,6 +236,24 @@ class _Body:
         index = self.add(f"arith.constant {axis} : index")
         return self.add(f"tensor.dim {value}, {index} : {tensor_text(facts)}")
 
+    def select_bool(self, value: str, facts: TensorFacts, dtype: str, where_false: str) -> str:
+        """An i1 tensor as select(x, 0, where_false) of `dtype`, by a linalg.generic (arith on
+        tensors is illegal at this stage); where_false is an f32 literal (exact in `dtype`)."""
+        out = TensorFacts(dtype, facts.shape)
+        dims = [self.dim(value, facts, axis) for axis, size in enumerate(facts.shape) if size is None]
+        empty = self.add(f"tensor.empty({', '.join(dims)}) : {tensor_text(out)}")
+        loops = ", ".join(f"d{i}" for i in range(len(facts.shape)))
+        identity = f"affine_map<({loops}) -> ({loops})>"
+        n, parallel = self.count, ", ".join(['"parallel"'] * len(facts.shape))
+        return self.add(
+            f"linalg.generic {{indexing_maps = [{identity}, {identity}], iterator_types = [{parallel}]}} "
+            f"ins({value} : {tensor_text(facts)}) outs({empty} : {tensor_text(out)}) {{\n"
+            f"^bb0(%in{n}: i1, %out{n}: {dtype}):\n"
+            f"  %zero{n} = arith.constant 0.0 : {dtype}\n  %wide{n} = arith.constant {where_false} : f32\n"
+            f"  %masked{n} = arith.truncf %wide{n} : f32 to {dtype}\n"
+            f"  %w{n} = arith.select %in{n}, %zero{n}, %masked{n} : {dtype}\n  linalg.yield %w{n} : {dtype}\n}} -> {tensor_text(out)}"
+        )
+
     def cast(self, value: str, have: str, want: str) -> str:
         return value if have == want else self.add(f"tensor.cast {value} : {have} to {want}")
 
@@ -270,7 +288,7 @@ def adapter_lines(decision: Decision) -> dict:
         if isinstance(argument, Constant):
             arguments.append((body.add(f"arith.constant {argument.value} : {argument.type}"), kernel_type))
             continue
-        i, facts = next(tensors)
+        i, facts = next(tensors, (len(params), None))  # past the op's inputs: a tensor the call names (attention's keep flags)
         facts = argument.tensor or facts
         value = f"%x{i}"
         params.append(f"{value}: {tensor_text(facts)}")
@@ -281,6 +299,9 @@ def adapter_lines(decision: Decision) -> dict:
             else:
                 value = body.expand(value, facts, reshaped, groups, value, facts, _expanded_axes(groups))
             facts = reshaped
+        if argument.where_false is not None:  # booleans (attention's keep flags) as the additive mask they select
+            dtype = kernel_type.rsplit("x", 1)[-1].rstrip(">")
+            value, facts = body.select_bool(value, facts, dtype, argument.where_false), TensorFacts(dtype, facts.shape)
         arguments.append((body.cast(value, tensor_text(facts), kernel_type), kernel_type))
     result_type = signature.results[0].mlir
     types = ", ".join(t for _, t in arguments)

@@ -41,9 +41,15 @@ def test_the_library_causal_attention_kernels_declare_their_mask():
     from kitdispatch.describe.manifest import load_manifest
 
     kernels = {k.name: k.replaces for k in load_manifest(REPO / "kernels" / "attention").kernels}
-    assert {n: r.mask for n, r in kernels.items()} == {n: "causal" if "_causal" in n else None for n in kernels}
+    def declared(name: str) -> str | None:
+        padding = "key_padding" if "_pad" in name else None
+        return ("causal_" + padding if padding else "causal") if "_causal" in name else padding
+
+    assert {n: r.mask for n, r in kernels.items()} == {n: declared(n) for n in kernels}
     assert {"attention_f16", "attention_causal_f16", "attention_bf16", "attention_causal_bf16"} <= set(kernels)
-    assert len(kernels) == 22  # plain, _bshd, _kt, _gqa, _gqa_bshd (each plain and causal), _cross; f16 and bf16
+    # plain, _bshd, _kt, _gqa, _gqa_bshd (each plain and causal), _cross; key padding: plain, _kt, _bshd
+    # (each plain and causal), causal _gqa and _gqa_bshd; f16 and bf16
+    assert len(kernels) == 22 + 16
 
 
 @pytest.mark.parametrize(

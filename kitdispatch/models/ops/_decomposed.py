@@ -13,8 +13,10 @@ it, so each must have no other user.
 
 The kernel computes the scores, their scale and the softmax in f32; the chain rounds the scores
 and probabilities to f16 between its ops. That is the only difference accepted: the scale must
-be 1/sqrt(d) as the kernel applies it, the mask none or causal (_masks.py), the softmax over
-the keys.
+be 1/sqrt(d) as the kernel applies it, the mask none or causal (_masks.py), or key padding: an
+additive [b, t] mask, or boolean [b, t] flags (anded with a causal one) added as
+select(keep, 0, masked): the chain then keeps that tensor (`Chain.keep`) for the kernel to read,
+and the masked value (`Chain.masked`); the softmax over the keys.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from dataclasses import dataclass, field
 
-from kitdispatch.models.ops._masks import OTHER, MaskForm, is_masked_value, read_additive, read_mask
+from kitdispatch.models.ops._masks import NONE, OTHER, MaskForm, is_masked_value, per_key, read_additive, read_mask, with_key_padding
 from kitdispatch.models.ops.base import TensorFacts, location, map_dims, tensor_facts
 from kitdispatch.models.ops.generic import plain_transpose
 from kitdispatch.models.ops.matmul import init_source
@@ -65,6 +67,9 @@ class Chain:
     ops: tuple = field(default=(), compare=False, repr=False)  # the ir ops that die with the replacement
     options: tuple[tuple[Input, ...], ...] = ()  # Q, K, V: each readable as these (nearest first, q/k/v among them)
     o_order: str = "bhsd"  # the marked op's result as the kernel's O
+    keep: Input | None = None  # the key-padding mask [b, t] (additive, or i1 flags) the kernel reads, where the mask has it
+    masked: float | None = None  # what select(keep, 0, masked) adds to a padded key's score (flags)
+    mask_dtype: str = ""  # the element type the mask is added in
 
     def read_as(self, orders: tuple[str, ...]) -> tuple[Input, ...] | None:
         """Q, K and V as a kernel of these orders (Q, K, V, O) reads them; None if one is not there."""
@@ -306,6 +311,7 @@ def read_chain(anchor: ir.Operation) -> Chain:
         r.fail(f"the softmax normalizes dimension {dim} of {rank}, not the keys' (the last)")
     scores, s_path, program = _score_program(r, softmax.operands[0], p_path + (0,))
     qk = _owner(scores)
+    padding: _Mask | None = None
     if qk is None or qk.name not in MATMULS:
         r.fail(f"the scores come from {'a function argument' if qk is None else qk.name}, not from a matmul of Q and K")
         q_options = k_options = (Input(s_path, tensor_facts(scores.type)),)
@@ -313,7 +319,7 @@ def read_chain(anchor: ir.Operation) -> Chain:
     else:
         r.take(qk)
         q_options, k_options, k_value = _q_and_k(r, qk, s_path)
-        scale, scale_text, mask = _scale_and_mask(r, program)
+        scale, scale_text, mask, padding = _scale_and_mask(r, program)
     v_value, v_path, v_roles = r.through_roles(anchor.operands[1], (1,), _roles(anchor.operands[1], "sd"))
     v_options = r.further(Input(v_path, tensor_facts(v_value.type), _order(v_roles)), v_value, v_roles)
     down, o_roles = _down(anchor, len(q_options[0].tensor.shape))
@@ -323,8 +329,11 @@ def read_chain(anchor: ir.Operation) -> Chain:
     options = tuple(tuple(Input((0,) * marked + x.path, x.tensor, x.order) for x in xs) for xs in (q_options, k_options, v_options))
     q, k, v = (xs[0] for xs in options)
     out = tensor_facts(down[-1].results[0].type)
+    keep = None if padding is None else Input((0,) * marked + padding.path, tensor_facts(padding.value.type), "")
+    added = next((s for s in program if s.name in (_ADD_SELECT, "arith.addf")), None)
     return Chain(q, k, v, out, marked, scale, scale_text, mask, repeated_heads(k_value, v_value), r.problem,
-                 tuple(r.ops) + (down[-1],), options, _order(o_roles))
+                 tuple(r.ops) + (down[-1],), options, _order(o_roles), keep,
+                 added.masked if added and keep else None, added.dtype if added and keep else "")
 
 
 def _down(anchor: ir.Operation, rank: int) -> tuple[list, tuple | None]:
@@ -407,16 +416,29 @@ def _q_and_k(r: _Reader, qk: ir.Operation, path: tuple[int, ...]) -> tuple[tuple
 
 
 @dataclass(frozen=True)
+class _Mask:
+    """A tensor the mask is made of: the value, its map in the generic's loops, its operand path."""
+
+    value: ir.Value
+    dims: tuple[int, ...] | None
+    path: tuple[int, ...]
+
+
+_ADD_SELECT = "add select"  # scores + select(keep, 0, masked)
+
+
+@dataclass(frozen=True)
 class _Step:
     """One op the scores go through before the softmax: its name and its other operand
-    (a constant's value, or the mask tensor with its map in the generic's loops)."""
+    (a constant's value, or the mask's tensors, anded, with their maps in the generic's loops)."""
 
     name: str
     constant: float | None = None
     constant_text: str = ""
-    mask: ir.Value | None = None
-    mask_map: tuple[int, ...] | None = None
+    masks: tuple[_Mask, ...] = ()
     loops: int = 0  # the generic's loops, where the mask is added
+    masked: float | None = None  # the value select(keep, 0, masked) adds where keep is false
+    dtype: str = ""  # the element type the mask is applied in
 
 
 def _score_program(r: _Reader, value: ir.Value, path: tuple[int, ...]):
@@ -437,7 +459,7 @@ def _score_program(r: _Reader, value: ir.Value, path: tuple[int, ...]):
         if len(flowing) != 1 or maps[-1] != identity:
             r.fail("the scores reach the softmax through a linalg.generic that is not elementwise on them")
             return value, path, program
-        steps = _body_steps(r, owner, flowing[0], maps)
+        steps = _body_steps(r, owner, flowing[0], maps, path)
         program = steps + program
         value, path = owner.operands[flowing[0]], path + (flowing[0],)
 
@@ -453,21 +475,28 @@ def _reaches_matmul(value: ir.Value) -> bool:
     return False
 
 
-def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list) -> list[_Step]:
+def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list, path: tuple[int, ...]) -> list[_Step]:
     """The generic's body as steps on the scores: each op takes the scores' value and at most
-    one other operand (a constant, or another input: the mask)."""
+    one other operand (a constant, or another input: the mask). `path`: the generic's, from the anchor."""
 
     block = op.regions[0].blocks[0]
     args = list(block.arguments)
     current = args[flowing]
     steps: list[_Step] = []
     selects = _mask_selects(op, args, maps)
+    # the select and the andi making each mask: read where the scores get it
+    made = set(selects) | {a.results[0] for v in selects for a in _and_of(v.owner.operands[0], args[:len(op.operands) - 1])[1]}
+
+    def mask(index: int) -> _Mask:
+        return _Mask(op.operands[index], maps[index], path + (index,))
+
     for inner in block.operations:
-        if inner.name == "arith.select" and inner.results[0] in selects:
-            continue  # an additive mask made from a boolean one: read where the scores get it
+        if len(inner.results) == 1 and inner.results[0] in made:
+            continue
         if inner.name == "arith.addf" and current in list(inner.operands) and any(v in selects for v in inner.operands):
-            index = selects[next(v for v in inner.operands if v in selects)]
-            steps.append(_Step("select", mask=op.operands[index], mask_map=maps[index], loops=len(maps[-1])))
+            indices, masked = selects[next(v for v in inner.operands if v in selects)]
+            steps.append(_Step(_ADD_SELECT, masks=tuple(mask(i) for i in indices), loops=len(maps[-1]), masked=masked,
+                               dtype=str(inner.results[0].type)))
             current = inner.results[0]
             continue
         if inner.name == "linalg.yield":
@@ -475,6 +504,10 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list) -> list[
                 r.fail("the generic before the softmax yields something else than the scores' value")
             return steps
         operands = list(inner.operands)
+        if current not in operands and len(inner.results) == 1:
+            r.fail(f"the mask is computed inside the scores' generic ({inner.name} of its other inputs, fused there by IREE); "
+                   "the kernels read a mask the model holds as a tensor (a [b, t] key-padding mask, or a constant)")
+            return steps
         if current not in operands or len(inner.results) != 1:
             r.fail(f"the scores go through {inner.name}, which does not read them")
             return steps
@@ -493,10 +526,10 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list) -> list[
         elif inner.name == "arith.select" and operands[1] == current and operands[0] in args[:len(op.operands) - 1] and _masks_out(
                 operands[2], op, args, maps, str(inner.results[0].type)):
             index = args.index(operands[0])  # where(keep, scores, -inf), as GPT-2's eager attention masks
-            steps.append(_Step("select", mask=op.operands[index], mask_map=maps[index], loops=len(maps[-1])))
+            steps.append(_Step("select", masks=(mask(index),), loops=len(maps[-1])))
         elif inner.name == "arith.addf" and len(others) == 1 and others[0] in args[:len(op.operands) - 1]:
             index = args.index(others[0])
-            steps.append(_Step(inner.name, mask=op.operands[index], mask_map=maps[index], loops=len(maps[-1])))
+            steps.append(_Step(inner.name, masks=(mask(index),), loops=len(maps[-1]), dtype=str(inner.results[0].type)))
         else:
             r.fail(f"the scores go through {inner.name} before the softmax, which the kernel does not compute")
             return steps
@@ -505,17 +538,31 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list) -> list[
 
 
 def _mask_selects(op: ir.Operation, args: list, maps: list) -> dict:
-    """The body's select(keep, 0, masked) of a boolean input (the dynamo exporter's
-    Where(mask, 0, lowest) added to the scores), each with its input's index: added to the
-    scores, it masks exactly where `keep` is false, as a boolean mask does."""
+    """The body's select(keep, 0, masked) of a boolean input, or of inputs anded (the dynamo
+    exporter's Where(mask, 0, lowest) added to the scores; GPT-2's causal constant and the
+    padding flags of its attention_mask anded), each with its inputs' indices and the masked
+    value: added to the scores, it masks exactly where `keep` is false, as a boolean mask does."""
     found = {}
+    inputs = args[:len(op.operands) - 1]
     for inner in op.regions[0].blocks[0].operations:
-        if inner.name != "arith.select" or inner.operands[0] not in args[:len(op.operands) - 1]:
+        if inner.name != "arith.select":
             continue
+        anded, _ = _and_of(inner.operands[0], inputs)
         zero, masked = (_constant(v, op, args, maps) for v in inner.operands[1:])
-        if zero is not None and zero[0] == 0 and masked is not None and is_masked_value(masked[0], str(inner.results[0].type)):
-            found[inner.results[0]] = args.index(inner.operands[0])
+        if anded and zero is not None and zero[0] == 0 and masked is not None and is_masked_value(masked[0], str(inner.results[0].type)):
+            found[inner.results[0]] = (tuple(args.index(a) for a in anded), masked[0])
     return found
+
+
+def _and_of(value: ir.Value, inputs: list) -> tuple[list, list]:
+    """The generic's inputs whose `andi` makes `value` (itself, where it is one), and the andi
+    ops; ([], []) where it is made otherwise."""
+    if value in inputs:
+        return [value], []
+    owner = _owner(value)
+    if owner is None or owner.name != "arith.andi" or not all(v in inputs for v in owner.operands):
+        return [], []
+    return list(owner.operands), [owner]
 
 
 def _constant(value: ir.Value, op: ir.Operation, args: list, maps: list) -> tuple[float, str] | None:
@@ -542,15 +589,16 @@ def _masks_out(value: ir.Value, op: ir.Operation, args: list, maps: list, dtype:
 
 
 def _scale_and_mask(r: _Reader, program: list[_Step]):
-    """The one scale (a Div or Mul by a constant) and the optional mask Add after it."""
+    """The one scale (a Div or Mul by a constant) and the optional mask Add after it, with the
+    mask's key-padding flags where it has them."""
     scales = [s for s in program if s.name in ("arith.divf", "arith.mulf")]
-    adds = [s for s in program if s.name in ("arith.addf", "select")]
+    adds = [s for s in program if s.name in ("arith.addf", "select", _ADD_SELECT)]
     shifts = [s for s in program if s.name == "add constant" and s.constant != 0]
     if shifts:
         r.fail(f"the scores get {shifts[0].constant_text} added before the softmax")
     if len(scales) != 1:
         r.fail(f"the scores are scaled {len(scales)} times before the softmax; the kernel scales them once by 1/sqrt(d)")
-        return None, "not one constant", None
+        return None, "not one constant", None, None
     scale = scales[0]
     if adds and program.index(adds[0]) < program.index(scale):
         r.fail("the mask is applied before the scores are scaled; the kernel scales, then masks")
@@ -560,17 +608,33 @@ def _scale_and_mask(r: _Reader, program: list[_Step]):
     text = f"{'1 / ' if scale.name == 'arith.divf' else ''}{scale.constant_text}"
     if scale.name == "arith.divf" and scale.constant == 0:
         r.fail("the scores are divided by zero")
-        return None, text, None
-    mask = None
-    if adds:
-        dims = adds[0].mask_map
-        q, k = adds[0].loops - 2, adds[0].loops - 1
+        return None, text, None, None
+    mask, padding = _step_mask(adds[0]) if adds else (None, None)
+    return value, text, mask, padding
+
+
+def _step_mask(step: _Step) -> tuple[MaskForm, _Mask | None]:
+    """The form of the mask a step applies, and its key-padding tensor where it has one (a
+    [b, t] read per (batch, key), _masks.per_key: flags anded, or the additive mask itself)."""
+    flags = [m for m in step.masks if per_key(m.dims, step.loops)]
+    rest = [m for m in step.masks if m not in flags]
+    if len(flags) > 1 or len(rest) > 1:
+        return MaskForm(OTHER, f"a mask anded from {len(step.masks)} tensors"), None
+    form = MaskForm(NONE, "")
+    if rest:
+        dims = rest[0].dims
+        q, k = step.loops - 2, step.loops - 1
         if dims is None or q not in dims or k not in dims:
-            mask = MaskForm(OTHER, "a mask broadcast over the queries or the keys")
-        else:
-            read = read_mask if adds[0].name == "select" else read_additive
-            mask = read(adds[0].mask, dims.index(q), dims.index(k))
-    return value, text, mask
+            return MaskForm(OTHER, "a mask broadcast over the queries or the keys"), None
+        read = read_additive if step.name == "arith.addf" else read_mask
+        form = read(rest[0].value, dims.index(q), dims.index(k))
+    if not flags:
+        return form, None
+    if step.name == "select":
+        return MaskForm(OTHER, "key-padding flags applied as select(keep, scores, masked); the kernels add the masked "
+                               "value to the scores, as select(keep, 0, masked) + scores does (a fully padded row differs)"), None
+    form = with_key_padding(form, flags[0].value)
+    return form, (flags[0] if form.form != OTHER else None)
 
 
 def repeated_heads(*values: ir.Value) -> str | None:

@@ -8,6 +8,15 @@ array that broadcasts to its tensor, so a [b, h, s, s] causal mask costs an [s, 
 what it calls causal is causal at every element, not by the look of the ops. Anything it cannot
 evaluate (a function argument, an op it does not know, a dynamic size) is "another mask", with
 what made it.
+
+A key-padding mask (a model's `attention_mask` input [b, t], 1 = attend) needs no evaluation:
+transformers broadcasts it over heads and queries, which IREE's elementwise fusion folds into
+the map by which the scores' generic reads a [b, t] tensor, (d0, d3) of its loops [b, h, q, k]:
+boolean flags that a select(keep, 0, lowest) in the generic turns into the additive mask (HF
+BERT and GPT-2 exported by torch's dynamo exporter, IREE 3.13: the flags come out of a gather),
+or the additive [b, t] mask itself (where IREE fuses that select into the flags' producer).
+Whatever its values, a kernel that reads that same tensor per (batch, key) computes what the op
+does (`per_key`); anded with a causal constant [q, k] it is causal key padding.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded wher
     from iree.compiler import ir  # annotations
 
 NONE, CAUSAL, OTHER = "none", "causal", "other"
-MASK_FORMS = (NONE, CAUSAL)  # what a kernel may declare in replace_when's `mask`
+KEY_PADDING, CAUSAL_KEY_PADDING = "key_padding", "causal_key_padding"
+MASK_FORMS = (NONE, CAUSAL, KEY_PADDING, CAUSAL_KEY_PADDING)  # what a kernel may declare in replace_when's `mask`
+_WALK = 64  # producers made_by looks through
 _MAX_ELEMENTS = 1 << 24  # a reshape materializes its input: larger masks are not evaluated
 # bf16 values are held in f32, which holds each exactly (numpy has no bf16).
 _FLOATS = {"f16": np.float16, "bf16": np.float32, "f32": np.float32, "f64": np.float64}
@@ -62,6 +73,37 @@ def read_additive(value: ir.Value, query_axis: int, key_axis: int) -> MaskForm:
     if _element(value.type) == "i1":
         return MaskForm(OTHER, "a boolean tensor added to the scores")
     return read_mask(value, query_axis, key_axis)
+
+
+def per_key(dims: tuple[int, ...] | None, loops: int) -> bool:
+    """Whether a tensor read through `dims` (its axes' loops) in a generic of `loops` loops
+    [b, h, q, k] holds one value per (batch, key): a [b, t] tensor read as (d0, d3)."""
+    return loops == 4 and dims == (0, loops - 1)
+
+
+def with_key_padding(form: MaskForm, value: ir.Value) -> MaskForm:
+    """`form` (of the rest of the mask) with the key-padding tensor `value` [b, t] (boolean
+    flags anded with it, or an additive mask where `form` is NONE)."""
+    what = f"{'key-padding flags' if _element(value.type) == 'i1' else 'an additive key-padding mask'} [b, t] made by {made_by(value)}"
+    if form.form == NONE:
+        return MaskForm(KEY_PADDING, what)
+    if form.form == CAUSAL:
+        return MaskForm(CAUSAL_KEY_PADDING, f"a causal boolean mask and {what}")
+    return MaskForm(OTHER, f"{form.text}, and {what}")
+
+
+def made_by(value: ir.Value) -> str:
+    """What makes a tensor, for the report: the model's inputs where it is computed from them."""
+    seen, todo = 0, [value]
+    while todo and seen < _WALK:
+        owner = getattr(todo.pop().owner, "operation", None)
+        seen += 1
+        if owner is not None and owner.name == "hal.tensor.import":
+            return "ops from an input of the model's function"
+        if owner is not None:  # its operands, and what its body reads from outside (a gather's table)
+            todo.extend(owner.operands)
+            todo.extend(v for region in owner.regions for block in region.blocks for inner in block.operations for v in inner.operands)
+    return op_name(value.owner)
 
 
 def is_masked_value(value: float, dtype: str) -> bool:

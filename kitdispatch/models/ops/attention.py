@@ -3,7 +3,11 @@
 A kernel that replaces attention takes Q, K, V and writes O, all of one layout [b, h, s, d]
 (row-major, one s for queries and keys), with scale = 1/sqrt(d) in f32 (attention.cu computes
 rsqrtf(float(d))) and no mask, or, for a kernel with replace_when's `mask = "causal"`, a causal
-one; a mask operand that masks nothing is no mask (_masks.py reads what the mask is). An op with one batch dim runs as b = 1, through an
+one; a mask operand that masks nothing is no mask (_masks.py reads what the mask is). A kernel
+of `mask = "key_padding"` (or "causal_key_padding") takes a fourth input, `bias` [b, s] (or
+[b, t]) of Q's type: the decomposed chain's additive mask per (batch, key), or its boolean
+flags as select(keep, 0, masked) made in the adapter, and the scalars `scale` and `masked`
+(what the chain adds to a causally masked key's score). An op with one batch dim runs as b = 1, through an
 adapter in the spec that adds the unit dim; V may be read through the plain transpose IREE's
 global optimization puts before it (the spec passes the transpose's input).
 """
@@ -24,7 +28,7 @@ from kitdispatch.models.ops.base import (
 )
 from kitdispatch.models.ops.generic import plain_transpose
 from kitdispatch.models.ops._decomposed import MATMULS, Chain, Input, looks_like_attention, read_chain, repeated_heads
-from kitdispatch.models.ops._masks import CAUSAL, NONE, OTHER, MaskForm, mask_ops, read_mask
+from kitdispatch.models.ops._masks import CAUSAL, CAUSAL_KEY_PADDING, KEY_PADDING, NONE, OTHER, MaskForm, mask_ops, read_mask
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -34,6 +38,9 @@ BATCH_DIMS = 2  # the kernel's b and h; an op with one batch dim runs as b = 1
 ROLES = ("Q", "K", "V", "O")
 PLAIN = ("bhsd",) * 4  # every tensor [b, h, s, d]
 SCALE = "scale"  # an f32 scalar argument: the kernel scales the scores by the op's constant
+MASKED = "masked"  # an f32 scalar argument of key-padding kernels: the value added past the diagonal (causal)
+BIAS = "bias"  # key-padding kernels' fourth input: [b, s] of Q's type, added to the scores per (batch, key)
+PADDING = (KEY_PADDING, CAUSAL_KEY_PADDING)
 KEYS = "t"  # K and V's sequence dim where a kernel takes another key length (cross-attention)
 # The orders a kernel's tensors may have, named by their dims (b, h, s, d): projections leave
 # Q, K, V [b, s, h, d] before their heads are transposed out, K as K^T [b, h, d, s], and O goes
@@ -96,9 +103,17 @@ class Attention(OpKind):
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         args, result = kernel_buffers(_without_scale(kernel), self.name, where)
-        expect(len(args) == 3 and result.access != "inout", "it must take Q, K and V in that order and write one new result O", where)
-        shapes = {b.type.shape for b in args + [result]}
-        dtypes = {b.type.dtype for b in args + [result]}
+        padding = kernel.replaces.mask in PADDING
+        expect(len(args) == 3 + padding and result.access != "inout", "it must take Q, K and V in that order (then, for a "
+               "key_padding mask, its `bias` [b, s]) and write one new result O", where)
+        if padding:
+            bias = args[3].type
+            expect(args[3].name == BIAS and bias.dtype == args[0].type.dtype and len(bias.shape) == 2 and bias.shape[0] == args[1].type.shape[0]
+                   and bias.shape[1] in ("s", KEYS) and {SCALE, MASKED} <= {p.name for p in kernel.function_arguments},
+                   f"a {kernel.replaces.mask} kernel takes `bias` [b, s] (or [b, t]) of Q's type after V, and the f32 scalars "
+                   "`scale` and `masked`", where)
+        shapes = {b.type.shape for b in args[:3] + [result]}
+        dtypes = {b.type.dtype for b in args[:3] + [result]}
         expect(
             len(dtypes) == 1 and len(result.type.shape) == BATCH_DIMS + 2,
             "Q, K, V and O must be one type [b, h, s, d] (same names, one element type)",
@@ -106,7 +121,7 @@ class Attention(OpKind):
         )
         # The function's arguments in its order, by role: input buffer i, or "scale" (the op's constant)
         roles = tuple(args.index(p) if isinstance(p, Buffer) else p.name for p in kernel.function_arguments)
-        layout = Layout(tuple(args), result, accumulates=False, pattern=roles if SCALE in roles else None)
+        layout = Layout(tuple(args), result, accumulates=False, pattern=roles if SCALE in roles or MASKED in roles else None)
         expect(
             len(shapes) == 1 or all(o in allowed for o, allowed in zip(kernel_orders(layout), ORDERS)),
             "Q, K, V and O must be one type [b, h, s, d], or name their dims b, h, s, d in the orders the kit "
@@ -125,7 +140,7 @@ class Attention(OpKind):
                     "and has no code for shared heads (it would need K and V [b, kv_heads, s, d] and h / kv_heads query heads per K/V head)")
         if a.chain is not None and a.chain.problem:
             return f"decomposed attention: {a.chain.problem}"
-        why = _mask_mismatch(a, kernel.replaces.mask)
+        why = _mask_mismatch(a, kernel.replaces.mask) or _padding_mismatch(op, a)
         if why:
             return why
         why = _order_mismatch(a, kernel_orders(layout))
@@ -147,7 +162,7 @@ class Attention(OpKind):
         Fills `sizes` with the kernel's dimensions (replace_when's limits are not read)."""
         orders = kernel_orders(layout)
         tensors = [x.tensor for x in _read(op, orders)] + [op.result]
-        buffers = list(layout.inputs) + [layout.result]
+        buffers = list(layout.inputs[:3]) + [layout.result]
         s_and_d = [_s_and_d(t, o) for t, o in zip(tensors, orders)]
         seq_q, seq_k = s_and_d[0][0], s_and_d[1][0]
         if None not in (seq_q, seq_k) and seq_q != seq_k and KEYS not in layout.inputs[1].type.shape:
@@ -158,6 +173,12 @@ class Attention(OpKind):
                 return f"element type: the op's {role} is {tensor.text}, the kernel's {buffer.name} is {buffer.type}"
             padded = TensorFacts(tensor.dtype, (1,) * (BATCH_DIMS + 2 - len(tensor.shape)) + tensor.shape)
             why = type_mismatch(role, padded, buffer, sizes)
+            if why:
+                return why
+        if len(layout.inputs) > 3:  # the key-padding mask [b, t]: boolean flags pass as the bias they select
+            given = op.detail.chain.keep.tensor
+            bias = TensorFacts(layout.inputs[3].type.dtype, given.shape) if given.dtype == "i1" else given
+            why = type_mismatch("key-padding mask", bias, layout.inputs[3], sizes)
             if why:
                 return why
         if sizes.get("g") and sizes.get("h") and sizes["h"] % sizes["g"]:
@@ -193,22 +214,35 @@ class Attention(OpKind):
         arguments = [Operand(p, r, t if t != given else None) for p, r, t, given in zip(paths, reshapes, tensors, op.inputs)]
         if layout.pattern is not None:
             given = {**dict(enumerate(arguments)), SCALE: Constant("f32", repr(float(np.float32(op.detail.scale))))}
+            if chain is not None and chain.keep is not None:
+                flags = chain.keep.tensor.dtype == "i1"  # passed as select(keep, 0, masked), the bias they add
+                masked = _f32_literal(chain.masked) if chain.masked is not None else "0.0"
+                given[3] = Operand(chain.keep.path, None, chain.keep.tensor, where_false=masked if flags else None)
+                given[MASKED] = Constant("f32", masked)
             arguments = [given[role] for role in layout.pattern]
         return Call(tuple(arguments), result=reshapes[3], marked=marked, variant=variant)
 
 
 def _without_scale(kernel: Kernel) -> Kernel:
-    """The kernel as kernel_buffers checks it: a `scale` scalar (f32) is the op's to give."""
-    if not any(isinstance(p, Scalar) and p.name == SCALE and p.dtype == "f32" and kernel.is_function_argument(p) for p in kernel.params):
+    """The kernel as kernel_buffers checks it: `scale` and `masked` scalars (f32) are the op's to give."""
+    def given(p: Buffer | Scalar) -> bool:
+        return isinstance(p, Scalar) and p.name in (SCALE, MASKED) and p.dtype == "f32" and kernel.is_function_argument(p)
+
+    if not any(given(p) for p in kernel.params):
         return kernel
-    return dataclasses.replace(kernel, params=tuple(p for p in kernel.params if not (isinstance(p, Scalar) and p.name == SCALE)))
+    return dataclasses.replace(kernel, params=tuple(p for p in kernel.params if not given(p)))
+
+
+def _f32_literal(value: float) -> str:
+    """An f32 MLIR literal: -inf as its bits (MLIR has no literal for it)."""
+    return repr(float(np.float32(value))) if np.isfinite(value) else ("0xFF800000" if value < 0 else "0x7F800000")
 
 
 def kernel_orders(layout: Layout) -> tuple[str, ...]:
     """The order of the kernel's Q, K, V and O, read from their dims' names where those are the
     kit's (b, h, s, d, g; t, K and V's sequence, is s); "bhsd" for all where they are one type of
     other names."""
-    orders = tuple("".join(map(str, b.type.shape)).replace(KEYS, "s") for b in (*layout.inputs, layout.result))
+    orders = tuple("".join(map(str, b.type.shape)).replace(KEYS, "s") for b in (*layout.inputs[:3], layout.result))
     if all(o in allowed for o, allowed in zip(orders, ORDERS)):
         return orders
     return PLAIN
@@ -332,10 +366,19 @@ def _mask_mismatch(a: AttentionFacts, wanted: str | None) -> str | None:
     form = a.mask_form
     if form == (wanted or NONE):
         return None
-    if form not in (NONE, CAUSAL):
+    if form not in (NONE, CAUSAL, *PADDING):
         return f"the op's mask is {a.mask.text}: the library has no kernel for an arbitrary mask"
     shown = "no mask" if a.mask is None else a.mask.text
     return f"the op has {shown}, the kernel applies {'a ' + wanted + ' mask' if wanted else 'none'}"
+
+
+def _padding_mismatch(op: OpFacts, a: AttentionFacts) -> str | None:
+    """A key-padding kernel adds the masked value to a padded key's score in the scores' type
+    (as the chain does: what a fully padded row's softmax sees); the chain must add it so."""
+    if a.mask_form not in PADDING or a.chain is None or a.chain.mask_dtype == op.inputs[0].dtype:
+        return None
+    return (f"the key-padding mask is added to the scores in {a.chain.mask_dtype or 'another form'}; the kernel adds it "
+            f"in {op.inputs[0].dtype}, the scores' type")
 
 
 def _kernel_layout(a: AttentionFacts) -> bool:

@@ -110,6 +110,7 @@ class Operand:
     path: tuple[int, ...]
     reshape: Reshape | None = None
     tensor: TensorFacts | None = None  # its type, where it is not the op's input of its place (attention's layouts)
+    where_false: str | None = None  # an i1 tensor passed as select(x, 0, this f32 literal) of the kernel's type
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class Call:
 
     @property
     def needs_adapter(self) -> bool:
-        return self.result is not None or any(isinstance(a, Constant) or a.reshape is not None for a in self.arguments)
+        return self.result is not None or any(isinstance(a, Constant) or a.reshape is not None or a.where_false for a in self.arguments)
 
     @property
     def operands(self) -> tuple[Operand, ...]:

@@ -19,6 +19,13 @@ GPU_CASES = {
     "onnx-layer-d96-197": ("onnx", ["--f16", "--form", "layer", "--head-dim", "96", "--seq", "197"], "attention_kt_f16"),
     "onnx-cross-77": ("onnx", ["--f16", "--kv-seq", "77"], "attention_cross_f16"),
     "onnx-split-causal": ("onnx", ["--f16", "--form", "split", "--mask", "where-add-causal"], "attention_causal_bshd_f16"),
+    # key padding from an `attention_mask` input (tests/models/test_attention_keypad.py runs padding patterns)
+    "onnx-keypad-heads": ("onnx", ["--f16", "--mask", "keypad"], "attention_pad_f16"),
+    "onnx-keypad-inf-300": ("onnx", ["--f16", "--mask", "keypad-inf", "--seq", "300"], "attention_pad_f16"),
+    "onnx-keypad-layer-flags": ("onnx", ["--f16", "--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f16"),
+    "onnx-keypad-causal-flags-197": ("onnx", ["--f16", "--mask", "keypad-causal-gather", "--seq", "197"], "attention_causal_pad_f16"),
+    "onnx-keypad-split-causal-flags": ("onnx", ["--f16", "--form", "split", "--mask", "keypad-causal-gather"],
+                                       "attention_causal_pad_kt_f16"),
 }
 ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdispatch.toml)
 

@@ -15,6 +15,15 @@ the diagonal, the dtype's lowest value above it, as HF builds it) or arbitrary (
 GPT-2's eager attention does; `where-add` and `where-add-causal` add Where(keep, 0, lowest) of
 a boolean [1, 1, s, s] initializer (all true, or causal) to the scores, as torch's dynamo
 exporter writes SDPA with the mask transformers builds (/work/hf exports).
+`keypad*` masks come from a model input `attention_mask` int64 [b, t] (1 attends, 0 pads), as
+transformers builds them: Cast to bool, Reshape to [b, 1, 1, t], then `keypad` adds
+Where(keep, 0, lowest), `keypad-causal` first ands a causal [1, 1, s, s] initializer (GPT-2),
+`keypad-inf` adds Where(keep, 0, -inf), `keypad-where` applies Where(keep, scores, lowest),
+`keypad-additive` adds (1 - float(mask)) * lowest (older transformers), `keypad-query` pads the
+queries ([b, 1, s, 1]) instead of the keys. `-gather` masks read the flags through a Gather of
+constant indices (transformers 5's vmapped `attention_mask[batch, kv]`, as in HF BERT and GPT-2
+exports), which keeps IREE from fusing the Where into the mask's producer: the scores' generic
+then reads boolean flags [b, t].
 `--form split` projects x with one MatMul to Q, K and V side by side and splits them (GPT-2's
 c_attn), each then reshaped and transposed to heads.
 """
@@ -26,6 +35,10 @@ import argparse
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+
+KEYPAD = ["keypad", "keypad-causal", "keypad-inf", "keypad-where", "keypad-additive", "keypad-query", "keypad-gather",
+          "keypad-causal-gather", "keypad-where-gather"]
 
 
 def make_model(
@@ -120,6 +133,34 @@ def make_model(
         nodes.append(node("Where", ["keep", "zeros", "lowest"], ["additive"]))
         nodes.append(node("Add", ["scores", "additive"], ["masked"]))
         scores = "masked"
+    elif mask.startswith("keypad"):
+        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, kv_seq]))
+        query = mask == "keypad-query"
+        inits.append(numpy_helper.from_array(np.array([batch, 1, seq, 1] if query else [batch, 1, 1, kv_seq], np.int64), "mask_shape"))
+        inits.append(const("zeros", 0.0))
+        inits.append(const("lowest", -np.inf if mask == "keypad-inf" else np.finfo(dtype).min))
+        if mask == "keypad-additive":
+            inits.append(const("one", 1.0))
+            nodes += [node("Cast", ["attention_mask"], ["mask_f"], to=elem), node("Reshape", ["mask_f", "mask_shape"], ["mask_4d"]),
+                      node("Sub", ["one", "mask_4d"], ["inverted"]), node("Mul", ["inverted", "lowest"], ["additive"])]
+        else:
+            nodes.append(node("Cast", ["attention_mask"], ["mask_b"], to=TensorProto.BOOL))
+            if mask.endswith("-gather"):
+                inits.append(numpy_helper.from_array(np.array([batch * kv_seq], np.int64), "flat_shape"))
+                inits.append(numpy_helper.from_array(np.arange(batch * kv_seq, dtype=np.int64).reshape(batch, kv_seq), "positions"))
+                nodes += [node("Reshape", ["mask_b", "flat_shape"], ["mask_flat"]), node("Gather", ["mask_flat", "positions"], ["mask_g"])]
+            nodes.append(node("Reshape", ["mask_g" if mask.endswith("-gather") else "mask_b", "mask_shape"], ["keep"]))
+            if mask in ("keypad-causal", "keypad-causal-gather"):
+                inits.append(numpy_helper.from_array(np.tril(np.ones((seq, kv_seq), bool)).reshape(1, 1, seq, kv_seq), "causal"))
+                nodes.append(node("And", ["causal", "keep"], ["keep_causal"]))
+            keep = "keep_causal" if mask in ("keypad-causal", "keypad-causal-gather") else "keep"
+            if mask in ("keypad-where", "keypad-where-gather"):
+                nodes.append(node("Where", [keep, "scores", "lowest"], ["masked"]))
+            else:
+                nodes.append(node("Where", [keep, "zeros", "lowest"], ["additive"]))
+        if mask not in ("keypad-where", "keypad-where-gather"):
+            nodes.append(node("Add", ["scores", "additive"], ["masked"]))
+        scores = "masked"
     elif mask != "none":
         lowest = np.finfo(dtype).min
         values = {
@@ -152,7 +193,8 @@ def main() -> None:
     p.add_argument("--kv-seq", type=int, default=None)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--f16", action="store_true")
-    p.add_argument("--mask", choices=["none", "zero", "causal", "causal-where", "where-add", "where-add-causal", "arbitrary"], default="none")
+    p.add_argument("--mask", choices=["none", "zero", "causal", "causal-where", "where-add", "where-add-causal", "arbitrary", *KEYPAD],
+                   default="none")
     p.add_argument("--scale", choices=["div", "mul", "wrong"], default="div")
     p.add_argument("--form", choices=["heads", "flat", "layer", "split"], default="heads")
     p.add_argument("--kv-heads", type=int, default=None, help="fewer K/V heads, repeated (GQA; --form heads or layer)")
