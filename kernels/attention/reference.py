@@ -116,13 +116,21 @@ def _pad_variant(q, k, v, bias, scale, masked, causal, order):
     return o if order == "" else _bhsd(o)
 
 
+def _pad_entry(causal, order):
+    """One _pad entry's reference, taking exactly the entry's arguments."""
+    def reference(q, k, v, bias, scale, masked):
+        return _pad_variant(q, k, v, bias, scale, masked, causal, order)
+
+    return reference
+
+
 def _pad_entries():
     entries = {}
     for causal in (False, True):
         for order in ("", "kt", "bshd"):
             for dtype in ("f16", "bf16"):
                 name = f"attention{'_causal' if causal else ''}_pad{'_' + order if order else ''}_{dtype}"
-                entries[name] = lambda q, k, v, bias, scale, masked, c=causal, o=order: _pad_variant(q, k, v, bias, scale, masked, c, o)
+                entries[name] = _pad_entry(causal, order)
     return entries
 
 
