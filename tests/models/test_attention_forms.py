@@ -274,21 +274,28 @@ _CASES = runpy.run_path(str(FORMS / "gpu_cases.py"))
 GPU_CASES = _CASES["GPU_CASES"]
 
 
+def form_build(tmp_path, prebuilt_dir, case: str):
+    """GPU case `case` built with the library and a baseline, or its prebuilt copy
+    (`attention_forms_<case>`, tools/prebuild.py) where the GPU machine has no iree-compile."""
+    kind, args, _ = GPU_CASES[case]
+    if prebuilt_dir is not None:
+        built = prebuilt_dir / f"attention_forms_{case}"
+        if not built.is_dir():
+            pytest.skip(f"{built} was not prebuilt")
+        return built
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    model = make_model(tmp_path, kind, _CASES["model_name"](kind), *args)
+    return build_model(None, model, BuildOptions.create(_CASES["ARCHS"]), tmp_path / "out", with_baseline=True).out_dir
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_attention_forms_agree_with_iree_on_gpu(tmp_path, prebuilt_dir, case):
     """Each form built with the library agrees with IREE's own build (f16 tolerance); prebuilt
     as `attention_forms_<case>` (tools/prebuild.py) where the GPU machine has no iree-compile."""
     kind, args, kernel = GPU_CASES[case]
-    if prebuilt_dir is not None:
-        built = prebuilt_dir / f"attention_forms_{case}"
-        if not built.is_dir():
-            pytest.skip(f"{built} was not prebuilt")
-    else:
-        if not HAVE_IREE_COMPILE:
-            pytest.skip("iree-compile is not installed")
-        model = make_model(tmp_path, kind, _CASES["model_name"](kind), *args)
-        built = build_model(None, model, BuildOptions.create(_CASES["ARCHS"]), tmp_path / "out", with_baseline=True).out_dir
+    built = form_build(tmp_path, prebuilt_dir, case)
     result = compare_model(built)
     if not result.agree and kind == "onnx":
         # IREE 3.13's own build of the head-dim-96 layer at 197 tokens returns NaNs at places

@@ -12,11 +12,11 @@ import runpy
 
 import numpy as np
 import pytest
-from conftest import HAVE_IREE_COMPILE, dump_module, iree_dispatches, needs_iree_compile
+from conftest import dump_module, iree_dispatches, needs_iree_compile
 
 from kitdispatch import BuildOptions
 from kitdispatch.models.pipeline import build_model
-from models.test_attention_forms import ARCHS, FORMS, attention_decision, decisions_of, make_model
+from models.test_attention_forms import ARCHS, FORMS, attention_decision, decisions_of, form_build, make_model
 
 FLAGS = "key-padding flags [b, t] made by ops from an input of the model's function"
 ADDITIVE = "an additive key-padding mask [b, t] made by ops from an input of the model's function"
@@ -148,15 +148,7 @@ def test_key_padding_agrees_with_the_model_on_gpu(tmp_path, prebuilt_dir, case):
     from kitdispatch.models.compare import check_agreement
 
     kind, args, kernel = _CASES["GPU_CASES"][case]
-    if prebuilt_dir is not None:
-        built = prebuilt_dir / f"attention_forms_{case}"
-        if not built.is_dir():
-            pytest.skip(f"{built} was not prebuilt")
-    else:
-        if not HAVE_IREE_COMPILE:
-            pytest.skip("iree-compile is not installed")
-        model = make_model(tmp_path, kind, _CASES["model_name"](kind), *args)
-        built = build_model(None, model, BuildOptions.create(_CASES["ARCHS"]), tmp_path / "out", with_baseline=True).out_dir
+    built = form_build(tmp_path, prebuilt_dir, case)
     folder, record = read_model_record(built)
     sig = record.function(None)
     onnx_model = load(make_model(tmp_path, "onnx", "ref.onnx", *args))
