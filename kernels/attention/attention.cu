@@ -37,8 +37,9 @@ __device__ __forceinline__ float exp2_approx(float x) {
 
 // Where a tensor's head lies in memory: [b, h, s, d] (rows of one head contiguous), [b, s, h, d]
 // (a projection's output before the transpose to heads: rows h * d apart), or, for K only,
-// [b, h, d, s] (K^T, as a transposing projection leaves it).
-enum Order { BHSD, BSHD, BHDS };
+// [b, h, d, s] (K^T, as a transposing projection leaves it), or one third of a packed QKV
+// projection [b, s, 3, h, d] (rows 3 * h * d apart; the caller offsets K by h * d, V by 2 * h * d).
+enum Order { BHSD, BSHD, BHDS, BS3HD };
 
 struct Problem {
   const half_bits* q;
@@ -74,12 +75,14 @@ __device__ __forceinline__ float padded_score(float qk, float add, const Problem
 // the distance between its rows.
 template <Order L>
 __device__ __forceinline__ long long head_offset(int heads, int head, int s, int d) {
-  return L == BSHD ? ((long long)blockIdx.z * s * heads + head) * d : ((long long)blockIdx.z * heads + head) * s * d;
+  return L == BSHD    ? ((long long)blockIdx.z * s * heads + head) * d
+         : L == BS3HD ? ((long long)blockIdx.z * s * 3 * heads + head) * d
+                      : ((long long)blockIdx.z * heads + head) * s * d;
 }
 
 template <Order L>
 __device__ __forceinline__ long long row_stride(int heads, int s, int d) {
-  return L == BSHD ? (long long)heads * d : L == BHDS ? s : d;
+  return L == BSHD ? (long long)heads * d : L == BS3HD ? 3LL * heads * d : L == BHDS ? s : d;
 }
 
 // The block's query rows: blocks start in reverse order, so the causal variant's longest rows
@@ -590,6 +593,22 @@ KIT_ATTENTION_VARIANT(attention_bshd_bf16, kit::BF16, false, BSHD, BSHD, BSHD, B
 KIT_ATTENTION_VARIANT(attention_causal_bshd_bf16, kit::BF16, true, BSHD, BSHD, BSHD, BSHD)
 KIT_ATTENTION_VARIANT(attention_kt_bf16, kit::BF16, false, BHSD, BHDS, BHSD, BSHD)
 KIT_ATTENTION_VARIANT(attention_causal_kt_bf16, kit::BF16, true, BHSD, BHDS, BHSD, BSHD)
+
+// Packed QKV (GPT-2's one c_attn projection, read in place instead of as three copied slices):
+// qkv [b, s, 3, h, d] (Q, K, V each [b, s, h, d] with rows 3 * h * d apart), O [b, s, h, d]. The
+// same paths and choice rules as _bshd (the wgmma + TMA path from kHopperMinKeys keys: its tensor
+// maps take the 3 * h * d row stride; K and V stay 16-byte aligned where h * d is a multiple of 8).
+#define KIT_ATTENTION_QKV(NAME, E, CAUSAL)                                                                            \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
+  NAME(const half_bits* __restrict__ qkv, half_bits* __restrict__ o, float scale, int b, int h, int s, int d) {       \
+    const long long heads = (long long)h * d;                                                                         \
+    attention<E, CAUSAL, BS3HD, BS3HD, BS3HD, BSHD>(qkv, qkv + heads, qkv + 2 * heads, o, b, h, s, d, 0, scale);      \
+  }
+
+KIT_ATTENTION_QKV(attention_qkv_f16, kit::F16, false)
+KIT_ATTENTION_QKV(attention_causal_qkv_f16, kit::F16, true)
+KIT_ATTENTION_QKV(attention_qkv_bf16, kit::BF16, false)
+KIT_ATTENTION_QKV(attention_causal_qkv_bf16, kit::BF16, true)
 
 // Grouped-query attention (Llama's GQA as the dynamo exporter leaves it): Q [b, h, s, d], K
 // [b, g, s, d] (after RoPE), V [b, s, g, d] (its projection's heads), O [b, s, h, d]; query head

@@ -66,6 +66,21 @@ def attention_causal_kt_f16(q, kt, v, scale):
 
 
 attention_bshd_bf16, attention_causal_bshd_bf16 = attention_bshd_f16, attention_causal_bshd_f16
+
+
+def _qkv_variant(qkv, scale, causal):  # qkv [b, s, 3, h, d] -> o [b, s, h, d]
+    return _bshd_variant(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], scale, causal)
+
+
+def attention_qkv_f16(qkv, scale):
+    return _qkv_variant(qkv, scale, causal=False)
+
+
+def attention_causal_qkv_f16(qkv, scale):
+    return _qkv_variant(qkv, scale, causal=True)
+
+
+attention_qkv_bf16, attention_causal_qkv_bf16 = attention_qkv_f16, attention_causal_qkv_f16
 attention_kt_bf16, attention_causal_kt_bf16 = attention_kt_f16, attention_causal_kt_f16
 
 

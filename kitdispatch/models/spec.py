@@ -213,6 +213,8 @@ def reshaped_facts(t: TensorFacts, reshape: Reshape) -> TensorFacts:
     if reshape.collapses(len(t.shape)):
         sizes = [[t.shape[i] for i in group] for group in reshape.groups]
         return TensorFacts(t.dtype, tuple(None if None in g else math.prod(g) for g in sizes))
+    if reshape.shape is not None:
+        return TensorFacts(t.dtype, reshape.shape)
     shape: list[int | None] = [1] * sum(len(g) for g in reshape.groups)
     for size, group in zip(t.shape, reshape.groups):
         shape[group[-1]] = size  # the unit dims lead their group

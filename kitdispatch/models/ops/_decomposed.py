@@ -17,6 +17,12 @@ be 1/sqrt(d) as the kernel applies it, the mask none or causal (_masks.py), or k
 additive [b, t] mask, or boolean [b, t] flags (anded with a causal one) added as
 select(keep, 0, masked): the chain then keeps that tensor (`Chain.keep`) for the kernel to read,
 and the masked value (`Chain.masked`); the softmax over the keys.
+
+Q, K and V may be the three equal slices of one packed projection (GPT-2's c_attn: [b, s, 3*h*d]
+split on its last dim, each slice reshaped to [b, s, h, d]): each then is also readable as that
+one tensor (order "bs3hd", `Input.reshape` viewing it as [b, s, 3, h, d]), which a packed kernel
+reads in place; the slices and their reshapes die with the chain. `Chain.unpacked` says why a
+chain whose Q, K or V is such a slice cannot be read so.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
 from kitdispatch.models.ops._masks import NONE, OTHER, MaskForm, is_masked_value, per_key, read_additive, read_mask, with_key_padding
-from kitdispatch.models.ops.base import TensorFacts, location, map_dims, tensor_facts
+from kitdispatch.models.ops.base import Reshape, TensorFacts, location, map_dims, tensor_facts
 from kitdispatch.models.ops.generic import plain_transpose
 from kitdispatch.models.ops.matmul import init_source
 
@@ -37,6 +43,7 @@ MATMULS = ("linalg.batch_matmul", "linalg.matmul")
 _THROUGH = ("tensor.collapse_shape", "tensor.expand_shape", "iree_tensor_ext.compute_barrier.start", "iree_tensor_ext.compute_barrier.end")
 _CASTS = ("arith.truncf", "arith.extf")
 _SEARCH = 12  # ops walked up from the anchor looking for the softmax
+PACKED = "bs3hd"  # Q, K and V as parts 0, 1 and 2 of one packed projection [b, s, 3, h, d]
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,8 @@ class Input:
     path: tuple[int, ...]
     tensor: TensorFacts
     order: str = "bhsd"
+    reshape: Reshape | None = None  # how the kernel views it, where that is not by unit dims (a packed QKV)
+    value: object = field(default=None, compare=False, repr=False)  # the ir.Value (the [b, s, h, d] reads: a packed slice?)
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,7 @@ class Chain:
     keep: Input | None = None  # the key-padding mask [b, t] (additive, or i1 flags) the kernel reads, where the mask has it
     masked: float | None = None  # what select(keep, 0, masked) adds to a padded key's score (flags)
     mask_dtype: str = ""  # the element type the mask is added in
+    unpacked: str | None = None  # why Q, K and V, one of them a slice, are not one packed tensor's three
 
     def read_as(self, orders: tuple[str, ...]) -> tuple[Input, ...] | None:
         """Q, K and V as a kernel of these orders (Q, K, V, O) reads them; None if one is not there."""
@@ -203,6 +213,7 @@ class _Reader:
     def __init__(self) -> None:
         self.ops: list = []
         self.problem: str | None = None
+        self.unpacked: str | None = None  # Chain.unpacked
 
     def fail(self, why: str) -> None:
         self.problem = self.problem or why
@@ -241,7 +252,7 @@ class _Reader:
         value = owner.operands[0]
         before = tuple(roles[permutation[j]] for j in range(len(permutation)))
         value, path, before = self.through_roles(value, near.path + (0,), before, known=True)
-        return (near, Input(path, tensor_facts(value.type), _order(before)))
+        return (near, Input(path, tensor_facts(value.type), _order(before), value=value))
 
     def through(self, value: ir.Value, path: tuple[int, ...], *, casts: bool = False):
         """Up through reshapes and barriers (and casts, where asked): the value and its path."""
@@ -326,14 +337,15 @@ def read_chain(anchor: ir.Operation) -> Chain:
     for op in down[:-1]:
         r.take(op)
     marked = len(down) - 1
-    options = tuple(tuple(Input((0,) * marked + x.path, x.tensor, x.order) for x in xs) for xs in (q_options, k_options, v_options))
+    options = tuple(tuple(Input((0,) * marked + x.path, x.tensor, x.order, x.reshape) for x in xs)
+                    for xs in _with_packed(r, (q_options, k_options, v_options)))
     q, k, v = (xs[0] for xs in options)
     out = tensor_facts(down[-1].results[0].type)
     keep = None if padding is None else Input((0,) * marked + padding.path, tensor_facts(padding.value.type), "")
     added = next((s for s in program if s.name in (_ADD_SELECT, "arith.addf")), None)
     return Chain(q, k, v, out, marked, scale, scale_text, mask, repeated_heads(k_value, v_value), r.problem,
                  tuple(r.ops) + (down[-1],), options, _order(o_roles), keep,
-                 added.masked if added and keep else None, added.dtype if added and keep else "")
+                 added.masked if added and keep else None, added.dtype if added and keep else "", r.unpacked)
 
 
 def _down(anchor: ir.Operation, rank: int) -> tuple[list, tuple | None]:
@@ -363,6 +375,101 @@ def _down(anchor: ir.Operation, rank: int) -> tuple[list, tuple | None]:
                  and all(op.name in _THROUGH or _is_cast(op) for op in ops[1:i + 1])]
     chosen = same_rank[0] if same_rank else sixteen[0] if sixteen else 0
     return ops[:chosen + 1], roles[chosen]
+
+
+# ------------------------------------------------- Q, K and V as one packed projection
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A [b, s, h, d] tensor read as part `part` of a packed [b, s, 3*h*d] one (`packed`: its
+    Input), and the ops that slice and reshape it out (they die with the chain)."""
+
+    packed: Input
+    source: object  # the packed ir.Value
+    part: int
+    ops: tuple
+
+
+def _with_packed(r: _Reader, options: tuple[tuple[Input, ...], ...]) -> tuple[tuple[Input, ...], ...]:
+    """Q, K and V's options, each with the packed tensor added where Q, K and V are its parts
+    0, 1 and 2 (their [b, s, h, d] reads sliced out of one value, nothing else reading the
+    slices); else as they are, with `r.unpacked` saying why where one of them is a slice."""
+    nearest = [next((x for x in xs if x.order == "bshd" and x.value is not None), None) for xs in options]
+    parts = [_packed_part(x) if x is not None else None for x in nearest]
+    if all(p is None for p in parts):
+        return options
+    why = next((f"{role}: {p}" for role, p in zip("QKV", parts) if isinstance(p, str)), None)
+    if why is None:
+        missing = [role for role, p in zip("QKV", parts) if p is None]
+        if missing:
+            why = f"{' and '.join(missing)} not a slice of the packed tensor the others are sliced from"
+        elif not (parts[0].source == parts[1].source == parts[2].source):
+            why = "Q, K and V are slices of different tensors"
+        elif tuple(p.part for p in parts) != (0, 1, 2):
+            why = f"Q, K and V are its parts {', '.join(str(p.part) for p in parts)}, not 0, 1 and 2"
+        elif len({p.packed.reshape for p in parts}) != 1:
+            why = "Q, K and V view the packed tensor differently"
+    if why is not None:
+        r.unpacked = f"not one packed QKV tensor: {why}"
+        return options
+    for p in parts:
+        r.ops.extend(p.ops)
+    return tuple(xs + (p.packed,) for xs, p in zip(options, parts))
+
+
+def _packed_part(near: Input) -> _Part | str | None:
+    """`near` ([b, s, h, d], or [s, h, d] for b = 1) as a part of a packed tensor: made by an
+    expand_shape of its last dim into (h, d) from an extract_slice of h*d columns at offset
+    part*h*d of a [.., s, 3*h*d] value, whole in every other dim, unit strides. None where it
+    is not such a slice; the reason where it is one that cannot be read in place."""
+    from iree.compiler import ir
+
+    expand = _owner(near.value)
+    sliced = _owner(expand.operands[0]) if expand is not None and expand.name == "tensor.expand_shape" else None
+    if sliced is None or sliced.name != "tensor.extract_slice":
+        return None
+    rank = len(near.tensor.shape)
+    if _groups(expand) != [[i] for i in range(rank - 2)] + [[rank - 2, rank - 1]]:
+        return f"the slice is reshaped by {_groups(expand)}, not only its last dim split into heads"
+    for value, what in ((near.value, "its reshape to heads"), (sliced.results[0], "the slice")):
+        if _users(value) != 1:
+            return f"{what} at {location(_owner(value))} has {_users(value)} readers (the kernel would leave it unread)"
+    source = sliced.operands[0]
+    if len(sliced.operands) != 1:
+        return "the slice has dynamic offsets, sizes or strides"
+    offsets, sizes, strides = (list(ir.DenseI64ArrayAttr(sliced.attributes[f"static_{n}"])) for n in ("offsets", "sizes", "strides"))
+    whole, roles = tensor_facts(source.type).shape, list(near.order[-rank:-2]) + ["P"]  # P: the packed h*d columns
+    dropped = len(whole) - (rank - 1)
+    source_roles = []
+    for axis, size in enumerate(whole):
+        assigned = len(source_roles) - source_roles.count("1")
+        if dropped and sizes[axis] == 1 and len(whole) - axis > len(roles) - assigned:
+            source_roles.append("1")
+            dropped -= 1
+        else:
+            source_roles.append(roles[assigned])
+    heads, d = near.tensor.shape[-2:]
+    columns = None if None in (heads, d) else heads * d
+    if set(strides) != {1} or columns is None or whole[-1] != 3 * columns or sizes[-1] != columns or offsets[-1] % columns:
+        return f"the slice {sizes} at {offsets} of {tensor_facts(source.type).text} is not a third of its last dim (3 x h x d)"
+    if any(offset != 0 or size != full for offset, size, full in zip(offsets[:-1], sizes[:-1], whole[:-1])):
+        return f"the slice {sizes} at {offsets} of {tensor_facts(source.type).text} is not whole in its other dims"
+    view = _packed_view(source_roles, whole, heads, d)
+    if view is None:
+        return f"the packed tensor {tensor_facts(source.type).text} is not [b, s, 3*h*d] (or [s, 3*h*d])"
+    packed = Input(near.path + (0, 0), tensor_facts(source.type), PACKED, view, source)
+    return _Part(packed, source, offsets[-1] // columns, (expand, sliced))
+
+
+def _packed_view(roles: list[str], whole: tuple, heads: int, d: int) -> Reshape | None:
+    """The packed tensor ([b, s, P], [1, s, P] or [s, P]; P = 3*h*d) as the kernel's [b, s, 3, h, d]."""
+    if roles[-2:] != ["s", "P"] or roles[:-2] not in ([], ["b"], ["1"]):
+        return None
+    s = whole[-2]
+    if len(roles) == 2:
+        return Reshape(((0, 1), (2, 3, 4)), shape=(1, s, 3, heads, d))
+    return Reshape(((0,), (1,), (2, 3, 4)), shape=(whole[0], s, 3, heads, d))
 
 
 def _int(attr: ir.Attribute) -> int:

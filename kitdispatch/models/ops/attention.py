@@ -9,7 +9,10 @@ of `mask = "key_padding"` (or "causal_key_padding") takes a fourth input, `bias`
 flags as select(keep, 0, masked) made in the adapter, and the scalars `scale` and `masked`
 (what the chain adds to a causally masked key's score). An op with one batch dim runs as b = 1, through an
 adapter in the spec that adds the unit dim; V may be read through the plain transpose IREE's
-global optimization puts before it (the spec passes the transpose's input).
+global optimization puts before it (the spec passes the transpose's input). A kernel whose
+first buffer is [b, s, 3, h, d] (`qkv`, order "bs3hd") reads Q, K and V from one packed
+projection, parts 0, 1 and 2 of its third dim: the spec passes that tensor once (decomposed
+attention whose Q, K and V are the three slices of one value, _decomposed.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from kitdispatch.models.ops.base import (
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
-from kitdispatch.models.ops._decomposed import MATMULS, Chain, Input, looks_like_attention, read_chain, repeated_heads
+from kitdispatch.models.ops._decomposed import MATMULS, PACKED, Chain, Input, looks_like_attention, read_chain, repeated_heads
 from kitdispatch.models.ops._masks import CAUSAL, CAUSAL_KEY_PADDING, KEY_PADDING, NONE, OTHER, MaskForm, mask_ops, read_mask
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
@@ -45,8 +48,9 @@ KEYS = "t"  # K and V's sequence dim where a kernel takes another key length (cr
 # The orders a kernel's tensors may have, named by their dims (b, h, s, d): projections leave
 # Q, K, V [b, s, h, d] before their heads are transposed out, K as K^T [b, h, d, s], and O goes
 # back to [b, s, h, d] (_decomposed.py reads which the op gives).
-ORDERS = (("bhsd", "bshd"), ("bhsd", "bshd", "bhds", "bgsd", "bsgd"), ("bhsd", "bshd", "bgsd", "bsgd"), ("bhsd", "bshd"))
-# g: K and V with fewer heads than Q (GQA/MQA), query head i reading K/V head i / (h / g)
+ORDERS = (("bhsd", "bshd", PACKED), ("bhsd", "bshd", "bhds", "bgsd", "bsgd", PACKED), ("bhsd", "bshd", "bgsd", "bsgd", PACKED), ("bhsd", "bshd"))
+# g: K and V with fewer heads than Q (GQA/MQA), query head i reading K/V head i / (h / g);
+# PACKED ([b, s, 3, h, d]): one buffer, `qkv`, holding Q, K and V (the kernel's first input is all three)
 
 
 @dataclass(frozen=True)
@@ -68,13 +72,17 @@ class AttentionFacts:
 
     @property
     def summary(self) -> str | None:
-        return None if self.chain is None else f"decomposed, ending in {self.anchor}"
+        if self.chain is None:
+            return None
+        return f"decomposed, ending in {self.anchor}" + (f"; Q, K and V {self.chain.unpacked}" if self.chain.unpacked else "")
 
     def to_json(self) -> dict:
         mask = None if self.mask is None else {"form": self.mask.form, "what": self.mask.text}
         data = {"scale": self.scale_text, "mask": mask, "v_through_transpose": self.v_transposed}
         if self.chain is not None:
             data["decomposed"] = {"anchor": self.anchor, "replaced": f"{self.chain.marked} single user(s) down from it"}
+            if self.chain.unpacked:
+                data["decomposed"]["unpacked"] = self.chain.unpacked
         return {"attention": data}
 
     @property
@@ -103,6 +111,8 @@ class Attention(OpKind):
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         args, result = kernel_buffers(_without_scale(kernel), self.name, where)
+        if args and _buffer_order(args[0]) == PACKED:  # one buffer in the roles of Q, K and V
+            args = [args[0]] * 3 + args[1:]
         padding = kernel.replaces.mask in PADDING
         expect(len(args) == 3 + padding and result.access != "inout", "it must take Q, K and V in that order (then, for a "
                "key_padding mask, its `bias` [b, s]) and write one new result O", where)
@@ -121,12 +131,14 @@ class Attention(OpKind):
         )
         # The function's arguments in its order, by role: input buffer i, or "scale" (the op's constant)
         roles = tuple(args.index(p) if isinstance(p, Buffer) else p.name for p in kernel.function_arguments)
-        layout = Layout(tuple(args), result, accumulates=False, pattern=roles if SCALE in roles or MASKED in roles else None)
+        packed = len(args) > 1 and args[0] is args[1]  # the function takes it once: the call passes it so (its roles)
+        layout = Layout(tuple(args), result, accumulates=False, pattern=roles if SCALE in roles or MASKED in roles or packed else None)
         expect(
             len(shapes) == 1 or all(o in allowed for o, allowed in zip(kernel_orders(layout), ORDERS)),
             "Q, K, V and O must be one type [b, h, s, d], or name their dims b, h, s, d in the orders the kit "
             "reads: Q, V and O [b, h, s, d] or [b, s, h, d], K also [b, h, d, s] (K^T); K and V [b, g, s, d] or "
-            "[b, s, g, d] for g K/V heads shared by the h query heads (t for K and V's s: another key length)",
+            "[b, s, g, d] for g K/V heads shared by the h query heads (t for K and V's s: another key length); "
+            "or Q, K and V as one first buffer qkv [b, s, 3, h, d]",
             where,
         )
         return layout
@@ -161,7 +173,7 @@ class Attention(OpKind):
         the head dim, one static s for queries and keys, and the scale the kernel computes.
         Fills `sizes` with the kernel's dimensions (replace_when's limits are not read)."""
         orders = kernel_orders(layout)
-        tensors = [x.tensor for x in _read(op, orders)] + [op.result]
+        tensors = [_kernel_side(x) for x in _read(op, orders)] + [op.result]
         buffers = list(layout.inputs[:3]) + [layout.result]
         s_and_d = [_s_and_d(t, o) for t, o in zip(tensors, orders)]
         seq_q, seq_k = s_and_d[0][0], s_and_d[1][0]
@@ -189,7 +201,7 @@ class Attention(OpKind):
         head = s_and_d[0][1]
         if head not in HEAD_DIMS:
             return f"head dim {head}: the kernel has code for {', '.join(map(str, HEAD_DIMS[:-1]))} and {HEAD_DIMS[-1]} only"
-        if layout.pattern is not None:  # the kernel scales by the op's constant
+        if SCALE in (layout.pattern or ()):  # the kernel scales by the op's constant
             return None if op.detail.scale is not None else f"the op's scale is {op.detail.scale_text}, not a constant"
         return _scale_mismatch(op.detail, head)
 
@@ -207,13 +219,15 @@ class Attention(OpKind):
             ranks, tensors = [len(op.detail.maps[0])] * 3, list(op.inputs)
         ranks.append(len(op.result.shape))
         reshapes = [_unit_dims(rank) for rank in ranks]
+        if chain is not None:  # a packed QKV: viewed as [b, s, 3, h, d]
+            reshapes[:3] = [x.reshape or r for x, r in zip(inputs, reshapes)]
         if len(set(ranks)) == 1:
             variant = f"_batch{ranks[0] - 2}" if ranks[0] < BATCH_DIMS + 2 else ""
         else:
             variant = "_rank" + "".join(map(str, ranks))
         arguments = [Operand(p, r, t if t != given else None) for p, r, t, given in zip(paths, reshapes, tensors, op.inputs)]
         if layout.pattern is not None:
-            given = {**dict(enumerate(arguments)), SCALE: Constant("f32", repr(float(np.float32(op.detail.scale))))}
+            given = {**dict(enumerate(arguments)), SCALE: Constant("f32", repr(float(np.float32(op.detail.scale or 0.0))))}
             if chain is not None and chain.keep is not None:
                 flags = chain.keep.tensor.dtype == "i1"  # passed as select(keep, 0, masked), the bias they add
                 masked = _f32_literal(chain.masked) if chain.masked is not None else "0.0"
@@ -238,11 +252,20 @@ def _f32_literal(value: float) -> str:
     return repr(float(np.float32(value))) if np.isfinite(value) else ("0xFF800000" if value < 0 else "0x7F800000")
 
 
+def _buffer_order(buffer: Buffer) -> str:
+    return "".join(map(str, buffer.type.shape)).replace(KEYS, "s")
+
+
+def _kernel_side(x: Input) -> TensorFacts:
+    """An input as the kernel's buffer sees it, where a reshape other than unit dims views it (a packed QKV)."""
+    return x.tensor if x.reshape is None or x.reshape.shape is None else TensorFacts(x.tensor.dtype, x.reshape.shape)
+
+
 def kernel_orders(layout: Layout) -> tuple[str, ...]:
     """The order of the kernel's Q, K, V and O, read from their dims' names where those are the
     kit's (b, h, s, d, g; t, K and V's sequence, is s); "bhsd" for all where they are one type of
     other names."""
-    orders = tuple("".join(map(str, b.type.shape)).replace(KEYS, "s") for b in (*layout.inputs[:3], layout.result))
+    orders = tuple(_buffer_order(b) for b in (*layout.inputs[:3], layout.result))
     if all(o in allowed for o, allowed in zip(orders, ORDERS)):
         return orders
     return PLAIN
@@ -275,11 +298,12 @@ def _order_mismatch(a: AttentionFacts, orders: tuple[str, ...]) -> str | None:
         return None
     given = [" or ".join(_dims(x.order) for x in options if x.order) or "(not a layout a kernel names)" for options in a.chain.options]
     shown = ", ".join(f"{r} {g}" for r, g in zip(ROLES, given + [_dims(a.chain.o_order) or "(not a layout a kernel names)"]))
-    return f"layout: the op gives {shown}; the kernel's {_orders_text(orders)}"
+    unpacked = f" ({a.chain.unpacked})" if PACKED in orders and a.chain.unpacked else ""
+    return f"layout: the op gives {shown}; the kernel's {_orders_text(orders)}{unpacked}"
 
 
 def _dims(order: str) -> str:
-    return f"[{', '.join(order)}]" if order else ""
+    return "[b, s, 3, h, d] (one packed qkv)" if order == PACKED else f"[{', '.join(order)}]" if order else ""
 
 
 def _orders_text(orders: tuple[str, ...]) -> str:

@@ -96,6 +96,9 @@ class Reshape:
 
     groups: tuple[tuple[int, ...], ...]
     sizes_from: int | None = None
+    # The kernel's shape, where an expansion splits an op dim into several that are not unit
+    # dims (a packed QKV projection [b, s, 3*h*d] as [b, s, 3, h, d]); its split dims are static.
+    shape: tuple[int | None, ...] | None = None
 
     def collapses(self, rank: int) -> bool:
         """Whether an op tensor of `rank` dims is collapsed (else: expanded)."""
