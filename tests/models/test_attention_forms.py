@@ -127,7 +127,7 @@ def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
         (["--form", "layer"], "attention_kt_f16"),
         (["--form", "layer", "--mask", "where-add"], "attention_kt_f16"),  # the dynamo exporter's all-true mask
         (["--form", "layer", "--mask", "where-add-causal", "--seq", 197], "attention_causal_kt_f16"),
-        (["--form", "split", "--mask", "where-add-causal"], "attention_causal_bshd_f16"),  # GPT-2's one QKV projection: Q, K, V [b, s, h, d] before their transposes
+        (["--form", "split", "--mask", "where-add-causal"], "attention_causal_qkv_f16"),  # GPT-2's one QKV projection: read packed, in place
         # GQA projected as Llama's (repeat_kv's broadcast read through: K and V [b, s, g, d]), d = 128 scaled by f16's 1/11.3125
         (["--form", "layer", "--kv-heads", 2, "--batch", 1, "--mask", "where-add-causal", "--head-dim", 128],
          "attention_causal_gqa_bshd_f16"),
@@ -230,7 +230,7 @@ def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
     "args, kernel",
     [
         (["--form", "layer", "--mask", "where-add"], "attention_kt_f16"),
-        (["--form", "split", "--mask", "where-add-causal"], "attention_causal_bshd_f16"),
+        (["--form", "split", "--mask", "where-add-causal"], "attention_causal_qkv_f16"),
         (["--form", "layer", "--kv-heads", 2, "--batch", 1, "--mask", "where-add-causal"], "attention_causal_gqa_bshd_f16"),
     ],
     ids=["layer-where-add", "split-where-causal", "layer-gqa"],

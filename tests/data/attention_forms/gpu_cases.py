@@ -18,7 +18,10 @@ GPU_CASES = {
                             "attention_causal_gqa_bshd_f16"),
     "onnx-layer-d96-197": ("onnx", ["--f16", "--form", "layer", "--head-dim", "96", "--seq", "197"], "attention_kt_f16"),
     "onnx-cross-77": ("onnx", ["--f16", "--kv-seq", "77"], "attention_cross_f16"),
-    "onnx-split-causal": ("onnx", ["--f16", "--form", "split", "--mask", "where-add-causal"], "attention_causal_bshd_f16"),
+    "onnx-split-causal": ("onnx", ["--f16", "--form", "split", "--mask", "where-add-causal"], "attention_causal_qkv_f16"),
+    # GPT-2's block (make_gpt2.py: Gemm with bias, Split): Q, K, V read in place from the packed projection
+    "gpt2-packed": ("gpt2", [], "attention_causal_qkv_f16"),
+    "gpt2-packed-b1-s300": ("gpt2", ["--batch", "1", "--seq", "300"], "attention_causal_qkv_f16"),  # the sm_90a path
     # key padding from an `attention_mask` input (tests/models/test_attention_keypad.py runs padding patterns)
     "onnx-keypad-heads": ("onnx", ["--f16", "--mask", "keypad"], "attention_pad_f16"),
     "onnx-keypad-inf-300": ("onnx", ["--f16", "--mask", "keypad-inf", "--seq", "300"], "attention_pad_f16"),
@@ -31,4 +34,4 @@ ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdis
 
 
 def model_name(kind: str) -> str:
-    return "attn.onnx" if kind == "onnx" else "attn.mlir"
+    return "attn.mlir" if kind == "sdpa" else "attn.onnx"
