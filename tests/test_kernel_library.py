@@ -205,11 +205,12 @@ LAYOUT_SHAPES = [(1, 12, 128, 64), (2, 3, 197, 64), (2, 2, 300, 128), (1, 1, 1, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("variant", ["bshd", "kt"])
+@pytest.mark.parametrize("variant", ["bshd", "kt", "qkv"])
 @pytest.mark.parametrize("shape", LAYOUT_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_attention_layout_variants(tensor_core_builds, dtype, causal, variant, shape):
     """_bshd: Q, K, V, O [b, s, h, d]; _kt: Q, V [b, h, s, d], K^T [b, h, d, s], O [b, s, h, d];
-    the scale an argument (here 1/sqrt(d) rounded to f16, as f16 models give it)."""
+    _qkv: one packed qkv [b, s, 3, h, d] (GPT-2's projection), O [b, s, h, d]; the scale an
+    argument (here 1/sqrt(d) rounded to f16, as f16 models give it)."""
     rng = np.random.default_rng(sum(shape))
     q, k, v = (rng.standard_normal(shape).astype(_numpy_dtype(dtype)) for _ in range(3))  # [b, h, s, d]
     function = f"attention{'_causal' if causal else ''}_{variant}_{dtype}"
@@ -217,6 +218,8 @@ def test_attention_layout_variants(tensor_core_builds, dtype, causal, variant, s
     expected = np.swapaxes(_attention_reference(q, k, v, causal, scale), 1, 2)  # [b, s, h, d]
     if variant == "bshd":
         args = [np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k, v)]
+    elif variant == "qkv":
+        args = [np.ascontiguousarray(np.stack([np.swapaxes(x, 1, 2) for x in (q, k, v)], axis=2))]
     else:
         args = [q, np.ascontiguousarray(np.swapaxes(k, -1, -2)), v]
     got = _module(tensor_core_builds, "attention").call(function, *args, np.float32(scale))
