@@ -227,7 +227,9 @@ class Attention(OpKind):
             variant = "_rank" + "".join(map(str, ranks))
         arguments = [Operand(p, r, t if t != given else None) for p, r, t, given in zip(paths, reshapes, tensors, op.inputs)]
         if layout.pattern is not None:
-            given = {**dict(enumerate(arguments)), SCALE: Constant("f32", repr(float(np.float32(op.detail.scale or 0.0))))}
+            given: dict = dict(enumerate(arguments))
+            if SCALE in layout.pattern:
+                given[SCALE] = Constant("f32", repr(float(np.float32(op.detail.scale))))
             if chain is not None and chain.keep is not None:
                 flags = chain.keep.tensor.dtype == "i1"  # passed as select(keep, 0, masked), the bias they add
                 masked = _f32_literal(chain.masked) if chain.masked is not None else "0.0"
