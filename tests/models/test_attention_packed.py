@@ -14,7 +14,9 @@ from conftest import dump_module, needs_iree_compile
 from kitdispatch import BuildOptions
 from kitdispatch.models.compare import compare_model
 from kitdispatch.models.pipeline import build_model
-from models.test_attention_forms import ARCHS, attention_decision, decisions_of, form_build, make_model
+from kitdispatch.models.ops.attention import kernel_orders
+from kitdispatch.models.replace import check_kernel
+from models.test_attention_forms import ARCHS, attention_decision, decisions_of, form_build, library_kernels, make_model
 
 PACKED = "attention_causal_qkv_f16"
 SPLIT = "attention_causal_bshd_f16"  # Q, K, V as three [b, s, h, d] tensors (IREE copies each slice out)
@@ -23,6 +25,14 @@ SPLIT = "attention_causal_bshd_f16"  # Q, K, V as three [b, s, h, d] tensors (IR
 def _copies(vmfb) -> list[str]:
     """IREE's own copy dispatches (a slice materialized for a dispatch that takes whole tensors)."""
     return re.findall(r"dispatch_\d+_slow_memcpy\w*", vmfb.read_bytes().decode("latin-1"))
+
+
+def test_a_packed_kernel_declares_itself_by_its_first_buffers_dims():
+    """qkv [b, s, 3, h, d] stands in for Q, K and V (one buffer in three roles), passed once."""
+    for kernel in (k for k in library_kernels() if "_qkv_" in k.name):
+        layout = check_kernel(kernel, "iree_linalg_ext.attention")
+        assert layout.inputs[0] is layout.inputs[1] is layout.inputs[2] and layout.pattern == (0, "scale")
+        assert kernel_orders(layout) == ("bs3hd",) * 3 + ("bshd",)
 
 
 @pytest.mark.parametrize("batch, seq", [(2, 128), (1, 128)], ids=["b2", "b1"])
