@@ -37,6 +37,9 @@
 // Epilogues (v = the f32 sum over k, r = row, c = column, f32(x) = exact widening):
 //   kNone          v
 //   kBias          v + f32(bias[c])
+//   kBiasHeads     v + f32(bias[c]), stored in heads layout: r = bi * seq + si, c = hi * hd + di
+//                  to C[bi, hi, si, di] (a projection's bias add and transpose to attention heads)
+//   kBiasHeadsT    the same, stored at C[bi, hi, di, si] (K^T); both take seq and hd in EpiArgs
 //   kBiasGeluErf   x = v + f32(bias[c]);  0.5f * x * (1 + erff(x * 0.70710678f))
 //   kBiasGeluTanh  x = v + f32(bias[c]);  0.5f * x * (1 + tanhf(C * (x + 0.044715f * x * x * x)))
 //                  with C = the kernel's float argument gelu_c (0.7978846 or 0.797724 ...)
@@ -92,13 +95,15 @@ __device__ __forceinline__ void kitgemm_mark(int i, bool wall = false) {
 #endif
 
 enum Epi { kNone, kBias, kBiasGeluErf, kBiasGeluTanh, kBiasRelu, kBiasSilu, kResidual, kBiasResidual, kScale, kGeluErf,
-           kGeluTanh, kSiluMul };
+           kGeluTanh, kSiluMul, kBiasHeads, kBiasHeadsT };
 
 template <int kEpi>
 struct EpiTraits {
   static constexpr bool kHasBias = kEpi == kBias || kEpi == kBiasGeluErf || kEpi == kBiasGeluTanh ||
-                                   kEpi == kBiasRelu || kEpi == kBiasSilu || kEpi == kBiasResidual;
+                                   kEpi == kBiasRelu || kEpi == kBiasSilu || kEpi == kBiasResidual ||
+                                   kEpi == kBiasHeads || kEpi == kBiasHeadsT;
   static constexpr bool kHasRes = kEpi == kResidual || kEpi == kBiasResidual || kEpi == kSiluMul;
+  static constexpr bool kHeads = kEpi == kBiasHeads || kEpi == kBiasHeadsT;  // C not row-major: out_offset
 };
 
 template <class Out>
@@ -106,7 +111,31 @@ struct EpiArgs {
   const typename Out::T* bias;  // [n]
   const typename Out::T* res;   // [m, n] of this batch
   float scalar;                 // alpha (kScale) or C (kBiasGeluTanh, kGeluTanh)
+  int seq = 1, hd = 1;          // kBiasHeads, kBiasHeadsT: rows per batch and the head dim
 };
+
+// Where C[r, c] goes: row-major [m, n], or the heads layouts (kBiasHeads: [m / seq, n / hd,
+// seq, hd]; kBiasHeadsT: [m / seq, n / hd, hd, seq]).
+template <int kEpi, class Out>
+__device__ __forceinline__ long long out_offset(const EpiArgs<Out>& e, int n, int r, int c) {
+  if constexpr (EpiTraits<kEpi>::kHeads) {
+    const int bi = r / e.seq, si = r - bi * e.seq, hi = c / e.hd, di = c - hi * e.hd;
+    const long long bh = (long long)bi * (n / e.hd) + hi;
+    return kEpi == kBiasHeads ? (bh * e.seq + si) * e.hd + di : (bh * e.hd + di) * e.seq + si;
+  } else {
+    return (long long)r * n + c;
+  }
+}
+
+// One element of C (an f32, or rounded once to f16/bf16).
+template <class Out>
+__device__ __forceinline__ void store1(typename Out::T* p, float x) {
+  if constexpr (sizeof(typename Out::T) == 4) {
+    *p = x;
+  } else {
+    *p = half_bits(kit::pack2<Out>(x, 0.f) & 0xffff);
+  }
+}
 
 template <class Out>
 __device__ __forceinline__ float load_out(const typename Out::T* p) {
@@ -174,7 +203,17 @@ __device__ __forceinline__ void store2(typename Out::T* C, const EpiArgs<Out>& e
   const bool two = c + 1 < n;
   x = epilogue<kEpi, Out>(x, e, off, c);
   if (two) y = epilogue<kEpi, Out>(y, e, off, c + 1);
-  kit::store_pair<Out>(C + off + c, x, y, two, paired);
+  if constexpr (EpiTraits<kEpi>::kHeads) {
+    // c is even: c, c + 1 are one head's neighbours in kBiasHeads where hd is even
+    if (kEpi == kBiasHeads && e.hd % 2 == 0) {
+      kit::store_pair<Out>(C + out_offset<kEpi, Out>(e, n, r, c), x, y, two, paired);
+    } else {
+      store1<Out>(C + out_offset<kEpi, Out>(e, n, r, c), x);
+      if (two) store1<Out>(C + out_offset<kEpi, Out>(e, n, r, c + 1), y);
+    }
+  } else {
+    kit::store_pair<Out>(C + off + c, x, y, two, paired);
+  }
 }
 
 // C[r, c .. c + 7] (the columns < n) from the f32 sums v: epilogue, rounding, one 16-byte store
@@ -184,7 +223,9 @@ __device__ __forceinline__ void store8(typename Out::T* C, const EpiArgs<Out>& e
                                        float (&v)[8], bool vec) {
   if (r >= m || c >= n) return;
   const long long off = (long long)r * n;
-  typename Out::T* p = C + off + c;
+  typename Out::T* p = C + out_offset<kEpi, Out>(e, n, r, c);
+  // kBiasHeads: 8 columns from a multiple of 8 are one head's, contiguous, where hd % 8 == 0
+  if (kEpi == kBiasHeads && e.hd % 8 != 0) vec = false;
   if (vec && c + 8 <= n) {
     // bias and residual as 16-byte loads too (c is a multiple of 8; `vec` makes rows aligned)
     float bias[8] = {}, res[8] = {};
@@ -206,7 +247,10 @@ __device__ __forceinline__ void store8(typename Out::T* C, const EpiArgs<Out>& e
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = epilogue_of<kEpi>(v[i], bias[i], res[i], e.scalar);
-    if constexpr (sizeof(typename Out::T) == 4) {
+    if constexpr (kEpi == kBiasHeadsT) {  // the 8 columns are 8 rows of K^T: element by element
+#pragma unroll
+      for (int i = 0; i < 8; ++i) store1<Out>(C + out_offset<kEpi, Out>(e, n, r, c + i), v[i]);
+    } else if constexpr (sizeof(typename Out::T) == 4) {
       reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
       reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
     } else {
@@ -220,11 +264,7 @@ __device__ __forceinline__ void store8(typename Out::T* C, const EpiArgs<Out>& e
     for (int i = 0; i < 8; ++i) {
       if (c + i < n) {
         const float x = epilogue<kEpi, Out>(v[i], e, off, c + i);
-        if constexpr (sizeof(typename Out::T) == 4) {
-          p[i] = x;
-        } else {
-          p[i] = half_bits(kit::pack2<Out>(x, 0.f) & 0xffff);
-        }
+        store1<Out>(EpiTraits<kEpi>::kHeads ? C + out_offset<kEpi, Out>(e, n, r, c + i) : p + i, x);
       }
     }
   }
