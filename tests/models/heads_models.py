@@ -42,5 +42,23 @@ def heads_layer_onnx(path: Path, *, batch: int = 2, seq: int = 64, heads: int = 
     return g.save(path, "heads_layer", [f16_value("x", [batch, seq, hidden])], outputs, opset=18)
 
 
+def projection_onnx(path: Path, *, batch: int = 2, seq: int = 128, heads: int = 4, head_dim: int = 64, perm: str = "0213",
+                    also_flat: bool = False, seed: int = 0) -> Path:
+    """One projection `MatMul(x, W) + b`, Reshape to [b, s, h, d], Transpose by `perm`, as the
+    model's output; `also_flat`: the un-transposed sum is an output too (a second reader)."""
+    rng = np.random.default_rng(seed)
+    hidden = heads * head_dim
+    g = OnnxGraph(np.float16)
+    node, const = g.node, g.const
+    w = const("W", rng.standard_normal((hidden, hidden)) * hidden ** -0.5)
+    flat = node("Add", [node("MatMul", ["x", w]), const("b", rng.standard_normal((hidden,)) * 0.5)])
+    split = node("Reshape", [flat, const("heads_shape", [batch, seq, heads, head_dim], np.int64)], allowzero=1)
+    order = [int(c) for c in perm]
+    out = node("Transpose", [split], perm=order)
+    sizes = [batch, seq, heads, head_dim]
+    outputs = [f16_value(out, [sizes[i] for i in order])] + ([f16_value(flat, [batch, seq, hidden])] if also_flat else [])
+    return g.save(path, "projection", [f16_value("x", [batch, seq, hidden])], outputs, opset=18)
+
+
 if __name__ == "__main__":  # tools/prebuild.py: python tests/models/heads_models.py OUT.onnx
     heads_layer_onnx(Path(sys.argv[1]))
