@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from models.epilogue_models import OnnxGraph, f16_value
+if __package__ in (None, ""):  # run as a script (tools/prebuild.py): tests/ holds the `models` package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from models.epilogue_models import OnnxGraph, f16_value  # noqa: E402
 
 
 def heads_layer_onnx(path: Path, *, batch: int = 2, seq: int = 64, heads: int = 4, head_dim: int = 64, k_perm: str = "0231",
