@@ -723,7 +723,10 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
       for (int q = 0; q < S; ++q) slots[q] = splitk_slots<>[ld_cluster_u32(kit::smem_addr(my_sm), q)];
     }
     for (int u = ctid; u < kRows * (CW / 8); u += kConsumers) {
-      const int r = rank * kRows + u / (CW / 8), c = u % (CW / 8) * 8;
+      // kBiasHeadsT stores along the rows (C's last dim is seq): consecutive threads take
+      // consecutive rows, so a warp's stores of one column are contiguous
+      const int ur = kEpi == kBiasHeadsT ? u % kRows : u / (CW / 8), uc = kEpi == kBiasHeadsT ? u / kRows : u % (CW / 8);
+      const int r = rank * kRows + ur, c = uc * 8;
       float v[8];
       if constexpr (S == 1) {
         const float4 x = *reinterpret_cast<const float4*>(&tile[r * LD + c]);
