@@ -1,7 +1,8 @@
 """(benchmarks/results/heads-h100-round30.txt) GPU check and timing of the heads entries (kernels/matmul: matmul_*_bias_heads[_t]_*) against
 numpy and against the plain bias entry of the same config (bitwise: same sums, same rounding,
-another address), and device time (CUDA events, 200 launches, median of 5 runs) at
-4096x768x768 and 128x768x768. Loads heads.fatbin (nvcc -fatbin -arch=sm_90a) with cupy."""
+another address), and device time (a CUDA graph of 100 launches timed by CUDA events, median)
+at 4096x768x768, 1576x768x768 and 128x768x768. Loads a fatbin of the entries (nvcc -fatbin
+-arch=sm_90a with their KITGEMM_ENTRY_ defines) with cupy: python heads_epilogue.py FATBIN"""
 import functools
 import sys
 import numpy as np
