@@ -111,7 +111,9 @@ class Matmul(OpKind):
         expect(len(args) == wanted, f"it must take A and B{' and the accumulator' if accumulates else ''} in that order", where)
         a, b, c = args[0].type.shape, args[1].type.shape, result.type.shape
         if ending.name in epilogue.HEADS:  # C [nb, heads, seq, d]: m and n are A's and B's
-            layout = _b_layout(a, b, (None, b[-1] if b[-2:-1] == a[-1:] else b[0])) if len(a) == len(b) == 2 and not accumulates else None
+            plain = len(a) == len(b) == 2 and not accumulates
+            n = b[-1] if plain and b[0] == a[-1] else b[0]  # B [k,n], else W [n,k]
+            layout = _b_layout(a, b, (a[0], n)) if plain else None
             expect(layout is not None, f"its epilogue {ending.name} takes A [m,k] and B [k,n] (or W [n,k]), 2-D, and a new result", where)
             return Layout(tuple(args[:2]) + ending.buffers, result, accumulates, pattern=layout, epilogue=ending)
         rank = len(c)
