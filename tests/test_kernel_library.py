@@ -383,7 +383,7 @@ def norm_build(tmp_path_factory, prebuilt_dir):
 NORM_SHAPES = [(1000, 1000), (777, 1001), (400, 64), (67, 1000), (5, 1001), (300, 64), (3, 4096), (7, 2050), (2, 8192),
                (3, 10000), (2, 12289), (1, 1)]
 NORM_FUNCTIONS = [f"{base}_{dtype}" for dtype in ("f16", "bf16", "f32")
-                  for base in ("layer_norm", "layer_norm_nobias", "layer_norm_plain", "rms_norm", "rms_norm_plain")]
+                  for base in ("layer_norm", "layer_norm_nobias", "layer_norm_bias", "layer_norm_plain", "rms_norm", "rms_norm_plain")]
 
 
 @pytest.mark.gpu
@@ -400,7 +400,7 @@ def test_norm_shapes(norm_build, function, shape, round_first):
     dtype = function.rsplit("_", 1)[1]
     rng = np.random.default_rng(rows * 7919 + cols)
     x = (3.0 + rng.standard_normal((rows, cols))).astype(_numpy_dtype(dtype))
-    affine = {"layer_norm": 2, "layer_norm_nobias": 1, "rms_norm": 1}.get(function.rsplit("_", 1)[0], 0)
+    affine = {"layer_norm": 2, "layer_norm_nobias": 1, "layer_norm_bias": 1, "rms_norm": 1}.get(function.rsplit("_", 1)[0], 0)
     params = [(1 + 0.5 * rng.standard_normal(cols)).astype(_numpy_dtype(dtype)) for _ in range(affine)]
     module = load_module(norm_build / "norm.vmfb")
     got = module.call(function, x, *params, 1e-5, round_first)

@@ -64,6 +64,7 @@ MODELS = {
             "layernorm_f16": ("--form", "layernorm", "--f16"),
             "layernorm_f32": ("--form", "layernorm"),
             "decomposed_f32": ("--form", "decomposed", "--no-bias"),
+            "decomposed_bias_f32": ("--form", "decomposed", "--no-weight"),
             "rms_f16": ("--form", "rms", "--f16", "--eps", "1e-6"),
             "rms_f32": ("--form", "rms"),
             "rms_f16_wide": ("--form", "rms", "--f16", "--batch", "2", "--seq", "64", "--hidden", "4096"),
