@@ -150,6 +150,29 @@ def test_64_row_entries(tensor_core_builds, function, shape):
     _check_nt_none_or_nn_bias_residual(tensor_core_builds, function, shape)
 
 
+# The heads entries (bias add stored as attention heads: [nb, heads, seq, d], K^T [nb, heads, d, seq]):
+# BERT's and ViT's shapes, odd m, d % 8 != 0 (no 16-byte stores), k % 8 != 0 (the mma.sync path).
+HEADS_FUNCTIONS = ("matmul_nn_f16_bias_heads_t64x64", "matmul_nt_bf16_bias_heads_t_t128x128")
+HEADS_SHAPES = [(1, 128, 12, 64, 768), (8, 197, 12, 64, 768), (3, 101, 5, 24, 264), (3, 77, 6, 20, 100)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("function", HEADS_FUNCTIONS)
+@pytest.mark.parametrize("shape", HEADS_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_heads_entries(tensor_core_builds, function, shape):
+    nb, seq, heads, d, k = shape
+    nt, dtype = "_nt_" in function, ("bf16" if "bf16" in function else "f16")
+    rng = np.random.default_rng(seq * 7 + d + k)
+    a = rng.standard_normal((nb * seq, k)).astype(_numpy_dtype(dtype))
+    b = (rng.standard_normal((heads * d, k) if nt else (k, heads * d)) / np.sqrt(k)).astype(_numpy_dtype(dtype))
+    bias = rng.standard_normal((heads, d)).astype(_numpy_dtype(dtype))
+    got = _module(tensor_core_builds, "matmul").call(function, a, b, bias, nb, seq)
+    flat = (a.astype(np.float64) @ (b.astype(np.float64).T if nt else b.astype(np.float64)) + bias.astype(np.float64).reshape(-1))
+    ref = flat.reshape(nb, seq, heads, d).transpose((0, 2, 3, 1) if function.endswith("heads_t_t128x128") else (0, 2, 1, 3))
+    assert got.shape == ref.shape
+    assert _rel_err(got, ref) <= RESULT_TOL[dtype]
+
+
 def _check_nt_none_or_nn_bias_residual(tensor_core_builds, function, shape):
     m, n, k = shape
     nt = "_nt_" in function
