@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "kernels", "matmul"))
 import gen_manifest  # noqa: E402
 from configs import CONFIGS, choose_config  # noqa: E402
 from gemm_shapes import attention_shapes, model_shapes, square_shapes  # noqa: E402
+from kernels import event_times_us  # noqa: E402  (benchmarks/kernels.py: this folder is first on the path)
 
 SMEM = 100352
 TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.2e-2}
@@ -204,8 +205,6 @@ def step_check(K, quick=False, only_f32=False):
                 log(f"BAD {e['name']:40s} b{batch} {m}x{n}x{k} rel err {err:.2e}")
     worst = {}
     for r in rows:
-        key = (r["name"].split("_")[0], r["name"].split("_")[2] if False else "")
-        t = [x for x in r["name"].split("_")]
         to = ("tf32" if "_tf32_" in r["name"] else "f32_from_f32" if r["name"].startswith("matmul_n") and "_f32_" in r["name"] and "16_f32" not in r["name"]
               else "f32" if "_f32_" in r["name"] else ("bf16" if "_bf16_" in r["name"] else "f16"))
         worst[to] = max(worst.get(to, 0), r["rel_err"] if r["rel_err"] == r["rel_err"] else 1e9)
@@ -261,18 +260,8 @@ def kernel_times(calls, reps):
 
 
 def event_time(fn, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        ts.append((s, e))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ts)
+    """Median device time of `fn` (us, CUDA events on torch's stream), after 3 warm-up calls."""
+    return statistics.median(event_times_us(torch, fn, reps, warmup=3))
 
 
 def time_shape(K, label, kind, layout, ti, batch, m, n, k, epi="none", reps=20, configs=None):
@@ -282,7 +271,6 @@ def time_shape(K, label, kind, layout, ti, batch, m, n, k, epi="none", reps=20, 
     a = torch.randn(*lead, m, k, device="cuda", generator=g).to(dt(ti))
     b = torch.randn(*lead, *((n, k) if layout == "nt" else (k, n)), device="cuda", generator=g).to(dt(ti))
     bt = b.transpose(-1, -2) if layout == "nt" else b
-    ref_c = torch.matmul(a, bt)
     calls = []
     cfgs = list(CONFIGS) if configs is None else configs
     outs = {}
@@ -443,8 +431,7 @@ def step_time(K, quick=False, f32_only=False):
 
 def time_epilogues(K, m, n, k, reps=20):
     cfg = choose_config(m, n, k, "f16")
-    calls, outs = [], {}
-    e0 = parse(gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg))
+    calls = []
     case = None
     for epi in ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_silu", "bias_residual", "scale"):
         e = parse(gen_manifest.kernel_name("matmul", "nt", "f16", "f16", epi, cfg))

@@ -150,6 +150,29 @@ def test_64_row_entries(tensor_core_builds, function, shape):
     _check_nt_none_or_nn_bias_residual(tensor_core_builds, function, shape)
 
 
+# The heads entries (bias add stored as attention heads: [nb, heads, seq, d], K^T [nb, heads, d, seq]):
+# BERT's and ViT's shapes, odd m, d % 8 != 0 (no 16-byte stores), k % 8 != 0 (the mma.sync path).
+HEADS_FUNCTIONS = ("matmul_nn_f16_bias_heads_t64x64", "matmul_nt_bf16_bias_heads_t_t128x128")
+HEADS_SHAPES = [(1, 128, 12, 64, 768), (8, 197, 12, 64, 768), (3, 101, 5, 24, 264), (3, 77, 6, 20, 100)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("function", HEADS_FUNCTIONS)
+@pytest.mark.parametrize("shape", HEADS_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_heads_entries(tensor_core_builds, function, shape):
+    nb, seq, heads, d, k = shape
+    nt, dtype = "_nt_" in function, ("bf16" if "bf16" in function else "f16")
+    rng = np.random.default_rng(seq * 7 + d + k)
+    a = rng.standard_normal((nb * seq, k)).astype(_numpy_dtype(dtype))
+    b = (rng.standard_normal((heads * d, k) if nt else (k, heads * d)) / np.sqrt(k)).astype(_numpy_dtype(dtype))
+    bias = rng.standard_normal((heads, d)).astype(_numpy_dtype(dtype))
+    got = _module(tensor_core_builds, "matmul").call(function, a, b, bias, nb, seq)
+    flat = (a.astype(np.float64) @ (b.astype(np.float64).T if nt else b.astype(np.float64)) + bias.astype(np.float64).reshape(-1))
+    ref = flat.reshape(nb, seq, heads, d).transpose((0, 2, 3, 1) if function.endswith("heads_t_t128x128") else (0, 2, 1, 3))
+    assert got.shape == ref.shape
+    assert _rel_err(got, ref) <= RESULT_TOL[dtype]
+
+
 def _check_nt_none_or_nn_bias_residual(tensor_core_builds, function, shape):
     m, n, k = shape
     nt = "_nt_" in function
@@ -363,7 +386,7 @@ def norm_build(tmp_path_factory, prebuilt_dir):
 NORM_SHAPES = [(1000, 1000), (777, 1001), (400, 64), (67, 1000), (5, 1001), (300, 64), (3, 4096), (7, 2050), (2, 8192),
                (3, 10000), (2, 12289), (1, 1)]
 NORM_FUNCTIONS = [f"{base}_{dtype}" for dtype in ("f16", "bf16", "f32")
-                  for base in ("layer_norm", "layer_norm_nobias", "layer_norm_plain", "rms_norm", "rms_norm_plain")]
+                  for base in ("layer_norm", "layer_norm_nobias", "layer_norm_bias", "layer_norm_plain", "rms_norm", "rms_norm_plain")]
 
 
 @pytest.mark.gpu
@@ -380,7 +403,7 @@ def test_norm_shapes(norm_build, function, shape, round_first):
     dtype = function.rsplit("_", 1)[1]
     rng = np.random.default_rng(rows * 7919 + cols)
     x = (3.0 + rng.standard_normal((rows, cols))).astype(_numpy_dtype(dtype))
-    affine = {"layer_norm": 2, "layer_norm_nobias": 1, "rms_norm": 1}.get(function.rsplit("_", 1)[0], 0)
+    affine = {"layer_norm": 2, "layer_norm_nobias": 1, "layer_norm_bias": 1, "rms_norm": 1}.get(function.rsplit("_", 1)[0], 0)
     params = [(1 + 0.5 * rng.standard_normal(cols)).astype(_numpy_dtype(dtype)) for _ in range(affine)]
     module = load_module(norm_build / "norm.vmfb")
     got = module.call(function, x, *params, 1e-5, round_first)

@@ -55,6 +55,8 @@ MODELS = {
     "epilogue_post_ln_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "post_ln"), None),
     # tests/models/test_ops_epilogue_swiglu.py: Llama's MLP, the gate with the silu_mul epilogue.
     "epilogue_swiglu_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "swiglu"), ROOT / "kernels" / "matmul"),
+    # tests/models/test_ops_epilogue_heads.py: Q/K/V projections with their transposes to heads (the whole library).
+    "epilogue_heads_model": ((ROOT / "tests" / "models" / "heads_models.py",), None),
     # tests/models/test_ops_norm.py's NORM_MODELS: norms replaced by kernels/norm.
     **{
         f"norm_{name}_model": ((ROOT / "tests" / "data" / "norms" / "make_model.py", *args), ROOT / "kernels" / "norm")
@@ -62,6 +64,7 @@ MODELS = {
             "layernorm_f16": ("--form", "layernorm", "--f16"),
             "layernorm_f32": ("--form", "layernorm"),
             "decomposed_f32": ("--form", "decomposed", "--no-bias"),
+            "decomposed_bias_f32": ("--form", "decomposed", "--no-weight"),
             "rms_f16": ("--form", "rms", "--f16", "--eps", "1e-6"),
             "rms_f32": ("--form", "rms"),
             "rms_f16_wide": ("--form", "rms", "--f16", "--batch", "2", "--seq", "64", "--hidden", "4096"),

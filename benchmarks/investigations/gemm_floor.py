@@ -127,28 +127,38 @@ def step_trace(objdir):
             c = torch.empty(m, n, device="cuda", dtype=torch.half)
             for cfg in ["t128x64_k4", "t128x128", ""]:
                 fn = call(K, cfg, a, b, c, m, n, k)
-                for _ in range(5):
-                    fn()
-                torch.cuda.synchronize()
-                buf = K.mod.get_global("_ZN7kitgemm13kitgemm_traceE")
-                G.cp.cuda.runtime.memset(buf.ptr, 0, 4096 * 12 * 8)
-                fn()
-                torch.cuda.synchronize()
-                tr = G.cp.ndarray((4096, 12), dtype=G.cp.uint64, memptr=buf).get().astype("int64")
-                e = G.parse(G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg))
-                nb = ((n + e["bn"] - 1) // e["bn"]) * ((m + 127) // 128) * e["s"]
-                tr = tr[:nb]
-                rates = [(r[7] - r[0]) / (r[11] - r[10]) for r in tr if r[7] and r[0] and r[11] > r[10]]
-                ghz = statistics.median(rates) if rates else 1.98
-                parts = [f"clock64/globaltimer {ghz:.2f} GHz"]
-                for i, j, label in PHASES:
-                    d = [int(r[j] - r[i]) for r in tr if r[i] and r[j]]
-                    if d:
-                        parts.append(f"{label} {statistics.median(d) / ghz:.0f} ns (max {max(d) / ghz:.0f})")
-                starts = [int(r[10]) for r in tr if r[10]]
-                ends = [int(r[11]) for r in tr if r[11]]
-                span = f"entry spread {max(starts) - min(starts)} ns, first entry to last exit {max(ends) - min(starts)} ns" if starts and ends else ""
-                G.log(f"TRACE {vn} {m}x{n}x{k} {cfg or 't128x256'} ({nb} CTAs): " + "; ".join(parts) + "; " + span)
+                nb, summary = trace_summary(K, fn, cfg, m, n, k)
+                G.log(f"TRACE {vn} {m}x{n}x{k} {cfg or 't128x256'} ({nb} CTAs): {summary}")
+
+
+def trace_summary(K, fn, cfg, m, n, k):
+    """(CTAs, a line of median phase times) of one traced call `fn` of config `cfg`: the
+    kitgemm_trace buffer of a _trace build (clock64 and globaltimer stamps per CTA)."""
+    torch = G.torch
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    buf = K.mod.get_global("_ZN7kitgemm13kitgemm_traceE")
+    G.cp.cuda.runtime.memset(buf.ptr, 0, 4096 * 12 * 8)
+    fn()
+    torch.cuda.synchronize()
+    tr = G.cp.ndarray((4096, 12), dtype=G.cp.uint64, memptr=buf).get().astype("int64")
+    e = G.parse(G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg))
+    tm = e.get("tm", 128)
+    nb = ((n + e["bn"] - 1) // e["bn"]) * ((m + tm - 1) // tm) * e["s"]
+    tr = tr[:nb]
+    rates = [(r[7] - r[0]) / (r[11] - r[10]) for r in tr if r[7] and r[0] and r[11] > r[10]]
+    ghz = statistics.median(rates) if rates else 1.98
+    parts = [f"clock64/globaltimer {ghz:.2f} GHz"]
+    for i, j, label in PHASES:
+        d = [int(r[j] - r[i]) for r in tr if r[i] and r[j]]
+        if d:
+            parts.append(f"{label} {statistics.median(d) / ghz:.0f} ns (max {max(d) / ghz:.0f})")
+    starts = [int(r[10]) for r in tr if r[10]]
+    ends = [int(r[11]) for r in tr if r[11]]
+    if starts and ends:
+        parts.append(f"entry spread {max(starts) - min(starts)} ns, first entry to last exit {max(ends) - min(starts)} ns")
+    return nb, "; ".join(parts)
 
 
 XP = {"xp_t128x128_k4": (128, 4), "xp_t128x128_k8": (128, 8), "xp_t128x64_k2": (64, 2), "xp_t128x64_k8": (64, 8),

@@ -132,28 +132,8 @@ def step_trace(objdir):
         a, b, _ = operands(m, n, k)
         c = torch.empty(m, n, device="cuda", dtype=torch.half)
         fn = F.call(K, cfg, a, b, c, m, n, k)
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        buf = K.mod.get_global("_ZN7kitgemm13kitgemm_traceE")
-        G.cp.cuda.runtime.memset(buf.ptr, 0, 4096 * 12 * 8)
-        fn()
-        torch.cuda.synchronize()
-        tr = G.cp.ndarray((4096, 12), dtype=G.cp.uint64, memptr=buf).get().astype("int64")
-        e = G.parse(G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg))
-        nb = ((n + e["bn"] - 1) // e["bn"]) * ((m + e["tm"] - 1) // e["tm"]) * e["s"]
-        tr = tr[:nb]
-        rates = [(r[7] - r[0]) / (r[11] - r[10]) for r in tr if r[7] and r[0] and r[11] > r[10]]
-        ghz = statistics.median(rates) if rates else 1.98
-        parts = [f"clock64/globaltimer {ghz:.2f} GHz"]
-        for i, j, label in F.PHASES:
-            d = [int(r[j] - r[i]) for r in tr if r[i] and r[j]]
-            if d:
-                parts.append(f"{label} {statistics.median(d) / ghz:.0f} ns (max {max(d) / ghz:.0f})")
-        starts = [int(r[10]) for r in tr if r[10]]
-        ends = [int(r[11]) for r in tr if r[11]]
-        span = f"entry spread {max(starts) - min(starts)} ns, first entry to last exit {max(ends) - min(starts)} ns" if starts and ends else ""
-        G.log(f"TRACE new_trace {m}x{n}x{k} {cfg} ({nb} CTAs): " + "; ".join(parts) + "; " + span)
+        nb, summary = F.trace_summary(K, fn, cfg, m, n, k)
+        G.log(f"TRACE new_trace {m}x{n}x{k} {cfg} ({nb} CTAs): {summary}")
 
 
 def main():

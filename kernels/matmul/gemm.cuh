@@ -37,6 +37,9 @@
 // Epilogues (v = the f32 sum over k, r = row, c = column, f32(x) = exact widening):
 //   kNone          v
 //   kBias          v + f32(bias[c])
+//   kBiasHeads     v + f32(bias[c]), stored in heads layout: r = bi * seq + si, c = hi * hd + di
+//                  to C[bi, hi, si, di] (a projection's bias add and transpose to attention heads)
+//   kBiasHeadsT    the same, stored at C[bi, hi, di, si] (K^T); both take seq and hd in EpiArgs
 //   kBiasGeluErf   x = v + f32(bias[c]);  0.5f * x * (1 + erff(x * 0.70710678f))
 //   kBiasGeluTanh  x = v + f32(bias[c]);  0.5f * x * (1 + tanhf(C * (x + 0.044715f * x * x * x)))
 //                  with C = the kernel's float argument gelu_c (0.7978846 or 0.797724 ...)
@@ -92,13 +95,29 @@ __device__ __forceinline__ void kitgemm_mark(int i, bool wall = false) {
 #endif
 
 enum Epi { kNone, kBias, kBiasGeluErf, kBiasGeluTanh, kBiasRelu, kBiasSilu, kResidual, kBiasResidual, kScale, kGeluErf,
-           kGeluTanh, kSiluMul };
+           kGeluTanh, kSiluMul, kBiasHeads, kBiasHeadsT };
 
 template <int kEpi>
 struct EpiTraits {
   static constexpr bool kHasBias = kEpi == kBias || kEpi == kBiasGeluErf || kEpi == kBiasGeluTanh ||
-                                   kEpi == kBiasRelu || kEpi == kBiasSilu || kEpi == kBiasResidual;
+                                   kEpi == kBiasRelu || kEpi == kBiasSilu || kEpi == kBiasResidual ||
+                                   kEpi == kBiasHeads || kEpi == kBiasHeadsT;
   static constexpr bool kHasRes = kEpi == kResidual || kEpi == kBiasResidual || kEpi == kSiluMul;
+  static constexpr bool kHeads = kEpi == kBiasHeads || kEpi == kBiasHeadsT;  // C not row-major: out_offset
+};
+
+// x / d for 0 <= x < 2^31 by a multiply-high, an add and a shift, the divisor's magic number
+// computed once (Hacker's Delight 10-9, as CUTLASS's FastDivmod): the heads epilogues' row and
+// column splits, which a plain division made 10-15% of a 4096x768x768 call.
+struct FastDiv {
+  unsigned d = 1, magic = 1, shift = 0;
+  __device__ void set(unsigned divisor) {
+    d = divisor;
+    shift = 0;
+    while ((1u << shift) < d) ++shift;
+    magic = (unsigned)(((1ull << 32) * ((1ull << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ unsigned div(unsigned x) const { return (__umulhi(x, magic) + x) >> shift; }
 };
 
 template <class Out>
@@ -106,7 +125,45 @@ struct EpiArgs {
   const typename Out::T* bias;  // [n]
   const typename Out::T* res;   // [m, n] of this batch
   float scalar;                 // alpha (kScale) or C (kBiasGeluTanh, kGeluTanh)
+  int seq = 1, hd = 1;          // kBiasHeads, kBiasHeadsT: rows per batch and the head dim
+  FastDiv by_seq, by_hd;        // set from seq and hd by prepare_heads
 };
+
+// The heads epilogues' dividers, once per thread before the epilogue.
+template <int kEpi, class Out>
+__device__ __forceinline__ void prepare_heads(EpiArgs<Out>& e);
+
+// Where C[r, c] goes: row-major [m, n], or the heads layouts (kBiasHeads: [m / seq, n / hd,
+// seq, hd]; kBiasHeadsT: [m / seq, n / hd, hd, seq]).
+template <int kEpi, class Out>
+__device__ __forceinline__ long long out_offset(const EpiArgs<Out>& e, int n, int r, int c) {
+  if constexpr (EpiTraits<kEpi>::kHeads) {
+    // ((bi * heads + hi) * seq + si) * hd + di (kBiasHeadsT: si and di swapped), heads * hd = n
+    const int bi = e.by_seq.div(r), si = r - bi * e.seq, hi = e.by_hd.div(c), di = c - hi * e.hd;
+    const long long head = (long long)bi * n * e.seq + (long long)hi * e.seq * e.hd;
+    return head + (kEpi == kBiasHeads ? (long long)si * e.hd + di : (long long)di * e.seq + si);
+  } else {
+    return (long long)r * n + c;
+  }
+}
+
+template <int kEpi, class Out>
+__device__ __forceinline__ void prepare_heads(EpiArgs<Out>& e) {
+  if constexpr (EpiTraits<kEpi>::kHeads) {
+    e.by_seq.set(e.seq);
+    e.by_hd.set(e.hd);
+  }
+}
+
+// One element of C (an f32, or rounded once to f16/bf16).
+template <class Out>
+__device__ __forceinline__ void store1(typename Out::T* p, float x) {
+  if constexpr (sizeof(typename Out::T) == 4) {
+    *p = x;
+  } else {
+    *p = half_bits(kit::pack2<Out>(x, 0.f) & 0xffff);
+  }
+}
 
 template <class Out>
 __device__ __forceinline__ float load_out(const typename Out::T* p) {
@@ -174,7 +231,17 @@ __device__ __forceinline__ void store2(typename Out::T* C, const EpiArgs<Out>& e
   const bool two = c + 1 < n;
   x = epilogue<kEpi, Out>(x, e, off, c);
   if (two) y = epilogue<kEpi, Out>(y, e, off, c + 1);
-  kit::store_pair<Out>(C + off + c, x, y, two, paired);
+  if constexpr (EpiTraits<kEpi>::kHeads) {
+    // c is even: c, c + 1 are one head's neighbours in kBiasHeads where hd is even
+    if (kEpi == kBiasHeads && e.hd % 2 == 0) {
+      kit::store_pair<Out>(C + out_offset<kEpi, Out>(e, n, r, c), x, y, two, paired);
+    } else {
+      store1<Out>(C + out_offset<kEpi, Out>(e, n, r, c), x);
+      if (two) store1<Out>(C + out_offset<kEpi, Out>(e, n, r, c + 1), y);
+    }
+  } else {
+    kit::store_pair<Out>(C + off + c, x, y, two, paired);
+  }
 }
 
 // C[r, c .. c + 7] (the columns < n) from the f32 sums v: epilogue, rounding, one 16-byte store
@@ -184,7 +251,9 @@ __device__ __forceinline__ void store8(typename Out::T* C, const EpiArgs<Out>& e
                                        float (&v)[8], bool vec) {
   if (r >= m || c >= n) return;
   const long long off = (long long)r * n;
-  typename Out::T* p = C + off + c;
+  typename Out::T* p = C + out_offset<kEpi, Out>(e, n, r, c);
+  // kBiasHeads: 8 columns from a multiple of 8 are one head's, contiguous, where hd % 8 == 0
+  if (kEpi == kBiasHeads && e.hd % 8 != 0) vec = false;
   if (vec && c + 8 <= n) {
     // bias and residual as 16-byte loads too (c is a multiple of 8; `vec` makes rows aligned)
     float bias[8] = {}, res[8] = {};
@@ -206,7 +275,10 @@ __device__ __forceinline__ void store8(typename Out::T* C, const EpiArgs<Out>& e
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = epilogue_of<kEpi>(v[i], bias[i], res[i], e.scalar);
-    if constexpr (sizeof(typename Out::T) == 4) {
+    if constexpr (kEpi == kBiasHeadsT) {  // the 8 columns are 8 rows of K^T: element by element
+#pragma unroll
+      for (int i = 0; i < 8; ++i) store1<Out>(C + out_offset<kEpi, Out>(e, n, r, c + i), v[i]);
+    } else if constexpr (sizeof(typename Out::T) == 4) {
       reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
       reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
     } else {
@@ -220,11 +292,7 @@ __device__ __forceinline__ void store8(typename Out::T* C, const EpiArgs<Out>& e
     for (int i = 0; i < 8; ++i) {
       if (c + i < n) {
         const float x = epilogue<kEpi, Out>(v[i], e, off, c + i);
-        if constexpr (sizeof(typename Out::T) == 4) {
-          p[i] = x;
-        } else {
-          p[i] = half_bits(kit::pack2<Out>(x, 0.f) & 0xffff);
-        }
+        store1<Out>(EpiTraits<kEpi>::kHeads ? C + out_offset<kEpi, Out>(e, n, r, c + i) : p + i, x);
       }
     }
   }
@@ -683,7 +751,10 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
       for (int q = 0; q < S; ++q) slots[q] = splitk_slots<>[ld_cluster_u32(kit::smem_addr(my_sm), q)];
     }
     for (int u = ctid; u < kRows * (CW / 8); u += kConsumers) {
-      const int r = rank * kRows + u / (CW / 8), c = u % (CW / 8) * 8;
+      // kBiasHeadsT stores along the rows (C's last dim is seq): consecutive threads take
+      // consecutive rows, so a warp's stores of one column are contiguous
+      const int ur = kEpi == kBiasHeadsT ? u % kRows : u / (CW / 8), uc = kEpi == kBiasHeadsT ? u / kRows : u % (CW / 8);
+      const int r = rank * kRows + ur, c = uc * 8;
       float v[8];
       if constexpr (S == 1) {
         const float4 x = *reinterpret_cast<const float4*>(&tile[r * LD + c]);
@@ -895,6 +966,7 @@ template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R = 1, int 
 __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typename Out::T* C, EpiArgs<Out> e,
                                      int batch, int m, int n, int k) {
   extern __shared__ __align__(1024) char dyn_smem[];
+  prepare_heads<kEpi, Out>(e);
   int tile_m, tile_n;
   block_tile(tile_m, tile_n);
   const int bm = tile_m * TM, bn = tile_n * BN;
@@ -920,6 +992,7 @@ template <class E, class Out, bool kNT, int BN, int kEpi>
 __device__ __forceinline__ void gemm_persistent(const half_bits* A, const half_bits* B, typename Out::T* C,
                                                 EpiArgs<Out> e, int batch, int m, int n, int k) {
   extern __shared__ __align__(1024) char dyn_smem[];
+  prepare_heads<kEpi, Out>(e);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ __align__(1024) char stage0[hopper::PCfg<BN>::kStageBytes];
   const unsigned s0 = kit::smem_addr(stage0);

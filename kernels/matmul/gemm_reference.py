@@ -44,7 +44,7 @@ def matmul_bf16_f16(a, b):
 
 # ------------------------------------------------------------------ the generated family
 
-_EPILOGUES = ("bias_gelu_erf", "bias_gelu_tanh", "bias_residual", "bias_relu", "bias_silu", "residual", "scale", "bias",
+_EPILOGUES = ("bias_heads_t", "bias_heads", "bias_gelu_erf", "bias_gelu_tanh", "bias_residual", "bias_relu", "bias_silu", "residual", "scale", "bias",
               "none", "gelu_erf", "gelu_tanh", "silu_mul")
 _NAME = re.compile(
     r"^(?P<kind>matmul|bmm)_(?P<layout>nn|nt)_(?P<ti>f16|bf16|f32)(?P<to>_f32|_tf32)?_(?P<epi>"
@@ -92,7 +92,12 @@ def _generated(name):
         return v.astype(np.float32).astype(out)
 
     # One Python parameter per argument of the generated function (tensors in, then f32 scalars).
-    if epi == "none":
+    if epi in ("bias_heads", "bias_heads_t"):
+        def ref(a, b, bias, nb, seq):  # C [m, n] with m = nb * seq, n = heads * d, in the heads layout
+            heads, d = bias.shape
+            c = compute(a, b, bias=bias.reshape(-1)).reshape(nb, seq, heads, d)
+            return np.ascontiguousarray(c.transpose(0, 2, 1, 3) if epi == "bias_heads" else c.transpose(0, 2, 3, 1))
+    elif epi == "none":
         def ref(a, b):
             return compute(a, b)
     elif epi == "scale":

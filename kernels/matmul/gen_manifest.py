@@ -32,6 +32,15 @@ from configs import CONFIG_ORDER, CONFIGS, EPILOGUES, PERSISTENT, SMS, config_co
 # which IREE fuses into the gate matmul's dispatch).
 MODEL_EPILOGUES = ["gelu_erf", "gelu_tanh", "silu_mul"]
 
+# The bias add of a Q, K or V projection stored in attention's heads layout (the transposing
+# generic BERT/ViT exports leave after the projection): C[m, n] with m = bi * seq + si and
+# n = hi * d + di at [bi, hi, si, di] ("bias_heads", Q and V) or [bi, hi, di, si] ("bias_heads_t",
+# K^T). f16/bf16 only, in the configs choose_config picks for the projections of BERT and ViT
+# (m = 128 .. 4096 tokens, n = k = 768): not the whole family.
+HEADS_EPILOGUES = ["bias_heads", "bias_heads_t"]
+HEADS_CONFIGS = ["t64x64", "t128x128", ""]
+HEADS_OUT = {"bias_heads": "nb,heads,seq,d", "bias_heads_t": "nb,heads,d,seq"}
+
 SMEM = 100352
 THREADS = 384
 
@@ -51,6 +60,7 @@ EPI_ENUM = {
     "none": "kNone", "bias": "kBias", "bias_gelu_erf": "kBiasGeluErf", "bias_gelu_tanh": "kBiasGeluTanh",
     "bias_relu": "kBiasRelu", "bias_silu": "kBiasSilu", "residual": "kResidual", "bias_residual": "kBiasResidual",
     "scale": "kScale", "gelu_erf": "kGeluErf", "gelu_tanh": "kGeluTanh", "silu_mul": "kSiluMul",
+    "bias_heads": "kBiasHeads", "bias_heads_t": "kBiasHeadsT",
 }
 
 
@@ -75,6 +85,14 @@ def entries():
                     yield dict(kind=kind, layout=layout, src=src, ti=ti, to=to, epi=epi, cfg=cfg, bn=bn, s=s, r=r, tm=tile_rows(cfg),
                                persistent=cfg in PERSISTENT,
                                prec="", threads=THREADS if r == 1 else 288, smem=SMEM, name=kernel_name(kind, layout, ti, to, epi, cfg))
+    for layout in ("nn", "nt"):
+        for ti in ("f16", "bf16"):
+            for epi in HEADS_EPILOGUES:
+                for cfg in HEADS_CONFIGS:
+                    bn, s, r = CONFIGS[cfg]
+                    yield dict(kind="matmul", layout=layout, src=f"matmul_{layout}.cu", ti=ti, to=ti, epi=epi, cfg=cfg, bn=bn, s=s, r=r,
+                               tm=tile_rows(cfg), persistent=False, prec="", threads=THREADS, smem=SMEM,
+                               name=kernel_name("matmul", layout, ti, ti, epi, cfg))
 
 
 def params(e):
@@ -89,6 +107,14 @@ def params(e):
         (b_name, f'in = "{ti}[{pre}{b_shape}]"', f"const {CTYPE[ti]}* __restrict__ {b_name}"),
     ]
     epi = e["epi"]
+    if epi in HEADS_OUT:  # bias [heads, d] as the model holds it; nb and seq: the result's other dims
+        return ps + [
+            ("bias", f'in = "{to}[heads,d]"', f"const {CTYPE[to]}* __restrict__ bias"),
+            ("c", f'out = "{to}[{HEADS_OUT[epi]}]"', f"{CTYPE[to]}* __restrict__ c"),
+            ("nb", 'scalar = "i32"', "int nb"), ("seq", 'scalar = "i32"', "int seq"),
+            ("m", 'scalar = "i32"', "int m"), ("n", 'scalar = "i32"', "int n"), ("k", 'scalar = "i32"', "int k"),
+            ("d", 'scalar = "i32"', "int d"),
+        ]
     if epi.startswith("bias"):
         ps.append(("bias", f'in = "{to}[n]"', f"const {CTYPE[to]}* __restrict__ bias"))
     if epi.endswith("residual"):
@@ -125,6 +151,7 @@ def _c_function(e):
     batch = "batch" if "batch" in names else "1"
     b = "w" if e["layout"] == "nt" else "b"
     nt = "true" if e["layout"] == "nt" else "false"
+    heads = ", seq, d" if e["epi"] in HEADS_OUT else ""
     tmpl = f"{KTYPE[e['ti']]}, {KTYPE[e['to']]}, {nt}, {e['bn']}, {e['s']}, kitgemm::{EPI_ENUM[e['epi']]}, {e['r']}"
     if e.get("tm", 128) != 128:
         tmpl += f", {e['tm']}"
@@ -144,7 +171,7 @@ def _c_function(e):
         )
     return (
         f'extern "C" __global__ void __launch_bounds__({e["threads"]}, {e["r"]}){cluster}\n{e["name"]}({decl}) {{\n'
-        f"  kitgemm::gemm<{tmpl}>(a, {b}, c, kitgemm::EpiArgs<{KTYPE[e['to']]}>{{{bias}, {res}, {scalar}}}, "
+        f"  kitgemm::gemm<{tmpl}>(a, {b}, c, kitgemm::EpiArgs<{KTYPE[e['to']]}>{{{bias}, {res}, {scalar}{heads}}}, "
         f"{batch}, m, n, k);\n}}\n"
     )
 
@@ -263,8 +290,9 @@ reference = "gemm_reference.py"
 # tests/test_kernel_library.py run other shapes (odd n and k: the mma.sync path on every GPU).
 # `kitdispatch test` checks results from f16/bf16 inputs with the f16/bf16 tolerance, which f32
 # accumulation over k = 264 meets.
-sizes = { m = 300, n = 1000, k = 264, batch = 3 }
-scalars = { alpha = 0.125, gelu_c = 0.7978846 }
+# The heads entries: 300 rows = nb 3 x seq 100, 1000 columns = 25 heads x d 40.
+sizes = { m = 300, n = 1000, k = 264, batch = 3, heads = 25, d = 40 }
+scalars = { alpha = 0.125, gelu_c = 0.7978846, nb = 3, seq = 100 }
 seed = 0
 """
 

@@ -70,7 +70,11 @@ struct Half {
 
 // ------------------------------------------------------------------ one row
 
-enum Affine { kNone = 0, kWeight = 1, kWeightBias = 2 };
+// What a norm applies after normalizing: kBias is a LayerNorm whose weight of ones the model's
+// compiler folded away (GPT-2 from its initial weights), leaving the bias alone.
+enum Affine { kNone = 0, kWeight = 1, kWeightBias = 2, kBias = 3 };
+__host__ __device__ constexpr bool has_weight(int a) { return a == kWeight || a == kWeightBias; }
+__host__ __device__ constexpr bool has_bias(int a) { return a == kWeightBias || a == kBias; }
 
 __device__ __forceinline__ float add_op(float a, float b) { return a + b; }
 
@@ -104,11 +108,11 @@ struct NormRow {
   __device__ float finish(float n, float w, float b) const {
     if (round_first) {
       n = Elem::round(n);
-      if (kAffine >= kWeight) n = Elem::round(n * w);
-      if (kAffine == kWeightBias) n = Elem::round(n + b);
+      if (has_weight(kAffine)) n = Elem::round(n * w);
+      if (has_bias(kAffine)) n = Elem::round(n + b);
     } else {
-      if (kAffine >= kWeight) n *= w;
-      if (kAffine == kWeightBias) n += b;
+      if (has_weight(kAffine)) n *= w;
+      if (has_bias(kAffine)) n += b;
     }
     return n;
   }
@@ -117,8 +121,8 @@ struct NormRow {
   __device__ void write(T* dst, int k, float* v, float shift, float scale) const {
     const int c0 = k * kVec;
     float w[kVec] = {}, b[kVec] = {};
-    if (kAffine >= kWeight) load(weight, k, w);
-    if (kAffine == kWeightBias) load(bias, k, b);
+    if (has_weight(kAffine)) load(weight, k, w);
+    if (has_bias(kAffine)) load(bias, k, b);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) v[j] = finish((v[j] - shift) * scale, w[j], b[j]);
     if (vector) {
@@ -220,7 +224,7 @@ template <class Elem, bool kLayer, int kAffine>
 __device__ __forceinline__ void norm_rows(const typename Elem::T* x, const typename Elem::T* weight, const typename Elem::T* bias,
                                           typename Elem::T* out, float eps, int round_first, int rows, int cols) {
   const bool vector = cols % Elem::kVec == 0 && kit::aligned16(x) && kit::aligned16(out) &&
-                      (kAffine < kWeight || kit::aligned16(weight)) && (kAffine < kWeightBias || kit::aligned16(bias));
+                      (!has_weight(kAffine) || kit::aligned16(weight)) && (!has_bias(kAffine) || kit::aligned16(bias));
   const NormRow<Elem, kLayer, kAffine> body{x, weight, bias, out, cols, eps, round_first != 0, vector};
   // A warp a row, each lane with up to kCached / kVec chunks, keeps the SMs busy only with rows
   // enough: a lane's chunks wait on each other's loads and stores. Where a block a row was
@@ -244,6 +248,11 @@ __device__ __forceinline__ void norm_rows(const typename Elem::T* x, const typen
       const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ out, float eps, int round_first,          \
       int rows, int cols) {                                                                                            \
     norm_rows<ELEM, true, kWeight>(x, weight, nullptr, out, eps, round_first, rows, cols);                             \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) layer_norm_bias_##SUFFIX(                                     \
+      const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ out, float eps, int round_first,            \
+      int rows, int cols) {                                                                                            \
+    norm_rows<ELEM, true, kBias>(x, nullptr, bias, out, eps, round_first, rows, cols);                                 \
   }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kThreads, 3) layer_norm_plain_##SUFFIX(                                    \
       const T* __restrict__ x, T* __restrict__ out, float eps, int round_first, int rows, int cols) {                  \

@@ -39,6 +39,7 @@ def _entries():
     for dtype in ("f16", "bf16", "f32"):
         globals()[f"layer_norm_{dtype}"] = lambda x, weight, bias, eps, round_first: layer(x, weight, bias, eps, round_first)
         globals()[f"layer_norm_nobias_{dtype}"] = lambda x, weight, eps, round_first: layer(x, weight, None, eps, round_first)
+        globals()[f"layer_norm_bias_{dtype}"] = lambda x, bias, eps, round_first: layer(x, None, bias, eps, round_first)
         globals()[f"layer_norm_plain_{dtype}"] = lambda x, eps, round_first: layer(x, None, None, eps, round_first)
         globals()[f"rms_norm_{dtype}"] = lambda x, weight, eps, round_first: rms(x, weight, eps, round_first)
         globals()[f"rms_norm_plain_{dtype}"] = lambda x, eps, round_first: rms(x, None, eps, round_first)

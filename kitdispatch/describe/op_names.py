@@ -22,7 +22,9 @@ ATTENTION_MASKS = ("causal", "key_padding", "causal_key_padding")
 # The epilogues a matmul kernel may compute after the product (replace_when's `epilogue`; default
 # "none"), in f32 on the f32 accumulator, then one rounding to the result type:
 # kernels/matmul/README.md gives each formula, models/ops/epilogue.py recognises them in a model.
+# bias_heads / bias_heads_t: the bias add stored transposed to attention heads ([b, h, s, d] /
+# [b, h, d, s]: a Q/V or K projection and the transposing generic after it).
 EPILOGUES = ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bias_silu", "residual", "bias_residual", "scale",
-             "gelu_erf", "gelu_tanh", "silu_mul")
+             "gelu_erf", "gelu_tanh", "silu_mul", "bias_heads", "bias_heads_t")
 # The ops whose kernels may declare an epilogue.
 EPILOGUE_OPS = ("linalg.matmul", "linalg.batch_matmul")

@@ -60,13 +60,14 @@ def decisions(text: str, kernels=None):
         (["--form", "layernorm", "--f16", "--no-bias"], "layer_norm_nobias_f16", (0, 0, 0), [(2,)], "1"),
         (["--form", "decomposed"], "layer_norm_f32", (0, 0), [(2,), (3,)], "0"),
         (["--form", "decomposed", "--no-weight", "--no-bias"], "layer_norm_plain_f32", (0, 0), [], "0"),
+        (["--form", "decomposed", "--no-weight"], "layer_norm_bias_f32", (0, 0), [(2,)], "0"),
         (["--form", "rms", "--eps", "1e-6"], "rms_norm_f32", (0,), [(2,)], "0"),
         (["--form", "rms", "--f16", "--eps", "1e-6"], "rms_norm_f16", (0, 0, 0), [(1,)], "1"),
         (["--form", "rms", "--f16", "--no-weight"], "rms_norm_plain_f16", (0, 0), [], "0"),
         (["--form", "layernorm", "--f16", "--residual"], "layer_norm_f16", (0, 0, 0), [(2,), (3,)], "1"),
         (["--form", "rms", "--f16", "--residual"], "rms_norm_f16", (0, 0, 0), [(1,)], "1"),
     ],
-    ids=["onnx-f32", "onnx-f16", "onnx-f16-nobias", "decomposed-f32", "decomposed-plain", "rms-f32", "rms-llama-f16", "rms-f16-plain",
+    ids=["onnx-f32", "onnx-f16", "onnx-f16-nobias", "decomposed-f32", "decomposed-plain", "decomposed-bias-alone", "rms-f32", "rms-llama-f16", "rms-f16-plain",
          "onnx-f16-after-residual", "rms-f16-after-residual"],
 )
 def test_norms_as_exporters_write_them_take_the_library_kernel(tmp_path, args, kernel, x_path, others, round_first):
@@ -157,6 +158,8 @@ def test_a_norm_with_a_bias_and_no_weight_is_not_taken_by_a_weight_only_kernel(t
     d = only(decisions(text, [norm_kernel("layer_norm", "f32", weight=True, bias=True)]))
     assert d.kernel is None and "the op applies bias, the kernel weight and bias" in d.reasons[0], d.reasons
     assert only(decisions(text, [norm_kernel("layer_norm", "f32", weight=False)])).kernel is None
+    d = only(decisions(text, [norm_kernel("layer_norm", "f32", weight=False, bias=True)]))
+    assert d.kernel is not None and d.kernel.name == "layer_norm_f32", d.reasons  # its one buffer named bias: a bias
 
 
 @needs_iree_compile
@@ -235,6 +238,7 @@ NORM_MODELS = {
     "layernorm_f16": ["--form", "layernorm", "--f16"],
     "layernorm_f32": ["--form", "layernorm"],
     "decomposed_f32": ["--form", "decomposed", "--no-bias"],
+    "decomposed_bias_f32": ["--form", "decomposed", "--no-weight"],  # the bias alone: layer_norm_bias_f32
     "rms_f16": ["--form", "rms", "--f16", "--eps", "1e-6"],
     "rms_f32": ["--form", "rms"],
     "rms_f16_wide": ["--form", "rms", "--f16", "--batch", "2", "--seq", "64", "--hidden", "4096"],

@@ -29,6 +29,13 @@ prefix's ops, read as one expression of the accumulator `acc`, a row-broadcast `
 - bias [n] broadcast along rows (map (.., d_last) -> (d_last)) and residual read whole, both of
   the result's type; a bias broadcast along another dimension, an extra input or op, a body that
   reads its output: refused, with the reason.
+- the transpose to attention heads: after an expand_shape of the [b*s, h*d] product to
+  [b, s, h, d] (or [s, h, d] at batch 1), a generic of two inputs that reads it permuted and
+  writes [b, h, s, d] (`bias_heads`, Q and V) or [b, h, d, s] (`bias_heads_t`, K^T) while adding
+  a bias [h, d] (BERT's and ViT's projections, IREE 3.13 after global optimization). It ends the
+  chain; its body must be the bias add (the kernels' `bias`); another permutation is refused.
+  IREE runs it in a dispatch of its own (the expand stays before it), so a kernel that stops
+  before it costs no fusion.
 """
 
 from __future__ import annotations
@@ -75,6 +82,13 @@ class Epilogue:
     # The chain's expand_shape of the 2-D [m, n] product (a 3-D `x @ W` is a collapse, a 2-D
     # matmul, an expand): its reassociation, which collapses `result` (and a residual) back.
     groups: tuple[tuple[int, ...], ...] | None = None
+    transposes: bool = False  # the last covered op transposes to heads (its own dispatch in IREE)
+
+    @property
+    def heads_sizes(self) -> tuple[int, int]:
+        """(batch, seq) of a heads epilogue's result [b, h, s, d] / [b, h, d, s] ([h, ..] at batch 1)."""
+        shape = self.result.shape
+        return (shape[0] if len(shape) == 4 else 1), shape[-2 if self.name == "bias_heads" else -1]
 
     @property
     def inputs(self) -> tuple[TensorFacts, ...]:
@@ -124,6 +138,7 @@ class EpilogueChain:
         why = self.refused()
         if why:
             data["epilogue_refused"] = why
+        data["epilogue_chain_ends"] = self.stop
         return data
 
     def choose(self, epilogue: str, result_dtype: str) -> Epilogue | str:
@@ -169,6 +184,9 @@ def read_chain(matmul: ir.Operation, *, limit: int = 4) -> EpilogueChain:
         shape = tensor_facts(value.type).shape
         if user[0].name == GENERIC:  # a reshape alone is no way of replacing the matmul
             forms.append(_recognise(chain))
+            if forms[-1].transposes:
+                stop = "the transpose to heads ends the chain"
+                break
     # IREE moves an expand_shape past the elementwise ops into the matmul's dispatch and
     # leaves it before the next op: a transposing reader after it runs in a dispatch of its own
     # (BERT's QKV projections and their bias-adding transposes, IREE 3.13 --compile-to=flow).
@@ -203,6 +221,8 @@ def _elementwise_user(value: ir.Value, shape: tuple, expanded: bool) -> tuple[tu
     iterators = [str(a) for a in ir.ArrayAttr(owner.attributes["iterator_types"])]
     if len(owner.results) != 1 or index >= inputs:
         return None, "its user is a linalg.generic with several results, or writes into it"
+    if expanded and _to_heads(maps, index, inputs, iterators, shape):
+        return (owner, index), ""
     if any("parallel" not in t for t in iterators) or maps[index] != identity or maps[-1] != identity:
         return None, "its user is a linalg.generic that is not elementwise on it (a reduction, transpose or broadcast)"
     if tensor_facts(owner.results[0].type).shape != shape:
@@ -210,6 +230,26 @@ def _elementwise_user(value: ir.Value, shape: tuple, expanded: bool) -> tuple[tu
     if _only_widens(owner):
         return None, "its user only widens it (extf), which IREE clones into its readers' dispatches"
     return (owner, index), ""
+
+
+# The transposes to heads of [*rows, h, d] (rows: [b, s] or [s]) the kernels store, by the rank of
+# the expanded value: the chain operand's map (its dims as the output's loops) and the bias [h, d]'s.
+def _heads_maps(rank: int) -> dict[tuple[int, ...], tuple[str, tuple[int, int]]]:
+    lead = tuple(range(rank - 3))
+    b = len(lead)
+    return {
+        lead + (b + 1, b, b + 2): ("bias_heads", (b, b + 2)),  # [b, s, h, d] -> [b, h, s, d]
+        lead + (b + 2, b, b + 1): ("bias_heads_t", (b, b + 1)),  # [b, s, h, d] -> [b, h, d, s]
+    }
+
+
+def _to_heads(maps: list, index: int, inputs: int, iterators: list[str], shape: tuple) -> bool:
+    """Whether a generic reads the chain value transposed (any permutation) into an output it
+    writes whole, with one other input: a transpose to heads with its bias add, for _recognise
+    to judge (another permutation, another body: refused there, with the reason)."""
+    rank = len(shape)
+    permuted = maps[index] is not None and sorted(maps[index]) == list(range(rank)) and maps[index] != tuple(range(rank))
+    return rank in (3, 4) and inputs == 2 and permuted and maps[-1] == tuple(range(rank)) and all("parallel" in t for t in iterators)
 
 
 def _past_unit_reshapes(value: ir.Value) -> ir.Value:
@@ -577,6 +617,10 @@ def _recognise(ops: list[tuple[ir.Operation, int]]) -> Epilogue:
             inputs = {}
             maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
             rank = len(tensor_facts(op.results[0].type).shape)
+            if maps[index] != tuple(range(rank)):  # the transpose to heads (_to_heads): the last op
+                heads = _heads_step(op, index, maps, groups, chain[: len(ops) - 1 - step], result, found)
+                return _heads_named(len(ops), reader.body(op, index, expr, {1 - index: ("sym", "bias")}), result, chain, found,
+                                    reader, groups, heads)
             # A bias [n] broadcast along rows is one dim of the op: n not split by the expand.
             n_whole = groups is None or len(groups[-1]) == 1
             for i in range(len(op.operands) - len(op.results)):
@@ -587,8 +631,49 @@ def _recognise(ops: list[tuple[ir.Operation, int]]) -> Epilogue:
                 inputs[i] = _side_input(op.operands[i], maps[i], rank, path, result, found, n_whole)
             expr = reader.body(op, index, expr, inputs)
     except NotEpilogue as exc:
-        return Epilogue(len(ops), None, result, chain, why=str(exc), groups=groups)
+        transposes = last.name == GENERIC and _reads_permuted(last, ops[-1][1])
+        return Epilogue(len(ops), None, result, chain, why=str(exc), groups=groups, transposes=transposes)
     return dataclasses.replace(_named(len(ops), expr, result, chain, found, reader), groups=groups)
+
+
+def _reads_permuted(op: ir.Operation, index: int) -> bool:
+    from iree.compiler import ir
+
+    dims = map_dims(ir.ArrayAttr(op.attributes["indexing_maps"])[index])
+    return dims != tuple(range(len(tensor_facts(op.results[0].type).shape)))
+
+
+def _heads_step(op: ir.Operation, index: int, maps: list, groups: tuple | None, path: tuple, result: TensorFacts, found: dict) -> str:
+    """The heads epilogue a transposing generic after the expand stores (noting its bias [h, d]
+    in `found`), or NotEpilogue with why not."""
+    shape = tensor_facts(op.operands[index].type).shape
+    rank = len(shape)
+    if groups is None or groups[-1] != (rank - 2, rank - 1) or len(groups) != 2:
+        raise NotEpilogue(f"a transpose of {shape}, which is not the product expanded to [b, s, h, d] (n split into heads)")
+    known = _heads_maps(rank)
+    if maps[index] not in known:
+        raise NotEpilogue(f"a transpose to heads reading its input by {maps[index]}; the heads kernels write [b, h, s, d] "
+                          "(bias_heads) or [b, h, d, s] (bias_heads_t)")
+    name, bias_dims = known[maps[index]]
+    bias = tensor_facts(op.operands[1 - index].type)
+    if maps[1 - index] != bias_dims or bias.shape != shape[-2:]:
+        raise NotEpilogue(f"a transpose to heads whose other input {bias.text} is read by {maps[1 - index]}, not a bias [h, d] "
+                          f"{shape[-2:]} over the heads")
+    if bias.dtype != result.dtype:
+        raise NotEpilogue(f"the bias is {bias.text}, the result {result.dtype} (the kernel reads it in the result's type)")
+    found["bias"] = (path + (1 - index,), bias)
+    return name
+
+
+def _heads_named(covers: int, expr: tuple, result: TensorFacts, chain: tuple, found: dict, reader: _Reader,
+                 groups: tuple, heads: str) -> Epilogue:
+    """The chain ending in a transpose to heads as `heads` where it computes the bias add."""
+    form = _named(covers, expr, result, chain, found, reader)
+    if form.name != "bias":
+        why = form.why or f"the ops ({', '.join(form.ops)}) compute {form.name}"
+        return Epilogue(covers, None, result, chain, ops=form.ops, groups=groups, transposes=True,
+                        why=f"a transpose to heads: only its bias add has heads kernels ({heads}); {why}")
+    return dataclasses.replace(form, name=heads, groups=groups, transposes=True)
 
 
 def _side_input(value: ir.Value, dims: tuple | None, rank: int, path: tuple, result: TensorFacts, found: dict, n_whole: bool) -> tuple:
@@ -667,6 +752,10 @@ READS = {
     "bias_silu": ("bias",), "residual": ("residual",), "bias_residual": ("bias", "residual"), "silu_mul": ("residual",),
 }
 SCALAR = {"bias_gelu_tanh": "gelu_c", "gelu_tanh": "gelu_c", "scale": "alpha"}
+# The heads epilogues: bias [heads, d] (as the model holds it), C [nb, heads, seq, d] or
+# [nb, heads, d, seq], and the i32 scalars nb and seq (C's dims no input has; the call passes them).
+HEADS = {"bias_heads": ("heads", "seq", "d"), "bias_heads_t": ("heads", "d", "seq")}
+HEADS_SCALARS = ("nb", "seq")
 
 
 @dataclass(frozen=True)
@@ -687,6 +776,8 @@ def split_epilogue(kernel: Kernel, where: str) -> tuple[Kernel, EpilogueLayout]:
     name = kernel.replaces.epilogue if kernel.replaces is not None else "none"
     if name == "none":
         return kernel, EpilogueLayout(name)
+    if name in HEADS:
+        return _split_heads(kernel, name, where)
     inputs = [b for b in kernel.buffers if b.is_argument]
     results = [b for b in kernel.buffers if b.is_result]
     roles = READS.get(name, ())
@@ -714,6 +805,30 @@ def split_epilogue(kernel: Kernel, where: str) -> tuple[Kernel, EpilogueLayout]:
     return plain, EpilogueLayout(name, extra, wanted)
 
 
+def _split_heads(kernel: Kernel, name: str, where: str) -> tuple[Kernel, EpilogueLayout]:
+    """split_epilogue of a heads kernel: after A and B a bias [heads, d], a result of rank 4, and
+    the i32 scalars nb and seq without values, in that order."""
+    inputs = [b for b in kernel.buffers if b.is_argument]
+    results = [b for b in kernel.buffers if b.is_result]
+    ok = len(inputs) >= 3 and len(results) == 1 and results[0].access == "out" and len(results[0].type.shape) == 4
+    bias = inputs[2] if ok else None
+    expect(
+        ok and len(bias.type.shape) == 2 and bias.type.dtype == results[0].type.dtype,
+        f"its epilogue {name} reads a bias [heads, d] of the result's type after A and B and writes a new result "
+        "[nb, heads, seq, d] (or [nb, heads, d, seq]) (out)",
+        where,
+    )
+    scalars = [s for s in kernel.function_arguments if isinstance(s, Scalar)]
+    expect(
+        tuple(s.name for s in scalars) == HEADS_SCALARS and all(s.dtype == "i32" for s in scalars),
+        f"its epilogue {name} takes the i32 scalars {' and '.join(HEADS_SCALARS)} without values (the result's batch and rows)",
+        where,
+    )
+    aside = {bias.name} | set(HEADS_SCALARS) | set(bias.type.symbols)  # heads and d: only the bias's dims
+    plain = dataclasses.replace(kernel, params=tuple(p for p in kernel.params if p.name not in aside))
+    return plain, EpilogueLayout(name, (bias,))
+
+
 def with_chain(facts: OpFacts, op: ir.Operation) -> OpFacts:
     """A matmul's facts with its chain of elementwise users (the kind's facts' `chain` field)."""
     return dataclasses.replace(facts, detail=dataclasses.replace(facts.detail, chain=read_chain(op)))
@@ -730,7 +845,8 @@ def left_unfused(op: OpFacts, form: Epilogue) -> str | None:
     """Why replacing the matmul with `form` would cost a dispatch: the elementwise ops after
     the ones the kernel takes, which IREE fuses into the matmul's dispatch, would run as a
     dispatch of their own (issue 25: a replaced model never has more IREE dispatches)."""
-    whole = op.detail.chain.forms[-1]
+    # A transpose to heads runs in a dispatch of its own in IREE: stopping before it costs nothing.
+    whole = [f for f in op.detail.chain.forms if not f.transposes or f is form][-1]
     if whole.covers <= form.covers:
         if whole.covers == form.covers and op.detail.chain.fused_next:
             return (
@@ -756,7 +872,9 @@ def covered(op: OpFacts, layout: Layout, *, as_kernel: bool = False) -> OpFacts:
     if isinstance(form, str) or form.covers == 0:
         return op
     inputs, result = form.inputs, form.result
-    if as_kernel and form.groups is not None:
+    if as_kernel and form.name in HEADS:  # C [nb, heads, ..]; at batch 1 the op's has no unit batch dim
+        result = TensorFacts(result.dtype, (1,) * (4 - len(result.shape)) + result.shape)
+    elif as_kernel and form.groups is not None:
         inputs = tuple(_collapse(t, form.groups) if t.shape == result.shape else t for t in inputs)
         result = _collapse(result, form.groups)
     return dataclasses.replace(op, inputs=op.inputs + inputs, result=result)
@@ -778,6 +896,11 @@ def epilogue_call(op: OpFacts, layout: Layout, call: Call) -> Call:
     # The result (and a residual, shaped as it) as the kernel's: collapsed by the chain's
     # expand_shape where it has one; else reshaped as the matmul's result is, unless the chain
     # already dropped the unit dims (a batch-1 batch_matmul's collapse).
+    if form.name in HEADS:  # C [nb, heads, ..]: the op's [heads, ..] at batch 1 with a unit dim added
+        result = Reshape(((0, 1), (2,), (3,))) if len(form.result.shape) == 3 else None
+        nb, seq = form.heads_sizes
+        arguments = through[:2] + (Operand(form.bias[0]), Constant("i32", str(nb)), Constant("i32", str(seq)))
+        return dataclasses.replace(call, arguments=arguments, result=result, marked=form.covers)
     if form.groups is not None:
         result = Reshape(form.groups)
     else:

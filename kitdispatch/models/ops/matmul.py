@@ -110,6 +110,12 @@ class Matmul(OpKind):
         wanted = 3 if accumulates else 2
         expect(len(args) == wanted, f"it must take A and B{' and the accumulator' if accumulates else ''} in that order", where)
         a, b, c = args[0].type.shape, args[1].type.shape, result.type.shape
+        if ending.name in epilogue.HEADS:  # C [nb, heads, seq, d]: m and n are A's and B's
+            plain = len(a) == len(b) == 2 and not accumulates
+            n = b[-1] if plain and b[0] == a[-1] else b[0]  # B [k,n], else W [n,k]
+            layout = _b_layout(a, b, (a[0], n)) if plain else None
+            expect(layout is not None, f"its epilogue {ending.name} takes A [m,k] and B [k,n] (or W [n,k]), 2-D, and a new result", where)
+            return Layout(tuple(args[:2]) + ending.buffers, result, accumulates, pattern=layout, epilogue=ending)
         rank = len(c)
         ok = rank in {self.rank, 2} and all(len(s) == rank for s in (a, b, c)) and a[-2] == c[-2]
         layout = _b_layout(a, b, c) if ok else None
@@ -168,7 +174,7 @@ class Matmul(OpKind):
         return epilogue.covered(op, layout)
 
     def _drops_batch(self, layout: Layout) -> bool:
-        return len(layout.result.type.shape) < self.rank
+        return len(layout.inputs[0].type.shape) < self.rank  # A's rank (a heads kernel's C is 4-D)
 
 
 def _transposed_b(b: ir.Value) -> tuple[BSource, TensorFacts] | None:

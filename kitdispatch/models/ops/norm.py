@@ -620,10 +620,7 @@ class Norm(OpKind):
         if n.problem:
             return n.problem
         has = [name for name, there in zip(("weight", "bias"), (n.weight, n.bias)) if there]
-        # Roles by position (contract: x, then the weight, then the bias): a kernel of one
-        # affine buffer applies a weight, never a bias (a norm whose weight of ones IREE folded
-        # away has a bias alone; taken by a weight-only kernel, it was silently wrong).
-        takes = list(self.affine[: len(layout.inputs) - 1])
+        takes = self.applies(layout.inputs[1:])
         if has != takes:
             return f"the op applies {_listing(has)}, the kernel {_listing(takes)}"
         eps = _scalar_param(kernel, "eps")
@@ -634,6 +631,14 @@ class Norm(OpKind):
         if n.round_first and op.result.dtype != "f32" and (round_first is None or fixed and not round_first.value):
             return f"the op rounds to {op.result.dtype} before its weight and bias, and the kernel does not"
         return None
+
+    def applies(self, affine: tuple[Buffer, ...]) -> list[str]:
+        """What a kernel's buffers after x apply: by position (x, then the weight, then the
+        bias), except that one buffer named `bias` is a bias (a LayerNorm whose weight of ones
+        IREE folded away has a bias alone; taken by a weight-only kernel, it was silently wrong)."""
+        if len(affine) == 1 and affine[0].name == "bias" and "bias" in self.affine:
+            return ["bias"]
+        return list(self.affine[: len(affine)])
 
     def sizes_mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout, sizes: dict[str, int | None]) -> str | None:
         """x and the result as [rows, cols] (rows: the leading dims together), weight and bias [cols]."""
