@@ -26,8 +26,8 @@ ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdis
 
 
 def make_model(tmp_path, kind: str, name: str, *args) -> object:
-    """tests/data/attention_forms/make_{kind}.py NAME ARGS (kind: onnx or sdpa)."""
-    if kind == "onnx":
+    """tests/data/attention_forms/make_{kind}.py NAME ARGS (kind: onnx, gpt2 (ONNX too) or sdpa)."""
+    if kind in ("onnx", "gpt2"):
         pytest.importorskip("onnx")
     path = tmp_path / name
     subprocess.run([sys.executable, str(FORMS / f"make_{kind}.py"), str(path), *map(str, args)], check=True, timeout=120)

@@ -173,6 +173,15 @@ def test_another_scale_takes_the_entry_given_the_scale(model, reason, value):
     assert fixed.kernel is None and reason in fixed.reasons[0], fixed.reasons
 
 
+@pytest.mark.parametrize("scale", ["-1.250000e-01 : f32", "0.000000e+00 : f32", "0x7FC00000 : f32"], ids=["negative", "zero", "nan"])
+def test_a_scale_that_is_not_positive_is_refused_by_the_entry_given_the_scale(scale):
+    """attention.cu reads a scale that is not positive as "use 1/sqrt(d)": an op of such a scale
+    is refused by the entries that take it (not silently run with 1/sqrt(d)), with the reason."""
+    d = only(decide(attention_ops(attention_model(scale=scale)), attention_kernels()))
+    assert d.kernel is None
+    assert any("the kernel takes a positive, finite scale" in r for r in d.reasons), d.reasons
+
+
 @pytest.mark.parametrize(
     "model, reason",
     [

@@ -103,6 +103,77 @@ def test_near_misses_keep_the_bare_matmul_with_the_reason(out_shape, in_map, bia
     assert left_unfused(facts, chain.longest) is None
 
 
+def bias_then_heads(heads_body: str) -> str:
+    """A [64, 256] product, rounded to f16 with a bias [256] added, expanded to [2, 32, 4, 64],
+    then a generic that reads it to heads [2, 4, 32, 64] with a [4, 64] input and `heads_body`."""
+    return f"""
+func.func @f(%lhs: tensor<64x128xf16>, %w: tensor<128x256xf16>, %b1: tensor<256xf16>, %bv: tensor<4x64xf16>) -> tensor<2x4x32x64xf16> {{
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<64x256xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%empty : tensor<64x256xf32>) -> tensor<64x256xf32>
+  %mm = linalg.matmul ins(%lhs, %w : tensor<64x128xf16>, tensor<128x256xf16>) outs(%f : tensor<64x256xf32>) -> tensor<64x256xf32>
+  %o1 = tensor.empty() : tensor<64x256xf16>
+  %r = linalg.generic {{indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d1)>, affine_map<(d0, d1) -> (d0, d1)>],
+                       iterator_types = ["parallel", "parallel"]}}
+      ins(%mm, %b1 : tensor<64x256xf32>, tensor<256xf16>) outs(%o1 : tensor<64x256xf16>) {{
+  ^bb0(%in: f32, %b: f16, %out: f16):
+    %t = arith.truncf %in : f32 to f16
+    %y = arith.addf %t, %b : f16
+    linalg.yield %y : f16
+  }} -> tensor<64x256xf16>
+  %e = tensor.expand_shape %r [[0, 1], [2, 3]] output_shape [2, 32, 4, 64] : tensor<64x256xf16> into tensor<2x32x4x64xf16>
+  %o2 = tensor.empty() : tensor<2x4x32x64xf16>
+  %h = linalg.generic {{indexing_maps = [affine_map<{LOOPS4} -> (d0, d2, d1, d3)>, affine_map<{LOOPS4} -> (d1, d3)>,
+                                        affine_map<{LOOPS4} -> {LOOPS4}>],
+                       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%e, %bv : tensor<2x32x4x64xf16>, tensor<4x64xf16>) outs(%o2 : tensor<2x4x32x64xf16>) {{
+  ^bb0(%in: f16, %b: f16, %out: f16):
+    {heads_body}
+  }} -> tensor<2x4x32x64xf16>
+  return %h : tensor<2x4x32x64xf16>
+}}"""
+
+
+@pytest.mark.parametrize(
+    "heads_body, reason",
+    [
+        ("linalg.yield %in : f16", "a bias added before the transpose to heads and another (4x64xf16)"),
+        ("%y = arith.addf %in, %b : f16\n    linalg.yield %y : f16", "a bias added before the transpose to heads and another (4x64xf16)"),
+    ],
+    ids=["copy-only", "second-bias"],
+)
+def test_a_bias_added_before_the_transpose_is_not_lost(heads_body, reason):
+    """A bias [n] added before the expand, then a transposing generic that reads a [h, d] tensor:
+    the heads kernels add one bias, the transpose's, so this is no heads epilogue (the copy-only
+    form was taken for one: the model's bias dropped and the unused [h, d] one added). The bias
+    add before it is still the kernel's."""
+    chain = chain_of(bias_then_heads(heads_body))
+    last = chain.forms[-1]
+    assert last.name is None and reason in last.why, last.why
+    assert (chain.longest.name, chain.longest.covers) == ("bias", 1)
+
+
+def test_a_heads_kernel_declares_its_result_in_the_layout_s_order():
+    """A kernel declaring bias_heads_t whose result is [nb, heads, seq, d] (bias_heads' order) is
+    refused when described: where seq == d its sizes would bind, and it would store the wrong layout."""
+    from kitdispatch import Buffer, Kernel, Replaces, Scalar, TensorType
+    from kitdispatch.errors import ManifestError
+    from kitdispatch.models.replace import check_kernel
+
+    def kernel(epilogue: str, out: tuple) -> Kernel:
+        return Kernel.create(f"k_{epilogue}", "k.cu", [
+            Buffer("a", "in", TensorType("f16", ("m", "k"))), Buffer("w", "in", TensorType("f16", ("k", "n"))),
+            Buffer("bias", "in", TensorType("f16", ("heads", "d"))), Buffer("c", "out", TensorType("f16", out)),
+            Scalar("nb", "i32"), Scalar("seq", "i32"), Scalar("m", "i32"), Scalar("n", "i32"), Scalar("k", "i32"),
+        ], workgroup_size=[128], workgroup_count=["1"], replaces=Replaces.create(["linalg.matmul"], epilogue=epilogue))
+
+    check_kernel(kernel("bias_heads_t", ("nb", "heads", "d", "seq")), "linalg.matmul")
+    with pytest.raises(ManifestError, match=r"its epilogue bias_heads_t writes \[nb, heads, d, seq\]"):
+        check_kernel(kernel("bias_heads_t", ("nb", "heads", "seq", "d")), "linalg.matmul")
+    with pytest.raises(ManifestError, match=r"its epilogue bias_heads writes \[nb, heads, seq, d\]"):
+        check_kernel(kernel("bias_heads", ("nb", "heads", "d", "seq")), "linalg.matmul")
+
+
 # ------------------------------------------------------------------- the kernels' entries
 
 

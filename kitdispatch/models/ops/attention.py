@@ -202,7 +202,12 @@ class Attention(OpKind):
         if head not in HEAD_DIMS:
             return f"head dim {head}: the kernel has code for {', '.join(map(str, HEAD_DIMS[:-1]))} and {HEAD_DIMS[-1]} only"
         if SCALE in (layout.pattern or ()):  # the kernel scales by the op's constant
-            return None if op.detail.scale is not None else f"the op's scale is {op.detail.scale_text}, not a constant"
+            if op.detail.scale is None:
+                return f"the op's scale is {op.detail.scale_text}, not a constant"
+            # attention.cu takes a scale that is not positive as "use 1/sqrt(d)": never pass one
+            if not (np.isfinite(np.float32(op.detail.scale)) and np.float32(op.detail.scale) > 0):
+                return f"the op's scale is {op.detail.scale_text}; the kernel takes a positive, finite scale"
+            return None
         return _scale_mismatch(op.detail, head)
 
     def call(self, op: OpFacts, layout: Layout) -> Call:

@@ -661,6 +661,8 @@ def _heads_step(op: ir.Operation, index: int, maps: list, groups: tuple | None, 
                           f"{shape[-2:]} over the heads")
     if bias.dtype != result.dtype:
         raise NotEpilogue(f"the bias is {bias.text}, the result {result.dtype} (the kernel reads it in the result's type)")
+    if "bias" in found:  # the kernel adds one bias, the transposing generic's: an earlier one would be lost
+        raise NotEpilogue(f"a bias added before the transpose to heads and another ({bias.text}) read by it")
     found["bias"] = (path + (1 - index,), bias)
     return name
 
@@ -816,6 +818,13 @@ def _split_heads(kernel: Kernel, name: str, where: str) -> tuple[Kernel, Epilogu
         ok and len(bias.type.shape) == 2 and bias.type.dtype == results[0].type.dtype,
         f"its epilogue {name} reads a bias [heads, d] of the result's type after A and B and writes a new result "
         "[nb, heads, seq, d] (or [nb, heads, d, seq]) (out)",
+        where,
+    )
+    # The result's dims by name, as the heads layout orders them (a [nb, heads, seq, d] result
+    # declared bias_heads_t would pass the sizes wherever seq == d, and be stored transposed).
+    expect(
+        results[0].type.shape[1:] == HEADS[name],
+        f"its epilogue {name} writes [nb, {', '.join(HEADS[name])}], not {results[0].type}",
         where,
     )
     scalars = [s for s in kernel.function_arguments if isinstance(s, Scalar)]
