@@ -249,6 +249,7 @@ def cpu_model_build(model: Path, out_dir: Path, *, baseline: bool = True) -> Pat
 # Kernels, models and builds the tests of kitdispatch/models share. Below the rest: merges stay easy.
 
 import io  # noqa: E402
+import json  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -491,6 +492,31 @@ def onnx_build_with_baseline(tmp_path_factory, kernels, make, name: str):
     tmp = tmp_path_factory.mktemp(name)
     model = make(tmp / f"{name}.onnx")
     return build_model(kernels, model, BuildOptions.create("sm_90a"), tmp / "out", library=False, with_baseline=True)
+
+
+def library_onnx_build(tmp_path_factory, name: str, make, *, baseline: bool = True):
+    """The ONNX model `make(PATH)` writes (NAME.onnx), built with the whole library for sm_90a
+    (and by IREE alone beside it): build_model's result."""
+    pytest.importorskip("onnx")
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    from kitdispatch import BuildOptions
+    from kitdispatch.models.pipeline import build_model
+
+    tmp = tmp_path_factory.mktemp(name)
+    model = make(tmp / f"{name}.onnx")
+    return build_model(None, model, BuildOptions.create("sm_90a"), tmp / "out", with_baseline=baseline)
+
+
+def replaced_ops(built) -> list[dict]:
+    """The report's replaced ops of a model build."""
+    return json.loads(built.report.read_text())["replaced"]
+
+
+def iree_own_dispatches(vmfb) -> list[str]:
+    """IREE's own dispatch kinds in a module, without their numbers (`elementwise_transpose`, `conv`)."""
+    names = set(re.findall(r"\$async_dispatch_\d+_[a-z_]+?(?=_\d|_f|_i|$)", vmfb.read_bytes().decode("latin-1")))
+    return sorted({re.sub(r"^\$async_dispatch_\d+_", "", n) for n in names})
 
 
 def prebuilt_or_fixture(request, prebuilt_dir, prebuilt: str, fixture: str) -> Path:

@@ -57,6 +57,9 @@ MODELS = {
     "epilogue_swiglu_model": ((ROOT / "tests" / "models" / "epilogue_models.py", "swiglu"), ROOT / "kernels" / "matmul"),
     # tests/models/test_ops_epilogue_heads.py: Q/K/V projections with their transposes to heads (the whole library).
     "epilogue_heads_model": ((ROOT / "tests" / "models" / "heads_models.py",), None),
+    # tests/models/test_ops_patch_conv.py: ViT's patch embedding (f16, batch 2; f32 at batch 1) by the library's matmuls.
+    "patch_embedding_model": ((ROOT / "tests" / "models" / "patch_models.py",), None),
+    "patch_embedding_f32_model": ((ROOT / "tests" / "models" / "patch_models.py", "--dtype", "f32", "--batch", "1"), None),
     # tests/models/test_ops_norm.py's NORM_MODELS: norms replaced by kernels/norm.
     **{
         f"norm_{name}_model": ((ROOT / "tests" / "data" / "norms" / "make_model.py", *args), ROOT / "kernels" / "norm")

@@ -208,15 +208,23 @@ def replaces(e):
     the matmul is replaced together with the elementwise ops that compute it, the cast to an
     f16/bf16 result included) and, per config, the shapes choose_config gives it; the f32 "none"
     entries with their epilogues too, 3xTF32 by default, TF32 on request (their arithmetic)."""
+    ops = '["linalg.matmul", "linalg.batch_matmul"]  # batch_matmul: batch 1'
+    if patch_conv(e):
+        ops = '["linalg.matmul", "linalg.batch_matmul", "patch_conv"]  # batch_matmul: batch 1; patch_conv: its patch rows'
     if e["ti"] == "f32":
         keys = [key for key in (epilogue_key(e), f'arithmetic = "{e["prec"]}"') if key]
-        return ['replaces = ["linalg.matmul", "linalg.batch_matmul"]  # batch_matmul: batch 1',
-                f"replace_when = {{ {', '.join(keys)} }}"]
+        return [f"replaces = {ops}", f"replace_when = {{ {', '.join(keys)} }}"]
     bmm = e["kind"] == "bmm"
-    ops = '["linalg.batch_matmul"]' if bmm else '["linalg.matmul", "linalg.batch_matmul"]  # batch_matmul: batch 1'
+    ops = '["linalg.batch_matmul"]' if bmm else ops
     when = config_conditions(bmm)[e["cfg"]]
     keys = [key for key in (epilogue_key(e), f'when = "{when}"' if when else None) if key]
     return [f"replaces = {ops}"] + ([f"replace_when = {{ {', '.join(keys)} }}"] if keys else [])
+
+
+def patch_conv(e):
+    """Whether an entry replaces a patch conv too (kitdispatch/models/ops/patch_conv.py): a matmul of
+    W [n,k] (the conv's filters, read transposed) whose epilogue adds a bias or nothing."""
+    return e["kind"] == "matmul" and e["layout"] == "nt" and e["epi"] in ("none", "bias")
 
 
 def epilogue_key(e):

@@ -8,9 +8,12 @@ names are listed here, and tests/models/test_registry.py checks this list agains
 from __future__ import annotations
 
 # In the registry's order. Most are IREE's op names; `layer_norm` and `rms_norm` are kinds that
-# read a chain of linalg.generics (models/ops/norm.py), ahead of linalg.generic, which reads them one by one.
+# read a chain of linalg.generics (models/ops/norm.py), and `patch_conv` a convolution generic of
+# non-overlapping patches with the generic after it (models/ops/patch_conv.py), ahead of
+# linalg.generic, which reads them one by one.
 REPLACEABLE_OPS = (
-    "linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "layer_norm", "rms_norm", "linalg.generic", "iree_linalg_ext.attention",
+    "linalg.softmax", "linalg.matmul", "linalg.batch_matmul", "layer_norm", "rms_norm", "patch_conv", "linalg.generic",
+    "iree_linalg_ext.attention",
 )
 # The ops a kernel matches through a pattern file (replace_when's `pattern`), and only they.
 PATTERN_OPS = ("linalg.generic",)
@@ -26,5 +29,5 @@ ATTENTION_MASKS = ("causal", "key_padding", "causal_key_padding")
 # [b, h, d, s]: a Q/V or K projection and the transposing generic after it).
 EPILOGUES = ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bias_silu", "residual", "bias_residual", "scale",
              "gelu_erf", "gelu_tanh", "silu_mul", "bias_heads", "bias_heads_t")
-# The ops whose kernels may declare an epilogue.
-EPILOGUE_OPS = ("linalg.matmul", "linalg.batch_matmul")
+# The ops whose kernels may declare an epilogue (a patch conv's: the generic after it, `none` or `bias`).
+EPILOGUE_OPS = ("linalg.matmul", "linalg.batch_matmul", "patch_conv")

@@ -29,7 +29,7 @@ from kitdispatch.emit.mlir_text import mlir_comment, mlir_string
 from kitdispatch.emit.render import render_template
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.errors import KitError, ManifestError
-from kitdispatch.models.ops.base import Call, Constant, OpFacts, Reshape, TensorFacts
+from kitdispatch.models.ops.base import Call, Constant, OpFacts, Permuted, Reshape, TensorFacts
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, KIT_PREFIX, MARK_ATTRIBUTE, Decision, wrapper_name
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
@@ -262,6 +262,18 @@ class _Body:
     def collapse(self, value: str, src: TensorFacts, dst: TensorFacts, groups: tuple[tuple[int, ...], ...]) -> str:
         return self.add(f"tensor.collapse_shape {value} {_reassociation(groups)} : {tensor_text(src)} into {tensor_text(dst)}")
 
+    def permuted(self, value: str, src: TensorFacts, how: Permuted) -> tuple[str, TensorFacts]:
+        """`value` expanded, transposed (a copy: IREE's dispatch) and collapsed as `how` says."""
+        expanded, transposed = TensorFacts(src.dtype, how.shape), TensorFacts(src.dtype, how.permuted_shape)
+        value = self.expand(value, src, expanded, how.split, "", src, [])
+        empty = self.add(f"tensor.empty() : {tensor_text(transposed)}")
+        value = self.add(
+            f"linalg.transpose ins({value} : {tensor_text(expanded)}) outs({empty} : {tensor_text(transposed)}) "
+            f"permutation = [{', '.join(map(str, how.permutation))}]"
+        )
+        merged = TensorFacts(src.dtype, how.merged_shape)
+        return self.collapse(value, transposed, merged, how.merge), merged
+
     def expand(self, value: str, src: TensorFacts, dst: TensorFacts, groups: tuple[tuple[int, ...], ...], sizes: str, sizes_facts: TensorFacts, axes: list[int]) -> str:
         """`value` expanded to `dst`; dynamic dim d of `dst` is dim axes[d] of `sizes`."""
         dims = [str(n) if n is not None else self.dim(sizes, sizes_facts, axes[d]) for d, n in enumerate(dst.shape)]
@@ -301,6 +313,8 @@ def adapter_lines(decision: Decision) -> dict:
             else:
                 value = body.expand(value, facts, reshaped, groups, value, facts, _expanded_axes(groups))
             facts = reshaped
+        if argument.permuted is not None:  # static shapes (the kind checked): a copy in the new order
+            value, facts = body.permuted(value, facts, argument.permuted)
         if argument.where_false is not None:  # booleans (attention's keep flags) as the additive mask they select
             dtype = kernel_type.rsplit("x", 1)[-1].rstrip(">")
             value, facts = body.select_bool(value, facts, dtype, argument.where_false), TensorFacts(dtype, facts.shape)

@@ -8,12 +8,10 @@ heads kernels store C there with the bias added, so the generic dies with the ma
 from __future__ import annotations
 
 import functools
-import json
-import re
 
 import numpy as np
 import pytest
-from conftest import HAVE_IREE_COMPILE, REPO, chain_of, prebuilt_or_fixture
+from conftest import HAVE_IREE_COMPILE, REPO, chain_of, iree_own_dispatches, library_onnx_build, prebuilt_or_fixture, replaced_ops
 
 needs_iree = pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
 
@@ -202,41 +200,18 @@ def test_heads_entries_and_their_reference():
 # ------------------------------------------------------------------- built with the real tools
 
 
-def iree_own_dispatches(vmfb) -> list[str]:
-    """IREE's own dispatch kinds in a module, without their numbers."""
-    names = set(re.findall(r"\$async_dispatch_\d+_[a-z_]+?(?=_\d|_f|_i|$)", vmfb.read_bytes().decode("latin-1")))
-    return sorted({re.sub(r"^\$async_dispatch_\d+_", "", n) for n in names})
-
-
-def _build(tmp_path_factory, name: str, make, *, baseline: bool = True):
-    """The ONNX model `make(PATH)` writes, built with the whole library for sm_90a (and by IREE alone)."""
-    pytest.importorskip("onnx")
-    if not HAVE_IREE_COMPILE:
-        pytest.skip("iree-compile is not installed")
-    from kitdispatch import BuildOptions
-    from kitdispatch.models.pipeline import build_model
-
-    tmp = tmp_path_factory.mktemp(name)
-    model = make(tmp / f"{name}.onnx")
-    return build_model(None, model, BuildOptions.create("sm_90a"), tmp / "out", with_baseline=baseline)
-
-
 @pytest.fixture(scope="module")
 def heads_build(tmp_path_factory):
     from models.heads_models import heads_layer_onnx
 
-    return _build(tmp_path_factory, "heads_layer", heads_layer_onnx)
-
-
-def _replaced(built) -> list[dict]:
-    return json.loads(built.report.read_text())["replaced"]
+    return library_onnx_build(tmp_path_factory, "heads_layer", heads_layer_onnx)
 
 
 def test_projections_take_their_bias_and_transpose(heads_build):
     """Q and V by bias_heads, K (straight to K^T, perm [0, 2, 3, 1]) by bias_heads_t, each with
     its expand, rounding and transposing bias add; the bias [h, d] and the batch and seq constants
     reach the kernel; the attention reads what they write."""
-    matmuls = [r for r in _replaced(heads_build) if r["op"] == "linalg.matmul"]
+    matmuls = [r for r in replaced_ops(heads_build) if r["op"] == "linalg.matmul"]
     assert [(r["kernel"], r["epilogue"], r["epilogue_ops_after"]) for r in matmuls] == [
         ("matmul_nn_f16_bias_heads_t64x64", "bias_heads", 3),
         ("matmul_nn_f16_bias_heads_t_t64x64", "bias_heads_t", 3),
@@ -244,7 +219,7 @@ def test_projections_take_their_bias_and_transpose(heads_build):
     ]
     assert [t["shape"] for t in matmuls[1]["inputs"]] == [[128, 256], [256, 256], [4, 64]]
     assert [r["result"]["shape"] for r in matmuls] == [[2, 4, 64, 64], [2, 4, 64, 64], [2, 4, 64, 64]]
-    assert any(r["kernel"] == "attention_kt_f16" for r in _replaced(heads_build))
+    assert any(r["kernel"] == "attention_kt_f16" for r in replaced_ops(heads_build))
     report = heads_build.report.with_suffix(".txt").read_text()
     assert report.count("{epilogue bias_heads over 3 op(s)}") == 2 and report.count("{epilogue bias_heads_t over 3 op(s)}") == 1
     spec = heads_build.spec.read_text()
@@ -273,8 +248,8 @@ def test_near_miss_projections_keep_today_s_path(tmp_path_factory, perm, also_fl
     from models.heads_models import projection_onnx
 
     make = functools.partial(projection_onnx, perm=perm, also_flat=also_flat, seq=64)
-    built = _build(tmp_path_factory, f"projection_{perm}", make, baseline=False)
-    [matmul] = [r for r in _replaced(built) if r["op"] == "linalg.matmul"]
+    built = library_onnx_build(tmp_path_factory, f"projection_{perm}", make, baseline=False)
+    [matmul] = [r for r in replaced_ops(built) if r["op"] == "linalg.matmul"]
     assert matmul["epilogue_replaced"]["epilogue"] == epilogue and "heads" not in matmul["kernel"]
     assert matmul["epilogue_chain_ends"].startswith(ends)
     if perm == "1203":

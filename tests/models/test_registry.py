@@ -97,6 +97,6 @@ def test_every_kind_module_is_registered():
     share, and epilogue.py, a matmul's)."""
     modules = {m.name for m in pkgutil.iter_modules(ops.__path__) if not m.name.startswith("_")} - {"base", "norm", "epilogue"}
     kinds = {m: importlib.import_module(f"kitdispatch.models.ops.{m}").KIND for m in modules}
-    assert sorted(kinds) == ["attention", "batch_matmul", "generic", "layer_norm", "matmul", "rms_norm", "softmax"]
+    assert sorted(kinds) == ["attention", "batch_matmul", "generic", "layer_norm", "matmul", "patch_conv", "rms_norm", "softmax"]
     assert sorted(k.name for k in kinds.values()) == sorted(OP_KINDS)
     assert all(OP_KINDS[k.name] is k for k in kinds.values())

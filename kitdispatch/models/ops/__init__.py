@@ -8,11 +8,12 @@ and its tests in tests/models/.
 
 from __future__ import annotations
 
-from kitdispatch.models.ops import attention, batch_matmul, generic, layer_norm, matmul, rms_norm, softmax
+from kitdispatch.models.ops import attention, batch_matmul, generic, layer_norm, matmul, patch_conv, rms_norm, softmax
 from kitdispatch.models.ops.base import OpKind
 
 # In the manifest's order (describe/op_names.py): reports and hints list kinds in it.
 OP_KINDS: dict[str, OpKind] = {
     kind.name: kind
-    for kind in (softmax.KIND, matmul.KIND, batch_matmul.KIND, layer_norm.KIND, rms_norm.KIND, generic.KIND, attention.KIND)
+    for kind in (softmax.KIND, matmul.KIND, batch_matmul.KIND, layer_norm.KIND, rms_norm.KIND, patch_conv.KIND, generic.KIND,
+                 attention.KIND)
 }

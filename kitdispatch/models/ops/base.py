@@ -9,6 +9,7 @@ place (`replacement`, `adapter`). replace.py and pipeline.py ask the registry an
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, TYPE_CHECKING
@@ -106,6 +107,28 @@ class Reshape:
 
 
 @dataclass(frozen=True)
+class Permuted:
+    """An op tensor read as a kernel buffer through a copy: expanded to `shape` by `split` (a
+    reassociation of the op tensor's dims), its dims permuted (dim i of the copy is dim
+    `permutation[i]` of the expanded tensor), then collapsed by `merge`. An image [c, h, w] as
+    the rows of its non-overlapping patches. IREE runs the copy as a transpose dispatch of its
+    own; the shapes are static."""
+
+    split: tuple[tuple[int, ...], ...]
+    shape: tuple[int, ...]
+    permutation: tuple[int, ...]
+    merge: tuple[tuple[int, ...], ...]
+
+    @property
+    def permuted_shape(self) -> tuple[int, ...]:
+        return tuple(self.shape[i] for i in self.permutation)
+
+    @property
+    def merged_shape(self) -> tuple[int, ...]:
+        return tuple(math.prod(self.permuted_shape[i] for i in group) for group in self.merge)
+
+
+@dataclass(frozen=True)
 class Operand:
     """A tensor the kernel reads, found from the marked op: (i,) is its operand i, (i, j)
     operand j of the producer of its operand i, and so on up the producers."""
@@ -114,6 +137,7 @@ class Operand:
     reshape: Reshape | None = None
     tensor: TensorFacts | None = None  # its type, where it is not the op's input of its place (attention's layouts)
     where_false: str | None = None  # an i1 tensor passed as select(x, 0, this f32 literal) of the kernel's type
+    permuted: Permuted | None = None  # read through a copy that reorders its elements (a patch conv's image)
 
 
 @dataclass(frozen=True)
@@ -140,7 +164,9 @@ class Call:
 
     @property
     def needs_adapter(self) -> bool:
-        return self.result is not None or any(isinstance(a, Constant) or a.reshape is not None or a.where_false for a in self.arguments)
+        return self.result is not None or any(
+            isinstance(a, Constant) or a.reshape is not None or a.where_false or a.permuted is not None for a in self.arguments
+        )
 
     @property
     def operands(self) -> tuple[Operand, ...]:
@@ -208,11 +234,7 @@ class OpKind(ABC):
         if layout.accumulates:
             pairs.append(("accumulator", op.init, layout.result))
         pairs.append(("result", op.result, layout.result))
-        for role, tensor, buffer in pairs:
-            why = type_mismatch(role, tensor, buffer, sizes)
-            if why:
-                return why
-        return limit_mismatch(kernel, sizes)
+        return pairs_mismatch(pairs, kernel, sizes)
 
     def mismatch(self, op: OpFacts, kernel: Kernel, layout: Layout) -> str | None:
         """Why `kernel` does not compute exactly what `op` computes, or None when it does."""
@@ -277,6 +299,15 @@ def type_mismatch(role: str, tensor: TensorFacts, buffer: Buffer, sizes: dict[st
         elif sizes.get(dim) is None:
             sizes[dim] = size
     return None
+
+
+def pairs_mismatch(pairs: list[tuple[str, TensorFacts, Buffer]], kernel: Kernel, sizes: dict[str, int | None]) -> str | None:
+    """Each (role, the op's tensor, the kernel's buffer) by type_mismatch, then the kernel's limits."""
+    for role, tensor, buffer in pairs:
+        why = type_mismatch(role, tensor, buffer, sizes)
+        if why:
+            return why
+    return limit_mismatch(kernel, sizes)
 
 
 def limit_mismatch(kernel: Kernel, sizes: dict[str, int | None]) -> str | None:

@@ -636,6 +636,21 @@ def _recognise(ops: list[tuple[ir.Operation, int]]) -> Epilogue:
     return dataclasses.replace(_named(len(ops), expr, result, chain, found, reader), groups=groups)
 
 
+def generic_epilogue(op: ir.Operation, index: int, side: dict[int, tuple[str, TensorFacts]]) -> Epilogue:
+    """What one generic computes of the product it reads as its operand `index`, as an epilogue
+    of the family (covering that one op), its other inputs in the roles `side` gives (operand ->
+    (role, facts)). For a kind whose product the generic reads through a map of its own (a patch
+    conv's transpose to rows): the kind checks the maps, this reads the body."""
+    result = tensor_facts(op.results[0].type)
+    reader = _Reader(result.dtype)
+    found = {role: ((i,), facts) for i, (role, facts) in side.items()}
+    try:
+        expr = reader.body(op, index, ACC, {i: ("sym", role) for i, (role, _) in side.items()})
+    except NotEpilogue as exc:
+        return Epilogue(1, None, result, (index,), why=str(exc))
+    return _named(1, expr, result, (index,), found, reader)
+
+
 def _reads_permuted(op: ir.Operation, index: int) -> bool:
     from iree.compiler import ir
 

@@ -33,8 +33,8 @@ import numpy as np
 from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
 from kitdispatch.errors import ManifestError
 from kitdispatch.models.ops.base import (
-    Call, Constant, Layout, OpFacts, OpKind, Operand, Preparation, Reshape, TensorFacts, expect, function_of, limit_mismatch,
-    location, map_dims, op_name, takes_tensors, tensor_facts, type_mismatch,
+    Call, Constant, Layout, OpFacts, OpKind, Operand, Preparation, Reshape, TensorFacts, expect, function_of,
+    location, map_dims, op_name, pairs_mismatch, takes_tensors, tensor_facts,
 )
 from kitdispatch.models.ops.generic import FUSION_PASS, FUSION_PIPELINE
 
@@ -645,11 +645,7 @@ class Norm(OpKind):
         pairs = [("x", _rows_cols(op.inputs[0]), layout.inputs[0])]
         pairs += [(b.name, t, b) for t, b in zip(op.inputs[1:], layout.inputs[1:])]
         pairs.append(("result", _rows_cols(op.result), layout.result))
-        for role, tensor, buffer in pairs:
-            why = type_mismatch(role, tensor, buffer, sizes)
-            if why:
-                return why
-        return limit_mismatch(kernel, sizes)
+        return pairs_mismatch(pairs, kernel, sizes)
 
     def call(self, op: OpFacts, layout: Layout) -> Call:
         """In the function's order: x (its leading dims as the kernel's rows), weight and bias,
