@@ -212,33 +212,47 @@ def make_embedding_model(path: Path, *args) -> None:
     subprocess.run([sys.executable, str(EMBEDDING), str(path), *map(str, args)], check=True, timeout=120)
 
 
-def cpu_model_build(model: Path, out_dir: Path, *, baseline: bool = True) -> Path:
+def cpu_model_build(model: Path, out_dir: Path, *, baseline: bool = True, transients: bool = True) -> Path:
     """A model build folder as build_model writes one (NAME.vmfb, NAME.baseline.vmfb, the model
     record with the functions and their index bounds read by models/functions.py), compiled by
-    IREE alone for its local-task device, so the run side can load and call a model on the CPU."""
+    IREE alone for its local-task device, so the run side can load and call a model on the CPU.
+    NAME.vmfb has the functions' NAME$async_transients twins (models/transients.py), as a model
+    build's has, unless not `transients`."""
+    import dataclasses
     import subprocess
 
     from kitdispatch.describe.model_record import ModelRecord, model_record_name
     from kitdispatch.describe.record import sha256
     from kitdispatch.iree.tools import find_tool
     from kitdispatch.models.functions import model_functions
-    from kitdispatch.models.pipeline import import_model
+    from kitdispatch.models.pipeline import STAGE, import_model
     from kitdispatch.models.spec import parse_mlir
+    from kitdispatch.models.transients import FLAGS, add_twins
 
     if not HAVE_IREE_COMPILE:
         pytest.skip("iree-compile is not installed")
     out_dir.mkdir(parents=True, exist_ok=True)
     imported = import_model(model, out_dir / "model.imported.mlir")
     compile_ = [find_tool("iree-compile"), str(imported), *CPU_FLAGS]
-    subprocess.run([*compile_, "--compile-to=global-optimization", "-o", str(out_dir / "stage.mlir")], check=True, timeout=300)
-    _, module = parse_mlir(out_dir / "stage.mlir")
+    stage = out_dir / "stage.mlir"
+    subprocess.run([*compile_, f"--compile-to={STAGE}", "-o", str(stage)], check=True, timeout=300)
+    _, module = parse_mlir(stage)
+    twins = add_twins(stage.read_text()) if transients else None
     names = ["model.vmfb", "model.baseline.vmfb"] if baseline else ["model.vmfb"]
     for name in names:
-        subprocess.run([*compile_, "-o", str(out_dir / name)], check=True, timeout=300)
+        if name == "model.vmfb" and twins is not None and twins.names:
+            (out_dir / "twins.mlir").write_text(twins.text)
+            argv = [find_tool("iree-compile"), str(out_dir / "twins.mlir"), *CPU_FLAGS, *FLAGS, f"--compile-from={STAGE}"]
+        else:
+            argv = compile_
+        subprocess.run([*argv, "-o", str(out_dir / name)], check=True, timeout=300)
+    functions = model_functions(module)
+    if twins is not None:
+        functions = tuple(dataclasses.replace(f, transients=f.name in twins.names) for f in functions)
     record = ModelRecord(
         kitdispatch="tests", model=str(model), project="", vmfb=names[0], baseline_vmfb=names[1] if baseline else None, spec="",
         archs=(), codegen_target="", iree_compiler="", iree_flags=CPU_FLAGS, matched_after=("global-optimization",),
-        functions=model_functions(module), replaced=(), not_replaced=(), kernel_executables=(),
+        functions=functions, replaced=(), not_replaced=(), kernel_executables=(),
         files={n: sha256((out_dir / n).read_bytes()) for n in names},
     )
     (out_dir / model_record_name("model")).write_bytes(record.to_bytes())

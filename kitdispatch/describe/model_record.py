@@ -58,13 +58,16 @@ class ModelFunction:
     inputs: tuple[ModelTensor, ...]
     outputs: tuple[ModelTensor, ...]
     index_bounds: tuple[int | None, ...] = ()
+    # Whether the module has NAME + TRANSIENTS_SUFFIX (describe/names.py): NAME$async taking its
+    # transient memory from a buffer the caller passes (models/transients.py).
+    transients: bool = False
 
     def index_bound(self, i: int) -> int | None:
         return self.index_bounds[i] if i < len(self.index_bounds) else None
 
     def to_json(self) -> dict:
         data = {"name": self.name, "inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs]}
-        return data | ({"index_bounds": list(self.index_bounds)} if self.index_bounds else {})
+        return data | ({"index_bounds": list(self.index_bounds)} if self.index_bounds else {}) | ({"transients": True} if self.transients else {})
 
 
 @dataclass(frozen=True)
@@ -292,21 +295,21 @@ def _is_tensor_json(t: object) -> bool:
 
 def _is_function_json(f: object) -> bool:
     """{name, inputs, outputs} as the model build writes it, each tensor {dtype, shape}, and
-    optionally index_bounds: one positive int or null per input."""
+    optionally index_bounds (one positive int or null per input) and transients (a bool)."""
     if not (isinstance(f, dict) and isinstance(f.get("name"), str)):
         return False
     bounds = f.get("index_bounds", [])
     return all(isinstance(f.get(k), list) and all(_is_tensor_json(t) for t in f[k]) for k in ("inputs", "outputs")) and (
         isinstance(bounds, list) and len(bounds) in (0, len(f["inputs"]))
         and all(b is None or (isinstance(b, int) and not isinstance(b, bool) and b > 0) for b in bounds)
-    )
+    ) and isinstance(f.get("transients", False), bool)
 
 
 def _function(f: dict) -> ModelFunction:
     def tensors(ts: list) -> tuple[ModelTensor, ...]:
         return tuple(ModelTensor(t["dtype"], tuple(t["shape"])) for t in ts)
 
-    return ModelFunction(f["name"], tensors(f["inputs"]), tensors(f["outputs"]), tuple(f.get("index_bounds", [])))
+    return ModelFunction(f["name"], tensors(f["inputs"]), tensors(f["outputs"]), tuple(f.get("index_bounds", [])), f.get("transients", False))
 
 
 __all__ = ["MODEL_RECORD_SCHEMA", "ModelFunction", "ModelTensor", "ModelRecord", "ReplacedOp", "claimed_files", "failed_record", "model_record_name", "read_model_record"]

@@ -92,3 +92,6 @@ def _shown(name: object) -> str:
 # runtime's asynchronous call) and NAME$record records the dispatch once for repeated submission.
 ASYNC_SUFFIX = "$async"
 RECORDING_SUFFIX = "$record"
+# A model build's NAME$async_transients: NAME$async that takes its transient memory from a buffer
+# the caller passes before the fences (models/transients.py), so that no call blocks the host.
+TRANSIENTS_SUFFIX = "$async_transients"

@@ -53,8 +53,9 @@ from kitdispatch.models.probes import ProbeBuilder, ProbeBuilt, Tuning, apply_tu
 from kitdispatch.describe.probe_record import probes_record_name, read_tune_record
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec
+from kitdispatch.models.transients import FLAGS as TRANSIENTS_FLAGS, Twins, add_twins
 from kitdispatch.describe.kernel import ARITHMETICS, Kernel
-from kitdispatch.describe.names import as_identifier
+from kitdispatch.describe.names import TRANSIENTS_SUFFIX, as_identifier
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -310,13 +311,7 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
     )
     check_all_replaced(replaced, decisions, symbols.executables, stage)
     vmfb_name = f"{name}.vmfb"
-    _run_iree(
-        [find_tool("iree-compile"), str(replaced), *flags, f"--compile-from={STAGE}",
-         f"--iree-hal-executable-object-search-path={stage}", "-o", str(stage / vmfb_name)],
-        what="iree-compile could not finish the model with its replacements",
-        stage=stage,
-        timeout=timeout,
-    )
+    twins, flags = _finish_compile(replaced, stage / vmfb_name, flags, stage, timeout)
     outputs = [vmfb_name, spec_name, *objects]
     baseline_name = None
     if with_baseline:
@@ -331,7 +326,7 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
     if matched.imported != model:
         outputs.append(matched.imported.name)
     files = {n: (stage / n).read_bytes() for n in outputs} | probe_files
-    report_name, report = _report_files(files, projects, model, name, decisions, tune=_tune_report(matched, target))
+    report_name, report = _report_files(files, projects, model, name, decisions, tune=_tune_report(matched, target), twins=twins)
     replaced_json, kept_json = report["replaced"], report["not_replaced"]
     record = ModelRecord(
         kitdispatch=__version__,
@@ -345,7 +340,7 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
         iree_compiler=iree_compiler_version(),
         iree_flags=tuple(flags),
         matched_after=(STAGE, *(step.pass_name for step in matched.prepared)),
-        functions=model_functions(module),
+        functions=tuple(dataclasses.replace(f, transients=f.name in twins.names) for f in model_functions(module)),
         replaced=tuple(ReplacedOp(r["op"], r["location"], r["kernel_entry"], r) for r in replaced_json),
         not_replaced=tuple(kept_json),
         kernel_executables=symbols.executables,
@@ -367,6 +362,30 @@ def _finish(projects: ModelProjects, matched: _Matched, target: _Target, options
         probes=out_dir / probes_record_name(name) if probe_files else None,
         tuning=matched.tuning,
     )
+
+
+def _finish_compile(replaced: Path, vmfb: Path, flags: list[str], stage: Path, timeout: float) -> tuple[Twins, list[str]]:
+    """`iree-compile --compile-from=STAGE` of the replaced model into `vmfb`, with a twin of each
+    function whose calls then never block the host (models/transients.py); where IREE rejects
+    the module with twins, the module without them, and the report says why. Returns the twins
+    and the flags the module was compiled with."""
+    def argv(source: Path, extra: Sequence[str]) -> list[str]:
+        return [find_tool("iree-compile"), str(source), *flags, *extra, f"--compile-from={STAGE}",
+                f"--iree-hal-executable-object-search-path={stage}", "-o", str(vmfb)]
+
+    twins = add_twins(replaced.read_text())
+    if twins.names:
+        source = stage / f"{replaced.name.removesuffix('.replaced.mlir')}.transients.mlir"
+        write_atomic(source, twins.text)
+        tried = run_tool(argv(source, TRANSIENTS_FLAGS), timeout=timeout)
+        if tried.returncode == 0:
+            return twins, [*flags, *TRANSIENTS_FLAGS]
+        # The module without twins is still the model: build that, and say why.
+        first = next((line for line in (tried.stderr + tried.stdout).splitlines() if "error" in line), "no error line")
+        why = f"iree-compile rejected the module with them (exit code {tried.returncode}): {first.strip()[:300]}"
+        twins = Twins(twins.text, (), {n: why for n in twins.names} | twins.reasons)
+    _run_iree(argv(replaced, ()), what="iree-compile could not finish the model with its replacements", stage=stage, timeout=timeout)
+    return twins, flags
 
 
 def _probes(matched: _Matched, target: _Target, stage: Path) -> dict[str, bytes]:
@@ -398,7 +417,7 @@ def _tune_report(matched: _Matched, target: _Target) -> dict | None:
 
 def _report_files(
     files: dict[str, bytes], projects: ModelProjects, model: Path, name: str, decisions: Sequence[Decision], error: KitError | None = None,
-    *, tune: dict | None = None,
+    *, tune: dict | None = None, twins: Twins | None = None,
 ) -> tuple[str, dict]:
     """Adds the report (`NAME.replace.json` and `.txt`) to `files`; returns its name and JSON."""
     report = {
@@ -409,6 +428,10 @@ def _report_files(
         "not_replaced": [d.to_json() for d in decisions if d.kernel is None],
     }
     text = format_report(str(model), decisions)
+    if twins is not None:
+        report["transients"] = {"functions": [n + TRANSIENTS_SUFFIX for n in twins.names], "not": twins.reasons}
+        text += "".join(f"\n{n}{TRANSIENTS_SUFFIX}: {n}$async with caller-provided transient memory (calls do not block the host)" for n in twins.names)
+        text += "".join(f"\n{n}: no {TRANSIENTS_SUFFIX} twin: {why}" for n, why in twins.reasons.items())
     if tune is not None:
         report["tune"] = tune
         text += "\n" + ("\n".join(Tuning(tune["file"], tuple(tune["tuned"]), tuple(tune["untuned"])).lines()) if "file" in tune else f"not tuned: {tune['reason']}")

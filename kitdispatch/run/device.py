@@ -318,6 +318,14 @@ class Device:
         view = rt.HalBufferView(buffer, shape, hal_type)
         return view, view.ref
 
+    def allocate_storage(self, nbytes: int) -> HalBuffer:
+        """A device buffer of `nbytes` (at least 1) that IREE's dispatches may read and write:
+        a model function's transient memory."""
+        rt = self._rt
+        return self.hal.allocator.allocate_buffer(
+            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, allocation_size=max(nbytes, 1)
+        )
+
     def empty(self, shape: Iterable[int], dtype: DTypeLike) -> DeviceArray:
         """An uninitialized array from the pool (for `out=`)."""
         shape = tuple(int(d) for d in shape)

@@ -84,12 +84,34 @@ class ModelEntry(Function):
     IREE allocated for them (shapes as IREE returns them: dynamic sizes come out of the call);
     `out=` receives copies of them, queued after the call."""
 
-    def __init__(self, module: Module, name: str, signature: FunctionSignature | str, invoker: FunctionInvoker, vm_async: VmFunction | None):
+    def __init__(self, module: Module, name: str, signature: FunctionSignature | str, invoker: FunctionInvoker, vm_async: VmFunction | None,
+                 *, transients: int | None = None):
         self._refusal = signature if isinstance(signature, str) else None
         super().__init__(module, name, None if self._refusal else signature, invoker, vm_async)
+        # `vm_async` is NAME$async_transients where `transients` (bytes) is given: its transient
+        # memory is one buffer of the function's, allocated at its first call and passed to every
+        # call. Calls on a device run in queue order (CUDA: one stream; other devices: each call
+        # waits on the one before, device.py), so no two calls use it at once.
+        self._transients_size = transients if self._vm_async is not None else None
+        self._transients = None
         if self._refusal is None:
             checks = tuple(TensorCheck(r) for r in self.signature.results)
             self._targets = GivenOutputs(name, self.signature.results, checks, tuple(range(len(checks))))
+            if self._transients_size is not None:
+                self._list_size += 1
+
+    @property
+    def takes_transients(self) -> bool:
+        """Whether calls pass the function its transient memory (calls that never block the host)."""
+        return self._transients_size is not None
+
+    def _argument_list(self, refs: list):
+        vm_args = super()._argument_list(refs)
+        if self._transients_size is not None:
+            if self._transients is None:
+                self._transients = self.device.allocate_storage(self._transients_size)
+            vm_args.push_ref(self._transients)
+        return vm_args
 
     def __repr__(self) -> str:
         return f"<kitdispatch ModelEntry {self.name} of {self.module.name}>"

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 from kitdispatch.run.device import get_device
 from kitdispatch.errors import KitError, RuntimeUnavailable, UsageError
 from kitdispatch.describe.record import BuildRecord, read_record, record_beside
-from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX
+from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX, TRANSIENTS_SUFFIX
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.run.driver_ptx import Version, check_ptx_loads, local_driver
 from kitdispatch.run.function import Function
 from kitdispatch.run.model import ModelEntry, model_build, model_signature
 
 if TYPE_CHECKING:
-    from iree.runtime import FunctionInvoker
+    from iree.runtime import FunctionInvoker, VmFunction
 
     from kitdispatch.describe.model_record import ModelRecord
 
@@ -104,6 +104,26 @@ def preflight_run(vmfb: Path, record: BuildRecord | None = None) -> None:
         check_ptx_loads(Version.parse(needed), driver, compiler="built", where=str(vmfb))
 
 
+# The largest transient storage a model function may ask for (1 TiB): a larger size read from a
+# module is damage, not a model.
+MAX_TRANSIENTS_BYTES = 1 << 40
+
+
+def transients_size(function: VmFunction, where: str) -> int | None:
+    """The bytes of caller storage a function with `iree.abi.transients` needs, as IREE's
+    reflection states it when it is a constant; None where it is not (dynamic shapes)."""
+    text = function.reflection.get("iree.abi.transients.size.constant")
+    if text is None:
+        return None
+    try:
+        size = int(text)
+    except ValueError:
+        size = -1
+    if not 0 <= size <= MAX_TRANSIENTS_BYTES:
+        raise KitError(f"{where}: its transient storage size {text[:40]!r} is not a size in bytes", fix="rebuild the model: kitdispatch build --model MODEL -o DIR")
+    return size
+
+
 class Module:
     """A .vmfb loaded on a device. `module.NAME(...)` (or `module["NAME"]`) is a `Function`:
     host arrays in give host arrays out; device arrays in (this module's, IREE's, or CUDA
@@ -159,11 +179,30 @@ class Module:
             lookup = self._vm_module.lookup_function
             if self.model is not None:
                 signature = self.signatures.get(name) or f"the model record lists no function {name!r}"
-                bound = self._bound[name] = ModelEntry(self, name, signature, invoker, lookup(name + ASYNC_SUFFIX))
+                vm_async, transients = self._model_async(name)
+                bound = self._bound[name] = ModelEntry(self, name, signature, invoker, vm_async, transients=transients)
                 return bound
             vm_calls = (lookup(name + ASYNC_SUFFIX), lookup(name + RECORDING_SUFFIX))
             bound = self._bound[name] = Function(self, name, self.signatures.get(name), invoker, *vm_calls)
         return bound
+
+    def _model_async(self, name: str) -> tuple[VmFunction | None, int | None]:
+        """A model function's asynchronous call and, where it takes caller storage for its
+        transients (NAME$async_transients, models/transients.py), the storage's size in bytes.
+        Only the kit's build has the twin (not the baseline), and only where IREE sized its
+        storage as a constant: else NAME$async, as IREE exports it."""
+        lookup = self._vm_module.lookup_function
+        recorded = next((f for f in self.model.functions if f.name == name), None)
+        if recorded is None or not recorded.transients or self.path.name != self.model.vmfb:
+            return lookup(name + ASYNC_SUFFIX), None
+        twin = lookup(name + TRANSIENTS_SUFFIX)
+        if twin is None:
+            raise KitError(
+                f"{self.path} has no function {name}{TRANSIENTS_SUFFIX}, which its model record says it has",
+                fix="rebuild the model: kitdispatch build --model MODEL -o DIR",
+            )
+        size = transients_size(twin, f"{self.path}: {name}{TRANSIENTS_SUFFIX}")
+        return (twin, size) if size is not None else (lookup(name + ASYNC_SUFFIX), None)
 
     def __getitem__(self, name: str) -> "Function":
         return self.function(name)
