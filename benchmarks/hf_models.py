@@ -212,10 +212,10 @@ def model_inputs(model: str, batch: int, seq: int, dtype: str) -> list[np.ndarra
 
 
 def run(build_dir: Path, out: Path, *, max_autotune: bool = False, only: tuple[str, ...] = (), tune_out: Path | None = None,
-        tuned_only: bool = False) -> None:
-    """Per model of BUILD_DIR: the build by rule against IREE alone, torch's times, and the
-    tuned build where there is one; `tuned_only`: only the tuned builds (NAME.tuned), each
-    against its own baseline."""
+        tuned_only: bool = False, with_torch: bool = True) -> None:
+    """Per model of BUILD_DIR: the build by rule against IREE alone, torch's times (unless not
+    `with_torch`: a second build of the same models in one lease), and the tuned build where
+    there is one; `tuned_only`: only the tuned builds (NAME.tuned), each against its own baseline."""
     from kitdispatch.models.compare import compare_model
 
     results = []
@@ -246,8 +246,9 @@ def run(build_dir: Path, out: Path, *, max_autotune: bool = False, only: tuple[s
                     entry["tuned"] = tuned_entry(compare_model(tuned, inputs=inputs, parameters=irpa, repetitions=20))
                 baseline = compare_model_output_std(folder, inputs, irpa)
                 entry["output_std"], entry["output_nans"] = baseline
-            entry["torch_us"] = torch_times(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"], layers=int(m["layers"] or 1),
-                                            max_autotune=max_autotune)
+            if with_torch:
+                entry["torch_us"] = torch_times(m["model"], int(m["batch"]), int(m["seq"]), m["dtype"], layers=int(m["layers"] or 1),
+                                                max_autotune=max_autotune)
         except Exception as exc:  # noqa: BLE001 - report the model and go on with the others
             entry["error"] = f"{type(exc).__name__}: {exc}"
         finally:
@@ -373,6 +374,7 @@ def main() -> None:
     r.add_argument("--only", nargs="*", default=(), help="model names (e.g. llama-f16-b1s512) to run")
     r.add_argument("--tune", type=Path, metavar="TUNE_DIR", help="also run kitdispatch tune on each build with probes; records into TUNE_DIR")
     r.add_argument("--tuned-only", action="store_true", help="only the tuned builds (BUILD_DIR/NAME.tuned), each against its baseline")
+    r.add_argument("--no-torch", action="store_true", help="leave torch out (a second build of the same models, timed in the same lease)")
     args = parser.parse_args()
     if args.step == "build":
         build(args.onnx_dir, args.out, args.arch, probes=args.probes, only=tuple(args.only))
@@ -380,7 +382,7 @@ def main() -> None:
         build_tuned(args.build_dir, args.tune_dir, args.arch)
     else:
         run(args.build_dir, args.out, max_autotune=args.max_autotune, only=tuple(args.only), tune_out=args.tune,
-            tuned_only=args.tuned_only)
+            tuned_only=args.tuned_only, with_torch=not args.no_torch)
 
 
 if __name__ == "__main__":
