@@ -148,6 +148,11 @@ def compare_model(
                 prepared[k] = prepared_call_us(m, sig.name, args, repetitions=repetitions)
             except KitError as exc:  # a model function without f$async
                 notes.append(f"no prepared call for the {k} module: {exc.what}")
+                continue
+            if getattr(m.function(sig.name), "takes_transients", False):
+                notes.append(f"the kit's prepared call of the {k} module runs {sig.name}$async_transients, its transient memory "
+                             f"passed by the kit, so calls overlap; IREE's own call runs {sig.name}$async, which returns only "
+                             "once the GPU has run it (README: Calls that do not block)")
         dispatches = {}
         for k, v in vmfbs.items():
             try:

@@ -38,6 +38,11 @@ def test_compare_onnx_sample_on_gpu(tmp_path, prebuilt_dir):
     result = compare_model(built)
     assert result.agree, result.worst
     assert result.call_us["replaced"] > 0 and result.call_us["baseline"] > 0
+    # The kit's build has its $async_transients twin, which the kit's prepared call takes; the baseline has none.
+    assert set(result.prepared_us) == {"replaced", "baseline"}
+    assert [n for n in result.notes if "$async_transients" in n] == [
+        n for n in result.notes if n.startswith("the kit's prepared call of the replaced module runs matmul_softmax$async_transients")
+    ] != []
 
 
 @pytest.mark.gpu
