@@ -25,7 +25,9 @@ module does not know), it keeps NAME$async alone and `twins` says why; the run s
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from kitdispatch.describe.names import TRANSIENTS_SUFFIX
 
@@ -33,7 +35,9 @@ from kitdispatch.describe.names import TRANSIENTS_SUFFIX
 FLAGS = ("--iree-hal-force-indirect-command-buffers=true",)
 STORAGE = "%kit_transients"
 
-_HEADER = re.compile(r"^  util\.func public @(?P<name>[\w$.\-]+)\$async\((?P<args>.*?)\) -> (?P<rest>.*)$")
+# A public function's first line as iree-opt prints it: @NAME$async, or @"NAME$async" where NAME
+# is no bare identifier (an ONNX graph named "rms-norm v2").
+_HEADER = re.compile(r"^  util\.func public @(?:(?P<name>[\w$.\-]+)|\"(?P<quoted>[^\"\\]+))\$async\"?\((?P<args>.*?)\) -> (?P<rest>.*)$")
 _BARRIER = re.compile(r"^(?P<indent>\s*)(?P<result>%[\w#:$.\-]+) = hal\.tensor\.barrier join\((?P<values>.*?) : (?P<types>.*?)\) => "
                       r"(?P<fence>%[\w$.\-]+) : !hal\.fence(?P<tail>.*)$")
 
@@ -58,23 +62,40 @@ def add_twins(text: str) -> Twins:
     while i < len(lines):
         match = _HEADER.match(lines[i])
         if match is None or 'iree.abi.model = "coarse-fences"' not in match["rest"]:
+            if lines[i].startswith("  util.func public @") and 'iree.abi.model = "coarse-fences"' in lines[i]:
+                reasons[lines[i].split("@", 1)[1].split("(", 1)[0]] = "its first line is not in the form the kit reads"
             out.append(lines[i])
             i += 1
             continue
         end = _function_end(lines, i)
         body = lines[i:end + 1]
         out += body
+        name = match["name"] or match["quoted"]
         try:
-            out += _twin(body, match)
-            names.append(match["name"])
+            out += _twin(body, match, name)
+            names.append(name)
         except _NoTwin as exc:
-            reasons[match["name"]] = str(exc)
+            reasons[name] = str(exc)
         i = end + 1
     return Twins("\n".join(out), tuple(names), reasons)
 
 
 class _NoTwin(Exception):
     """Why a function gets no twin."""
+
+
+def constant_sizes(vmfb: Path, names: Sequence[str]) -> dict[str, int | None]:
+    """Each twin's storage size as IREE's reflection states it in the compiled module (the bytes,
+    or None where IREE sizes it only at run time: dynamic input shapes)."""
+    import iree.runtime as rt
+
+    module = rt.VmModule.mmap(rt.VmInstance(), str(vmfb))
+    sizes: dict[str, int | None] = {}
+    for name in names:
+        function = module.lookup_function(name + TRANSIENTS_SUFFIX)
+        text = function.reflection.get("iree.abi.transients.size.constant") if function is not None else None
+        sizes[name] = int(text) if text is not None and text.isdigit() else None
+    return sizes
 
 
 def _function_end(lines: list[str], start: int) -> int:
@@ -85,7 +106,7 @@ def _function_end(lines: list[str], start: int) -> int:
     return len(lines) - 1
 
 
-def _twin(body: list[str], header: re.Match) -> list[str]:
+def _twin(body: list[str], header: re.Match, name: str) -> list[str]:
     args = _split_top(header["args"])
     if len(args) < 2 or not all(": !hal.fence" in a for a in args[-2:]):
         raise _NoTwin(f"its last two arguments are not fences ({header['args']})")
@@ -108,7 +129,8 @@ def _twin(body: list[str], header: re.Match) -> list[str]:
     new_barrier = (f"{barrier['indent']}{barrier['result']} = hal.tensor.barrier join({joined} : {barrier['types']}) => "
                    f"{barrier['fence']} : !hal.fence{barrier['tail']}")
     new_args = ", ".join([*args[:-2], f"{STORAGE}: !hal.buffer", *args[-2:]])
-    first = f"  util.func public @{header['name']}{TRANSIENTS_SUFFIX}({new_args}) -> {header['rest']}"
+    symbol = f"{name}{TRANSIENTS_SUFFIX}" if header["name"] else f'"{name}{TRANSIENTS_SUFFIX}"'
+    first = f"  util.func public @{symbol}({new_args}) -> {header['rest']}"
     return [first, *body[1:k], *annotated, new_barrier, *body[k + 1:]]
 
 
@@ -132,4 +154,4 @@ def _split_top(text: str) -> list[str]:
     return parts
 
 
-__all__ = ["FLAGS", "Twins", "add_twins"]
+__all__ = ["FLAGS", "Twins", "add_twins", "constant_sizes"]

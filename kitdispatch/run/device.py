@@ -318,13 +318,19 @@ class Device:
         view = rt.HalBufferView(buffer, shape, hal_type)
         return view, view.ref
 
-    def allocate_storage(self, nbytes: int) -> HalBuffer:
+    def allocate_storage(self, nbytes: int, what: str) -> HalBuffer:
         """A device buffer of `nbytes` (at least 1) that IREE's dispatches may read and write:
-        a model function's transient memory."""
+        `what`'s transient memory."""
         rt = self._rt
-        return self.hal.allocator.allocate_buffer(
-            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, allocation_size=max(nbytes, 1)
-        )
+        try:
+            return self.hal.allocator.allocate_buffer(
+                memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, allocation_size=max(nbytes, 1)
+            )
+        except (RuntimeError, ValueError) as exc:  # IREE's status: out of memory, most likely
+            raise KitError(
+                f"{what}: IREE could not allocate its {nbytes} bytes of transient memory on {self.uri}: {str(exc).strip()[:300]}",
+                fix="free device memory (drop arrays and modules no longer used), or use a GPU with more",
+            ) from None
 
     def empty(self, shape: Iterable[int], dtype: DTypeLike) -> DeviceArray:
         """An uninitialized array from the pool (for `out=`)."""

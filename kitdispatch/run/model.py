@@ -88,10 +88,10 @@ class ModelEntry(Function):
                  *, transients: int | None = None):
         self._refusal = signature if isinstance(signature, str) else None
         super().__init__(module, name, None if self._refusal else signature, invoker, vm_async)
-        # `vm_async` is NAME$async_transients where `transients` (bytes) is given: its transient
-        # memory is one buffer of the function's, allocated at its first call and passed to every
-        # call. Calls on a device run in queue order (CUDA: one stream; other devices: each call
-        # waits on the one before, device.py), so no two calls use it at once.
+        # `vm_async` is NAME$async_transients where `transients` (bytes) is given (CUDA only,
+        # Module._model_async): its transient memory is one buffer of the function's, allocated
+        # at its first call and passed to every call; calls on the device run in queue order on
+        # one stream, so no two calls use it at once.
         self._transients_size = transients if self._vm_async is not None else None
         self._transients = None
         if self._refusal is None:
@@ -109,7 +109,9 @@ class ModelEntry(Function):
         vm_args = super()._argument_list(refs)
         if self._transients_size is not None:
             if self._transients is None:
-                self._transients = self.device.allocate_storage(self._transients_size)
+                with self.device.order:  # one buffer, whichever thread calls first
+                    if self._transients is None:
+                        self._transients = self.device.allocate_storage(self._transients_size, f"{self.module.path}: {self.name}")
             vm_args.push_ref(self._transients)
         return vm_args
 

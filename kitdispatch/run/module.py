@@ -190,19 +190,23 @@ class Module:
         """A model function's asynchronous call and, where it takes caller storage for its
         transients (NAME$async_transients, models/transients.py), the storage's size in bytes.
         Only the kit's build has the twin (not the baseline), and only where IREE sized its
-        storage as a constant: else NAME$async, as IREE exports it."""
+        storage as a constant: else NAME$async, as IREE exports it. Only on CUDA: there every
+        queue operation of every call runs on one stream in issue order, so one storage serves
+        all calls; on other devices calls overlap as far as their fences allow, and IREE may
+        write the storage (a copy into it that waits on nothing) while the call before still
+        reads it."""
         lookup = self._vm_module.lookup_function
         recorded = next((f for f in self.model.functions if f.name == name), None)
         if recorded is None or not recorded.transients or self.path.name != self.model.vmfb:
             return lookup(name + ASYNC_SUFFIX), None
         twin = lookup(name + TRANSIENTS_SUFFIX)
-        if twin is None:
+        if twin is None:  # the record and the module disagree, on any device
             raise KitError(
                 f"{self.path} has no function {name}{TRANSIENTS_SUFFIX}, which its model record says it has",
                 fix="rebuild the model: kitdispatch build --model MODEL -o DIR",
             )
         size = transients_size(twin, f"{self.path}: {name}{TRANSIENTS_SUFFIX}")
-        return (twin, size) if size is not None else (lookup(name + ASYNC_SUFFIX), None)
+        return (twin, size) if size is not None and self.device.is_cuda else (lookup(name + ASYNC_SUFFIX), None)
 
     def __getitem__(self, name: str) -> "Function":
         return self.function(name)

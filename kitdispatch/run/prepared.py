@@ -14,7 +14,6 @@ from kitdispatch.run.device import DeviceArray, is_torch_tensor
 
 
 if TYPE_CHECKING:  # a Function makes its prepared calls
-    import torch
     from iree.runtime import HalCommandBuffer
 
     from kitdispatch.run.function import Function

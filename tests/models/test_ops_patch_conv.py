@@ -130,6 +130,22 @@ def test_a_conv_not_read_as_patch_rows_is_kept_with_the_reason(model, reason):
     assert d.kernel is None and all(reason in r for r in d.reasons), d.reasons
 
 
+def test_a_conv_that_does_not_accumulate_in_f32_is_kept():
+    """An f16 conv summing in f16 (no extf: its result, the accumulator, is f16): the kernels
+    accumulate in f32, so they would round otherwise."""
+    from kitdispatch.models.replace import decide
+
+    f16_sum = conv_model(dtype="f16", rows="none")
+    f16_sum = f16_sum.replace("%xe = arith.extf %in : f16 to f32\n    %we = arith.extf %w : f16 to f32\n    ", "")
+    f16_sum = f16_sum.replace("%p = arith.mulf %xe, %we : f32", "%p = arith.mulf %in, %w : f16").replace("%s = arith.addf %out, %p : f32", "%s = arith.addf %out, %p : f16")
+    f16_sum = f16_sum.replace("linalg.yield %s : f32", "linalg.yield %s : f16").replace("x4x4xf32>", "x4x4xf16>").replace("%zero = arith.constant 0.0 : f32", "%zero = arith.constant 0.0 : f16")
+    f16_sum = f16_sum.replace("ins(%zero : f32)", "ins(%zero : f16)").replace("^bb0(%in: f16, %w: f16, %out: f32)", "^bb0(%in: f16, %w: f16, %out: f16)")
+    f16_sum = f16_sum.replace("^bb0(%a: f32, %o: f16):\n    %y = arith.truncf %a : f32 to f16\n    linalg.yield %y : f16", "^bb0(%a: f16, %o: f16):\n    linalg.yield %a : f16")
+    [op] = [o for o in patch_ops(f16_sum) if o.kind == "patch_conv"]
+    d = only(decide([op], library_matmul_kernels()))
+    assert d.kernel is None and any("the conv accumulates in f16 (its result's type)" in r for r in d.reasons), d.reasons
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(stride=8), dict(image=72), dict(offset=" + 1", image=65)],

@@ -60,6 +60,22 @@ def test_a_function_a_twin_cannot_serve_keeps_its_async_alone_with_the_reason(ed
     assert twins.text == text
 
 
+def test_a_quoted_name_gets_a_quoted_twin():
+    """An ONNX graph named "rms-norm v2" is @"rms-norm v2$async" in IREE's IR."""
+    from kitdispatch.models.transients import add_twins
+
+    twins = add_twins(module_of(ASYNC.replace("@f$async(", '@"rms-norm v2$async"(')))
+    assert twins.names == ("rms-norm v2",) and '@"rms-norm v2$async_transients"(%arg0: !hal.buffer_view, %kit_transients' in twins.text
+
+
+def test_a_coarse_fences_function_the_kit_cannot_read_says_so():
+    from kitdispatch.models.transients import add_twins
+
+    odd = ASYNC.replace("@f$async(", "@f(")  # coarse fences, without IREE's $async name
+    twins = add_twins(module_of(odd))
+    assert twins.names == () and twins.reasons == {"f": "its first line is not in the form the kit reads"}
+
+
 def test_functions_of_another_abi_are_left_alone():
     from kitdispatch.models.transients import add_twins
 
@@ -118,29 +134,78 @@ def _args(seed: int):
 
 
 @needs_iree
-def test_calls_pass_one_storage_and_agree_with_the_baseline(embedding_build):
-    """The kit's module calls the twin, passing one buffer it allocated once; the baseline
-    calls IREE's NAME$async; both give the same results, call after call, prepared too."""
+def test_off_cuda_calls_run_iree_s_async_and_agree_with_the_baseline(embedding_build):
+    """On IREE's CPU device calls may overlap as far as their fences allow, and IREE may write a
+    twin's storage (a copy into it that waits on nothing) while the call before still reads it:
+    the twin serves on CUDA only. The module has it, and its calls run NAME$async."""
+    import iree.runtime as rt
+
     import kitdispatch as kd
 
     folder, _ = embedding_build
+    assert rt.VmModule.mmap(rt.VmInstance(), str(folder / "model.vmfb")).lookup_function("embed$async_transients") is not None
     model = kd.load_module(folder, device=CPU_DEVICE)
     base = kd.load_module(folder, device=CPU_DEVICE, baseline=True)
+    assert not model.function("embed").takes_transients and not base.function("embed").takes_transients
+    for seed in range(2):
+        args = _args(seed)
+        np.testing.assert_array_equal(np.asarray(model.embed(*args)), np.asarray(base.embed(*args)))
+
+
+@pytest.mark.gpu
+def test_on_cuda_calls_pass_one_storage_and_agree_with_the_baseline(request, prebuilt_dir, tmp_path):
+    """On CUDA the kit's build calls the twin, passing one buffer it allocated once; launches
+    queued back to back without a wait (each on other inputs) give the baseline's results."""
+    import kitdispatch as kd
+
+    if prebuilt_dir is not None:
+        folder = prebuilt_dir / "embedding_model"
+        if not folder.is_dir():
+            pytest.skip(f"{folder} was not prebuilt")
+    else:
+        pytest.importorskip("onnx")
+        if not HAVE_IREE_COMPILE:
+            pytest.skip("iree-compile is not installed")
+        from kitdispatch import BuildOptions
+        from kitdispatch.models.pipeline import build_model
+
+        make_embedding_model(tmp_path / "embed.onnx")
+        folder = build_model(REPO / "kernels" / "softmax", tmp_path / "embed.onnx", BuildOptions.create("sm_90"), tmp_path / "out",
+                             with_baseline=True).out_dir
+    model = kd.load_module(folder)
+    base = kd.load_module(folder, baseline=True)
     entry = model.function("embed")
     assert entry.takes_transients and not base.function("embed").takes_transients
-    storages = set()
-    for seed in range(3):
-        args = _args(seed)
-        np.testing.assert_array_equal(np.asarray(entry(*args)), np.asarray(base.embed(*args)))
-        storages.add(id(entry._transients))
-    assert len(storages) == 1 and entry._transients is not None
     dev = model.device
-    on_device = [dev.put(a) for a in _args(7)]
-    prepared = entry.prepare(*on_device)
-    launched = [prepared.launch() for _ in range(4)]  # no wait between them
-    want = np.asarray(base.embed(*_args(7)))
-    for result in launched:
-        np.testing.assert_array_equal(np.asarray(result), want)
+    seeds = range(6)
+    prepared = [entry.prepare(*[dev.put(a) for a in _args(seed)]) for seed in seeds]
+    launched = [p.launch() for p in prepared]  # no wait between them
+    storage = entry._transients
+    for seed, result in zip(seeds, launched):
+        np.testing.assert_array_equal(np.asarray(result), np.asarray(base.embed(*_args(seed))))
+    assert storage is not None and entry._transients is storage
+
+
+def test_a_twin_whose_storage_iree_sizes_at_run_time_is_not_recorded(tmp_path):
+    """A dynamic input (x [n, 64]) with a static result: the twin compiles, but IREE sizes its
+    storage at run time (no constant in its reflection), so the record says no twin."""
+    pytest.importorskip("onnx")
+    if not HAVE_IREE_COMPILE:
+        pytest.skip("iree-compile is not installed")
+    from onnx import TensorProto, helper
+
+    from kitdispatch.describe.model_record import model_record_name, read_model_record
+    from kitdispatch.models.transients import constant_sizes
+    from models.epilogue_models import save_model
+
+    nodes = [helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Transpose", ["e"], ["et"], perm=[1, 0]),
+             helper.make_node("MatMul", ["et", "e"], ["y"])]
+    save_model(tmp_path / "dyn.onnx", "dyn", nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], [], opset=18)
+    folder = cpu_model_build(tmp_path / "dyn.onnx", tmp_path / "out", baseline=False)
+    assert constant_sizes(folder / "model.vmfb", ["dyn"]) == {"dyn": None}
+    _, record = read_model_record(folder / model_record_name("model"))
+    assert [f.transients for f in record.functions] == [False]
 
 
 @needs_iree

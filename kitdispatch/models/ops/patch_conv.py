@@ -147,6 +147,8 @@ class PatchConv(OpKind):
             return facts.problem
         if facts.init_source != "zero fill":
             return f"the conv accumulates into {facts.init_source}, not a zero fill"
+        if op.result.dtype != "f32":  # the conv's result is its accumulator; the kernels sum in f32
+            return f"the conv accumulates in {op.result.dtype} (its result's type); the kernels accumulate in f32"
         if facts.rows.name != layout.epilogue.name:
             return f"the op after it computes the epilogue {facts.rows.name}; the kernel's is {layout.epilogue.name}"
         return None
