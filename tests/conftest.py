@@ -418,6 +418,20 @@ def dump_module(vmfb) -> str:
     return subprocess.run([find_tool("iree-dump-module"), str(vmfb)], capture_output=True, text=True, timeout=120, check=True).stdout
 
 
+def dispatch_calls(vmfb) -> int:
+    """The dispatches one call of a model's function records (its module's
+    hal.command_buffer.dispatch calls). A kit build records each twice, for NAME$async and for
+    its NAME$async_transients twin (models/transients.py): counted once."""
+    text = dump_module(vmfb)
+    calls = text.count("vm.call.variadic @hal.command_buffer.dispatch")
+    asyncs = len(re.findall(r"\] \S+\$async\(", text))
+    twins = len(re.findall(r"\] \S+\$async_transients\(", text))
+    if not twins:
+        return calls
+    assert twins == asyncs and calls % 2 == 0, f"{vmfb}: {twins} twins of {asyncs} functions and {calls} dispatch calls: count them by hand"
+    return calls // 2
+
+
 def make_sample_model(sample: str, path, *args) -> None:
     pytest.importorskip("onnx")
     subprocess.run([sys.executable, str(SAMPLES / sample / "make_model.py"), str(path), *map(str, args)], check=True, timeout=120)

@@ -178,7 +178,7 @@ def _epilogue(epilogue: object, ops: Sequence[str], where: str) -> str:
     others = [op for op in ops if op not in EPILOGUE_OPS]
     if epilogue != "none" and others:
         raise ManifestError(
-            f"an epilogue is for {' and '.join(EPILOGUE_OPS)} only, not {', '.join(others)}",
+            f"an epilogue is for {', '.join(EPILOGUE_OPS[:-1])} and {EPILOGUE_OPS[-1]} only, not {', '.join(others)}",
             where=where,
             fix=f'replaces = ["linalg.matmul"] with replace_when = {{ epilogue = "{epilogue}" }}',
         )

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HAVE_IREE_COMPILE, REPO, dump_module, iree_dispatches, needs_iree_compile
+from conftest import HAVE_IREE_COMPILE, REPO, dispatch_calls, dump_module, iree_dispatches, needs_iree_compile
 
 from kitdispatch import BuildOptions
 from kitdispatch.models.compare import compare_model
@@ -180,10 +180,6 @@ def test_decomposed_f32_attention_is_kept_for_its_element_type(tmp_path):
 # ----------------------------------------------------------------- builds (real iree-compile)
 
 
-def _dispatch_calls(vmfb) -> int:
-    return dump_module(vmfb).count("vm.call.variadic @hal.command_buffer.dispatch")
-
-
 @needs_iree_compile
 @pytest.mark.parametrize(
     "kind, args, kernel",
@@ -203,7 +199,7 @@ def test_attention_forms_build_to_one_kernel_dispatch(tmp_path, kind, args, kern
     result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
     [replaced] = result.replaced
     assert replaced.kernel.name == kernel
-    assert kernel in dump_module(result.vmfb) and _dispatch_calls(result.vmfb) == 1
+    assert kernel in dump_module(result.vmfb) and dispatch_calls(result.vmfb) == 1
     for iree_kind in ("attention", "batch_matmul", "softmax", "elementwise"):
         assert not iree_dispatches(result.vmfb, iree_kind)
     assert iree_dispatches(result.baseline_vmfb, "attention" if kind == "sdpa" else "batch_matmul")
@@ -248,7 +244,7 @@ def test_projected_attention_builds_to_no_more_dispatches_than_iree(tmp_path, ar
     assert kernel in dump_module(result.vmfb)
     assert not iree_dispatches(result.vmfb, "softmax") and not iree_dispatches(result.vmfb, "batch_matmul")
     assert iree_dispatches(result.baseline_vmfb, "softmax")
-    assert _dispatch_calls(result.vmfb) <= _dispatch_calls(result.baseline_vmfb)
+    assert dispatch_calls(result.vmfb) <= dispatch_calls(result.baseline_vmfb)
 
 
 def test_mask_in_a_parameter_is_kept_saying_how_to_import_it(tmp_path):

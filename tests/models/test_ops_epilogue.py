@@ -362,7 +362,7 @@ def test_manifest_epilogue_only_for_matmuls():
 
     with pytest.raises(ManifestError) as err:
         _gemm_entry('{ epilogue = "bias" }', op="linalg.softmax")
-    assert "an epilogue is for linalg.matmul and linalg.batch_matmul only, not linalg.softmax" in err.value.render()
+    assert "an epilogue is for linalg.matmul, linalg.batch_matmul and patch_conv only, not linalg.softmax" in err.value.render()
 
 
 def test_manifest_epilogue_default_and_value():
