@@ -227,7 +227,7 @@ def cpu_model_build(model: Path, out_dir: Path, *, baseline: bool = True, transi
     from kitdispatch.models.functions import model_functions
     from kitdispatch.models.pipeline import STAGE, import_model
     from kitdispatch.models.spec import parse_mlir
-    from kitdispatch.models.transients import FLAGS, add_twins, constant_sizes
+    from kitdispatch.models.transients import FLAGS, add_twins
 
     if not HAVE_IREE_COMPILE:
         pytest.skip("iree-compile is not installed")
@@ -248,7 +248,7 @@ def cpu_model_build(model: Path, out_dir: Path, *, baseline: bool = True, transi
         subprocess.run([*argv, "-o", str(out_dir / name)], check=True, timeout=300)
     functions = model_functions(module)
     if twins is not None:  # as build_model records them: the twins IREE sized as a constant
-        sized = {n for n, size in constant_sizes(out_dir / "model.vmfb", twins.names).items() if size is not None}
+        sized = twins.sized(out_dir / "model.vmfb").names
         functions = tuple(dataclasses.replace(f, transients=f.name in sized) for f in functions)
     record = ModelRecord(
         kitdispatch="tests", model=str(model), project="", vmfb=names[0], baseline_vmfb=names[1] if baseline else None, spec="",

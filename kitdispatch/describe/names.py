@@ -95,3 +95,5 @@ RECORDING_SUFFIX = "$record"
 # A model build's NAME$async_transients: NAME$async that takes its transient memory from a buffer
 # the caller passes before the fences (models/transients.py), so that no call blocks the host.
 TRANSIENTS_SUFFIX = "$async_transients"
+# Where IREE's reflection of such a function states its storage's size in bytes, when a constant.
+TRANSIENTS_SIZE_KEY = "iree.abi.transients.size.constant"

@@ -29,6 +29,7 @@ from kitdispatch._files import open_regular
 from kitdispatch._proc import run_tool
 from kitdispatch.errors import KitError, ToolError, UsageError
 from kitdispatch.iree.tools import find_tool
+from kitdispatch.describe.names import ASYNC_SUFFIX, TRANSIENTS_SUFFIX
 from kitdispatch.describe.model_record import ModelFunction, ModelRecord, read_model_record
 from kitdispatch.describe.probe_record import TuneEntry, probes_record_name, read_tune_record, tune_record_name
 from kitdispatch.models.advisor import Advice, Peaks, Timed, advise, format_advice, peaks_for, report_ops, unnumbered
@@ -150,8 +151,8 @@ def compare_model(
                 notes.append(f"no prepared call for the {k} module: {exc.what}")
                 continue
             if getattr(m.function(sig.name), "takes_transients", False):
-                notes.append(f"the kit's prepared call of the {k} module runs {sig.name}$async_transients, its transient memory "
-                             f"passed by the kit, so calls overlap; IREE's own call runs {sig.name}$async, which returns only "
+                notes.append(f"the kit's prepared call of the {k} module runs {sig.name}{TRANSIENTS_SUFFIX}, its transient memory "
+                             f"passed by the kit, so calls overlap; IREE's own call runs {sig.name}{ASYNC_SUFFIX}, which returns only "
                              "once the GPU has run it (README: Calls that do not block)")
         dispatches = {}
         for k, v in vmfbs.items():

@@ -53,7 +53,7 @@ from kitdispatch.models.probes import ProbeBuilder, ProbeBuilt, Tuning, apply_tu
 from kitdispatch.describe.probe_record import probes_record_name, read_tune_record
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec
-from kitdispatch.models.transients import FLAGS as TRANSIENTS_FLAGS, Twins, add_twins, constant_sizes
+from kitdispatch.models.transients import FLAGS as TRANSIENTS_FLAGS, Twins, add_twins
 from kitdispatch.describe.kernel import ARITHMETICS, Kernel
 from kitdispatch.describe.names import TRANSIENTS_SUFFIX, as_identifier
 
@@ -379,11 +379,7 @@ def _finish_compile(replaced: Path, vmfb: Path, flags: list[str], stage: Path, t
         write_atomic(source, twins.text)
         tried = run_tool(argv(source, TRANSIENTS_FLAGS), timeout=timeout)
         if tried.returncode == 0:
-            # A twin serves only where IREE sized its storage as a constant (the run side reads it).
-            sizes = constant_sizes(vmfb, twins.names)
-            dynamic = {n: f"IREE sizes its transient storage only at run time (dynamic shapes): calls run through {n}$async"
-                       for n, size in sizes.items() if size is None}
-            return Twins(twins.text, tuple(n for n in twins.names if n not in dynamic), twins.reasons | dynamic), [*flags, *TRANSIENTS_FLAGS]
+            return twins.sized(vmfb), [*flags, *TRANSIENTS_FLAGS]
         # The module without twins is still the model: build that, and say why.
         first = next((line for line in (tried.stderr + tried.stdout).splitlines() if "error" in line), "no error line")
         why = f"iree-compile rejected the module with them (exit code {tried.returncode}): {first.strip()[:300]}"

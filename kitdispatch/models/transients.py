@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kitdispatch.describe.names import TRANSIENTS_SUFFIX
+from kitdispatch.describe.names import ASYNC_SUFFIX, TRANSIENTS_SUFFIX
+from kitdispatch.run.module import transients_size
 
 # The final compile of a module with twins (the baseline keeps IREE's defaults).
 FLAGS = ("--iree-hal-force-indirect-command-buffers=true",)
@@ -49,6 +50,14 @@ class Twins:
     text: str
     names: tuple[str, ...]
     reasons: dict[str, str]
+
+    def sized(self, vmfb: Path) -> "Twins":
+        """The twins that serve once compiled into `vmfb`: those whose storage IREE sized as a
+        constant (the run side reads it); the others join the reasons."""
+        sizes = constant_sizes(vmfb, self.names)
+        dynamic = {n: f"IREE sizes its transient storage only at run time (dynamic shapes): calls run through {n}{ASYNC_SUFFIX}"
+                   for n, size in sizes.items() if size is None}
+        return Twins(self.text, tuple(n for n in self.names if n not in dynamic), self.reasons | dynamic)
 
 
 def add_twins(text: str) -> Twins:
@@ -86,15 +95,15 @@ class _NoTwin(Exception):
 
 def constant_sizes(vmfb: Path, names: Sequence[str]) -> dict[str, int | None]:
     """Each twin's storage size as IREE's reflection states it in the compiled module (the bytes,
-    or None where IREE sizes it only at run time: dynamic input shapes)."""
+    or None where IREE sizes it only at run time: dynamic input shapes), read as the run side
+    reads it."""
     import iree.runtime as rt
 
     module = rt.VmModule.mmap(rt.VmInstance(), str(vmfb))
     sizes: dict[str, int | None] = {}
     for name in names:
         function = module.lookup_function(name + TRANSIENTS_SUFFIX)
-        text = function.reflection.get("iree.abi.transients.size.constant") if function is not None else None
-        sizes[name] = int(text) if text is not None and text.isdigit() else None
+        sizes[name] = transients_size(function, f"{vmfb}: {name}{TRANSIENTS_SUFFIX}") if function is not None else None
     return sizes
 
 

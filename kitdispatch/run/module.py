@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from kitdispatch.run.device import get_device
 from kitdispatch.errors import KitError, RuntimeUnavailable, UsageError
 from kitdispatch.describe.record import BuildRecord, read_record, record_beside
-from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX, TRANSIENTS_SUFFIX
+from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX, TRANSIENTS_SIZE_KEY, TRANSIENTS_SUFFIX
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.run.driver_ptx import Version, check_ptx_loads, local_driver
 from kitdispatch.run.function import Function
@@ -112,7 +112,7 @@ MAX_TRANSIENTS_BYTES = 1 << 40
 def transients_size(function: VmFunction, where: str) -> int | None:
     """The bytes of caller storage a function with `iree.abi.transients` needs, as IREE's
     reflection states it when it is a constant; None where it is not (dynamic shapes)."""
-    text = function.reflection.get("iree.abi.transients.size.constant")
+    text = function.reflection.get(TRANSIENTS_SIZE_KEY)
     if text is None:
         return None
     try:
