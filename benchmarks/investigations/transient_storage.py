@@ -45,6 +45,12 @@ def build(onnx_dir: Path, out: Path, names: list[str]) -> None:
         if not NAME_RE.match(name) or (names and name not in names):
             continue
         mlir, irpa = out / f"{name}.mlir", out / f"{name}.irpa"
+        storage_mlir = out / f"{name}.storage.mlir"
+        mine = [mlir, irpa, storage_mlir, out / f"{name}.params.npz", *(out / f"{name}.{v}.vmfb" for v in ("plain", "storage"))]
+        taken = [str(path) for path in mine if path.exists() or path.is_symlink()]
+        if taken:  # never overwrite or delete what this script did not write in this run
+            print(f"{name}: skipped, {', '.join(taken)} already there (remove it or choose another OUT_DIR)", flush=True)
+            continue
         import_onnx(onnx, mlir, irpa)
         describe_parameters(mlir, irpa, out / f"{name}.params.npz")
         irpa.unlink()
@@ -52,7 +58,6 @@ def build(onnx_dir: Path, out: Path, names: list[str]) -> None:
         with_storage, count = re.subn(r"(func\.func @main_graph\([^)]*)\)", r"\1, %storage: !hal.buffer {iree.abi.transients})", text, count=1)
         if count != 1:
             raise SystemExit(f"{name}: no func.func @main_graph to add the storage argument to")
-        storage_mlir = out / f"{name}.storage.mlir"
         storage_mlir.write_text(with_storage)
         subprocess.run([str(compiler), str(mlir), *FLAGS, "-o", str(out / f"{name}.plain.vmfb")], check=True, timeout=900)
         subprocess.run([str(compiler), str(storage_mlir), *FLAGS, *STORAGE_FLAGS, "-o", str(out / f"{name}.storage.vmfb")],
