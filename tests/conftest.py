@@ -586,7 +586,8 @@ MATMUL_SUBSET = (
     "matmul_f16", "matmul_bf16", "matmul_f16_f16", "matmul_bf16_bf16", "matmul_f16_bf16", "matmul_bf16_f16",
     "matmul_nt_f16_f32_none", "matmul_nt_f16_f32_none_t128x128", "matmul_nt_f16_f32_none_t128x128_k2",
     "matmul_nt_f16_f32_none_t128x64_k4", "matmul_nt_f16_f32_none_t128x128_p", "matmul_nn_bf16_bias_gelu_tanh_t128x128",
-    "matmul_nn_f16_bias_residual_t128x128_p", "bmm_nn_f16_f32_none_t128x128", "bmm_nt_bf16_scale_t128x64_k4",
+    "matmul_nn_f16_bias_residual_t128x128_p", "matmul_nt_bf16_bias_gelu_erf_t128x128_p",  # ping-pong, cooperative
+    "bmm_nn_f16_f32_none_t128x128", "bmm_nt_bf16_scale_t128x64_k4",
     "matmul_nn_f32_none", "matmul_nt_f32_tf32_bias_gelu_erf",
     "matmul_nt_f16_silu_mul_t128x128_k2", "matmul_nn_bf16_gelu_tanh_t128x64_k4", "matmul_nn_f16_gelu_erf",
     "matmul_nt_f16_f32_none_t128x64_k2", "matmul_nn_bf16_bias_residual_t128x64_k2",

@@ -53,8 +53,30 @@ def test_choose_config_classes():
     assert c(512, 2304, 768) == "t128x128"  # 288 tiles of 64 x 64: more than a wave
     assert c(128, 5120, 4096) == "t128x128_k2"  # 40 tiles of 128 x 128 (> 132 / 4), deep K
     assert c(8192, 768, 768) == "t128x128_p"  # narrow N, shallow K, many tiles
+    assert c(8192, 3072, 768) == "t128x128_p"  # K <= 1024, many tiles: the ping-pong persistent kernel
+    assert c(4096, 768, 3072) == ""  # deep K: 96 tiles of 128 x 256 in one wave
     assert c(512, 512, 64, "f16", 96) == "t128x128_p"  # attention Q K^T
     assert c(4096, 4096, 4096) == ""  # large: 128 x 256
+    # GELU and SiLU epilogues: the persistent kernel only at shallow K (configs.TRANSCENDENTAL_EPILOGUES)
+    assert c(2048, 3072, 768, "f16", 1, "bias_gelu_erf") == "t128x128"
+    assert c(8192, 3072, 768, "f16", 1, "bias_silu") == ""
+    assert c(8192, 3072, 768, "f16", 1, "bias") == "t128x128_p"
+    assert c(512, 512, 64, "f16", 96, "gelu_tanh") == "t128x128_p"
+
+
+def test_persistent_entries_take_turns_unless_their_epilogue_is_costly():
+    """Each generated t128x128_p entry passes gemm_persistent's kPingPong as configs.pingpong says:
+    false exactly for the GELU and SiLU epilogues."""
+    configs, gen = _load("configs"), _load("gen_manifest")
+    persistent = [e for e in gen.entries() if e["cfg"] == "t128x128_p"]
+    assert persistent
+    sources = {src: (MATMUL / src).read_text() for src in {e["src"] for e in persistent}}
+    for e in persistent:
+        text = sources[e["src"]]
+        body = text[text.index(f"\n{e['name']}("):]
+        call = body[body.index("gemm_persistent<"):body.index(">(")]
+        expected = "false" if e["epi"] in configs.TRANSCENDENTAL_EPILOGUES else "true"
+        assert call.rstrip().endswith(expected), (e["name"], call)
 
 
 def test_manifest_launches_match_the_configs():
@@ -126,13 +148,13 @@ def test_the_conditions_pick_what_choose_config_picks_over_a_grid():
 
     configs = _load("configs")
     sizes = [1, 64, 127, 128, 129, 256, 384, 512, 768, 1000, 1024, 2048, 2304, 3072, 4096, 8192, 11008]
-    for batched in (False, True):
-        conditions = {c: Condition.parse(t, c) for c, t in configs.config_conditions(batched).items() if t}
+    for batched, epilogue in itertools.product((False, True), ("none", "bias_gelu_erf")):
+        conditions = {c: Condition.parse(t, c) for c, t in configs.config_conditions(batched, epilogue).items() if t}
         for m, n, k in itertools.product(sizes, sizes, sizes):
             for batch in (3, 96) if batched else (1,):
                 sizes_of = {"m": m, "n": n, "k": k, "batch": batch}
                 first = next(c for c in configs.CONFIG_ORDER if c not in conditions or conditions[c].holds(sizes_of))
-                assert first == configs.choose_config(m, n, k, "f16", batch), (m, n, k, batch)
+                assert first == configs.choose_config(m, n, k, "f16", batch, epilogue), (m, n, k, batch, epilogue)
 
 
 def test_each_generated_entry_is_compiled_only_with_its_define():

@@ -141,26 +141,6 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const void* map, int c
       : "memory");
 }
 
-// The same box into the same shared-memory offset of every CTA of the cluster named in
-// `cta_mask` (bit i: cluster rank i), completing on the mbarrier at `bar`'s offset in each: the
-// CTAs of a cluster that share an operand tile read it from L2 once.
-__device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const void* map, int c0, int c1, int c2,
-                                                      unsigned long long* bar, unsigned short cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)), "h"(cta_mask)
-      : "memory");
-}
-
-// One arrival on the mbarrier at `bar`'s offset in the shared memory of cluster CTA `rank`
-// (CUTLASS's ClusterBarrier::arrive(cta_id): the default release semantics).
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-
 // ------------------------------------------------------------------ wgmma
 
 // Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address,

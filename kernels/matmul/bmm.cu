@@ -40,7 +40,7 @@ bmm_nt_f16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned
 #ifdef KITGEMM_ENTRY_bmm_nt_f16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_f16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kNone, true>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
 #endif
 
@@ -96,7 +96,7 @@ bmm_nt_f16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigne
 #ifdef KITGEMM_ENTRY_bmm_nt_f16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_f16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kScale, true>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
 #endif
 
@@ -152,7 +152,7 @@ bmm_nt_bf16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigne
 #ifdef KITGEMM_ENTRY_bmm_nt_bf16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_bf16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kNone, true>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
 #endif
 
@@ -208,7 +208,7 @@ bmm_nt_bf16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsign
 #ifdef KITGEMM_ENTRY_bmm_nt_bf16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_bf16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kScale, true>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
 #endif
 
@@ -264,7 +264,7 @@ bmm_nt_f16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsi
 #ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_f16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kNone, true>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
 #endif
 
@@ -320,7 +320,7 @@ bmm_nt_f16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const uns
 #ifdef KITGEMM_ENTRY_bmm_nt_f16_f32_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_f16_f32_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kScale, true>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
 #endif
 
@@ -376,7 +376,7 @@ bmm_nt_bf16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const uns
 #ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_bf16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kNone, true>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
 #endif
 
@@ -432,7 +432,7 @@ bmm_nt_bf16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const un
 #ifdef KITGEMM_ENTRY_bmm_nt_bf16_f32_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nt_bf16_f32_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kScale, true>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
 #endif
 
@@ -488,7 +488,7 @@ bmm_nn_f16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigned
 #ifdef KITGEMM_ENTRY_bmm_nn_f16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_f16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, false, 128, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, false, 128, kitgemm::kNone, true>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
 #endif
 
@@ -544,7 +544,7 @@ bmm_nn_f16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsigne
 #ifdef KITGEMM_ENTRY_bmm_nn_f16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_f16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, false, 128, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, false, 128, kitgemm::kScale, true>(a, b, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
 #endif
 
@@ -600,7 +600,7 @@ bmm_nn_bf16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsigne
 #ifdef KITGEMM_ENTRY_bmm_nn_bf16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_bf16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, false, 128, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, false, 128, kitgemm::kNone, true>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
 #endif
 
@@ -656,7 +656,7 @@ bmm_nn_bf16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsign
 #ifdef KITGEMM_ENTRY_bmm_nn_bf16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_bf16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, unsigned short* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, false, 128, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, false, 128, kitgemm::kScale, true>(a, b, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
 #endif
 
@@ -712,7 +712,7 @@ bmm_nn_f16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const unsi
 #ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_f16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F32, false, 128, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F32, false, 128, kitgemm::kNone, true>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
 #endif
 
@@ -768,7 +768,7 @@ bmm_nn_f16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const uns
 #ifdef KITGEMM_ENTRY_bmm_nn_f16_f32_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_f16_f32_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F32, false, 128, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F32, false, 128, kitgemm::kScale, true>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
 #endif
 
@@ -824,7 +824,7 @@ bmm_nn_bf16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const uns
 #ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_bf16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::F32, false, 128, kitgemm::kNone>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::F32, false, 128, kitgemm::kNone, true>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, batch, m, n, k);
 }
 #endif
 
@@ -880,7 +880,7 @@ bmm_nn_bf16_f32_scale_t128x128_k2(const unsigned short* __restrict__ a, const un
 #ifdef KITGEMM_ENTRY_bmm_nn_bf16_f32_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 bmm_nn_bf16_f32_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, float* __restrict__ c, float alpha, int batch, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::F32, false, 128, kitgemm::kScale>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::F32, false, 128, kitgemm::kScale, true>(a, b, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, alpha}, batch, m, n, k);
 }
 #endif
 

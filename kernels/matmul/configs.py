@@ -34,6 +34,20 @@ EPILOGUES = ["none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bi
 
 SMS = 132  # H100 SXM; an H200 has 132 as well
 
+# Epilogues with erff, tanhf or expf (and SiLU's IEEE division) per element. Where the persistent
+# kernel's consumers take turns (ping-pong), one warpgroup runs a tile's whole epilogue alone,
+# and with these that costs more than the other's main loop hides: on an H200 at K = 768,
+# bias_gelu_erf took 49.7 us at 2048x3072x768 with ping-pong against 39.0 with both warpgroups
+# on each tile and 34.1 for t128x128, while bias took 25.7 against 29.5 and 27.6
+# (benchmarks/results/gemm-mid-h200-round32.txt). So their persistent entries keep cooperative
+# consumers, and choose_config gives them the persistent kernel only at shallow K (rule 4).
+TRANSCENDENTAL_EPILOGUES = {"bias_gelu_erf", "bias_gelu_tanh", "bias_silu", "gelu_erf", "gelu_tanh", "silu_mul"}
+
+
+def pingpong(epilogue):
+    """Whether the persistent entry of this epilogue has ping-pong consumers (gemm.cuh, kPingPong)."""
+    return epilogue not in TRANSCENDENTAL_EPILOGUES
+
 
 def grid(cfg, m, n, batch=1):
     if cfg in PERSISTENT:
@@ -57,9 +71,10 @@ def _score(m, n, bn, batch, slots=SMS):
     return tiles / (waves * slots) * n / (_ceil(n, bn) * bn)
 
 
-def choose_config(m, n, k, dtype="f16", batch=1):
+def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
     """The config suffix for C[m, n] = A[m, k] B[k, n] (either layout; `batch` matmuls of that
-    shape; dtype f16 or bf16: both measured alike). The f32 kernels have one config.
+    shape; dtype f16 or bf16: both measured alike) followed by `epilogue` (an entry's epilogue
+    name: rule 4 depends on it). The f32 kernels have one config.
 
     Rules (from the H100 measurements in README.md / benchmarks/results/gemm-h100-*.txt,
     gemm-floor-h100.txt and gemm-small-h100-round29*.txt); t64 = batch * ceil(m/64) * ceil(n/64):
@@ -79,11 +94,15 @@ def choose_config(m, n, k, dtype="f16", batch=1):
          CTAs of 128 x 128 with half the k each, one partial to add (512x768x768 6.8 us against
          7.7; 128x4096x4096 15.2 against 19.9 for 128 x 128 split 2);
       3. few 128 x 128 tiles (<= 48) and k >= 2048: 128 x 128, K split 2 ways;
-      4. shallow K (<= 256) and many tiles (> 2 x 132): the persistent 128 x 128 kernel (the
-         next tile's loads overlap the epilogue; attention's Q K^T);
+      4. K up to 1024 and many tiles (> 2 x 132): the persistent 128 x 128 kernel, whose two
+         consumer warpgroups take turns (one's epilogue under the other's wgmmas) while the
+         producer loads ahead across tiles: attention's Q K^T, and BERT/GPT-2/ViT layers from
+         about 2048 tokens (H200, round 32: 8192x3072x768 72.6 us against 76.7 for 128 x 256,
+         bias 78.5 against 84.3; benchmarks/results/gemm-mid-h200-round32.txt). For the
+         TRANSCENDENTAL_EPILOGUES only at K <= 256 (they go to rules 5 and 6: t128x128 or
+         128 x 256 were the fastest at every K = 768 shape measured);
       5. 128 x 128 tiles when they use the GPU's tile slots clearly better than 128 x 256 ones
-         (wave quantization x column padding, 15% margin); persistent when k <= 1024 and there
-         are more than 2 x 132 tiles;
+         (wave quantization x column padding, 15% margin);
       6. otherwise the default 128 x 256.
     At every shape of benchmarks/gemm.py this picks the fastest measured config or one within 2%.
     """
@@ -99,11 +118,10 @@ def choose_config(m, n, k, dtype="f16", batch=1):
         return "t128x64_k2"
     if t128 <= 48 and k >= 2048:
         return "t128x128_k2"
-    many = t128 > 2 * SMS
-    if k <= 256 and many:
+    if k <= (1024 if pingpong(epilogue) else 256) and t128 > 2 * SMS:
         return "t128x128_p"
     if _score(m, n, 128, batch) > 1.15 * _score(m, n, 256, batch):
-        return "t128x128_p" if k <= 1024 and many else "t128x128"
+        return "t128x128"
     return ""
 
 
@@ -113,9 +131,9 @@ def choose_config(m, n, k, dtype="f16", batch=1):
 CONFIG_ORDER = ["t64x64", "t64x64_k4", "t128x64_k4", "t128x64_k2", "t128x128_k2", "t128x128_p", "t128x128", ""]
 
 
-def config_conditions(batched):
-    """{config: the manifest condition (replace_when.when) of choose_config's rule for it},
-    over the kernel's sizes m, n, k (and batch). Rule 5 compares shares of the tile slots:
+def config_conditions(batched, epilogue="none"):
+    """{config: the manifest condition (replace_when.when) of choose_config's rule for it}, for
+    the entries of `epilogue`, over the kernel's sizes m, n, k (and batch). Rule 5 compares shares of the tile slots:
     tiles / (waves * SMS) * n / (ceil(n, BN) * BN), where tiles = batch * ceil(m, 128) *
     ceil(n, BN); the ratio of the 128- and 256-wide scores is 2 * waves256 / waves128, so
     "better than 1.15x" is 40 * waves256 > 23 * waves128 in integers."""
@@ -123,7 +141,6 @@ def config_conditions(batched):
     t64 = f"{b}ceildiv(m, 64) * ceildiv(n, 64)"
     t128 = f"{b}ceildiv(m, 128) * ceildiv(n, 128)"
     t256 = f"{b}ceildiv(m, 128) * ceildiv(n, 256)"
-    many = f"{t128} > {2 * SMS}"
     narrow = f"40 * ceildiv({t256}, {SMS}) > 23 * ceildiv({t128}, {SMS})"
     return {
         "t64x64": f"{t64} <= {SMS} && k <= 1024",
@@ -131,7 +148,7 @@ def config_conditions(batched):
         "t128x64_k4": f"{t128} <= 12 && k >= 768",
         "t128x64_k2": f"4 * {t128} <= {SMS} && k >= 512",
         "t128x128_k2": f"{t128} <= 48 && k >= 2048",
-        "t128x128_p": f"{many} && (k <= 256 || (k <= 1024 && {narrow}))",
+        "t128x128_p": f"k <= {1024 if pingpong(epilogue) else 256} && {t128} > {2 * SMS}",
         "t128x128": narrow,
         "": None,
     }

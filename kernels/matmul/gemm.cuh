@@ -30,7 +30,9 @@
 //         so one CTA's pipeline fill and epilogue overlap the other's main loop).
 //   TM    tile rows: 128, or 64 (R = 1; one consumer warpgroup): twice the CTAs at small m.
 // Persistent variant (gemm_persistent, config t128x128_p): 128 x 128 tiles, a fixed grid (132
-// CTAs) walking the tiles, the producer running ahead across tiles; see hopper::persistent.
+// CTAs) walking the tiles, the producer running ahead across tiles, its two consumer warpgroups
+// taking turns tile by tile (ping-pong) or sharing each tile (cooperative: kPingPong false, the
+// entries whose epilogues are costly, configs.TRANSCENDENTAL_EPILOGUES); see hopper::persistent.
 // The epilogue goes through an f32 tile in shared memory (the stages, free after the main loop):
 // each thread then owns 8 consecutive columns of a row, one 16-byte store (two for f32).
 //
@@ -62,10 +64,8 @@
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KIT_SPLIT_K(S) __cluster_dims__(1, 1, S)
-#define KIT_MULTICAST_M(MC) __cluster_dims__(1, MC, 1)
 #else
 #define KIT_SPLIT_K(S)
-#define KIT_MULTICAST_M(MC)
 #endif
 
 namespace kitgemm {
@@ -74,10 +74,18 @@ using kit::half_bits;
 
 constexpr int kThreads = 384;
 constexpr int BM = 128;
+// kitdispatch.toml's dynamic_shared_memory. A build macro for investigations only: the stage
+// counts follow it (benchmarks/investigations/gemm_mid.py builds the kernels for an sm_90-only
+// 179 KB, which the manifest cannot ask for while one entry also serves sm_80..sm_89).
 #ifndef KITGEMM_DYNAMIC_SMEM
-#define KITGEMM_DYNAMIC_SMEM 100352  // kitdispatch.toml's dynamic_shared_memory
+#define KITGEMM_DYNAMIC_SMEM 100352
 #endif
 constexpr int kDynamicSmem = KITGEMM_DYNAMIC_SMEM;
+// 1: every persistent entry with cooperative consumers, whatever it names (a build macro for
+// benchmarks/investigations/gemm_mid.py's comparison).
+#ifndef KITGEMM_PERSISTENT_COOPERATIVE
+#define KITGEMM_PERSISTENT_COOPERATIVE 0
+#endif
 // The ring's depth at most (the barrier words: 2 x 7 mbarriers and two words below 128 bytes).
 constexpr int kMaxStages = 7;
 
@@ -306,19 +314,15 @@ __device__ __forceinline__ void store8(typename Out::T* C, const EpiArgs<Out>& e
 }
 
 // Block (x, y) -> tile (row, column) of C, in bands of kBand tile rows walked column by column,
-// so the blocks in flight share their A rows and B columns in L2. MC > 1: the MC blocks of a
-// multicast cluster (consecutive y) take MC consecutive tile rows of one tile column (gridDim.y
-// is a multiple of MC; the rows past the last tile row compute nothing that is stored).
+// so the blocks in flight share their A rows and B columns in L2.
 constexpr int kBand = 8;
-template <int MC = 1>
 __device__ __forceinline__ void block_tile(int& tile_m, int& tile_n) {
-  constexpr int kBandUnits = kBand / MC;
-  const int tiles_n = gridDim.x, units_m = gridDim.y / MC;
-  const int id = blockIdx.y / MC * tiles_n + blockIdx.x;
-  const int band = id / (kBandUnits * tiles_n), first = band * kBandUnits;
-  const int rows = min(units_m - first, kBandUnits);
-  const int in_band = id % (kBandUnits * tiles_n);
-  tile_m = (first + in_band % rows) * MC + blockIdx.y % MC;
+  const int tiles_n = gridDim.x, tiles_m = gridDim.y;
+  const int id = blockIdx.y * tiles_n + blockIdx.x;
+  const int band = id / (kBand * tiles_n), first = band * kBand;
+  const int rows = min(tiles_m - first, kBand);
+  const int in_band = id % (kBand * tiles_n);
+  tile_m = first + in_band % rows;
   tile_n = in_band / rows;
 }
 
@@ -513,11 +517,6 @@ __device__ __forceinline__ void cluster_sync() {
 __device__ __forceinline__ void cluster_sync_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait;\n" ::: "memory");
 }
-// The two halves of cluster_sync, for a multicast cluster's last barrier: arrive once this CTA
-// has sent its last remote arrival, wait before leaving (the other CTAs may still arrive on this
-// one's barriers until then).
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -566,20 +565,11 @@ __host__ __device__ constexpr int epilogue_cols() {
 }
 
 // Warp 0 of the producer warpgroup: builds and publishes the maps, then lane 0 keeps the ring
-// full with k slices kt0 .. kt0 + nt - 1. MC > 1: the CTA of cluster rank `rank` loads its A
-// tile and the rank-th 1 / MC of the B tile, the latter into every CTA of the cluster (they
-// share the tile column); a stage is refilled once every CTA's consumers have freed it.
-template <class E, bool kNT, int BN, int R, int TM, int MC = 1>
+// full with k slices kt0 .. kt0 + nt - 1.
+template <class E, bool kNT, int BN, int R, int TM>
 __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, int batch, int m, int n, int k, int bz,
                         int bm, int bn, int kt0, int nt, unsigned maps, void* slot) {
   using C = Cfg<BN, R, TM>;
-  constexpr int kBPart = BN / MC;  // B rows (NT) or columns (NN) this CTA loads
-#ifdef KITGEMM_XP_NO_MULTICAST
-  constexpr bool kXpNoMulticast = true;
-#else
-  constexpr bool kXpNoMulticast = false;
-#endif
-  static_assert(kNT || kBPart % 64 == 0, "NN: whole 64-column boxes per CTA");
   const int lane = threadIdx.x % 32;
   void* map_a = slot;
   void* map_b = static_cast<char*>(slot) + kTensorMapBytes;
@@ -587,7 +577,7 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
     KITGEMM_MARK(1);
     tensor_map_3d<E>(maps, A, k, m, batch, C::BK, TM);
     if constexpr (kNT) {
-      tensor_map_3d<E>(maps + kTensorMapBytes, B, k, n, batch, C::BK, kBPart);
+      tensor_map_3d<E>(maps + kTensorMapBytes, B, k, n, batch, C::BK, BN);
     } else {
       tensor_map_3d<E>(maps + kTensorMapBytes, B, n, k, batch, 64, C::BK);
     }
@@ -601,30 +591,14 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
     tensor_map_acquire(map_a);
     tensor_map_acquire(map_b);
     KITGEMM_MARK(4);
-    const int rank = MC > 1 ? int(cluster_rank()) : 0;
     for (int t = 0; t < nt; ++t) {
       const int s = t % C::kStages;
       const int k0 = (kt0 + t) * C::BK;
       mbar_wait(&sm.empty[s], ((t / C::kStages) & 1) ^ 1);
       mbar_arrive_expect_tx(&sm.full[s], C::kStageBytes);
       tma_load_3d(sm.a(s), map_a, k0, bm, bz, &sm.full[s]);
-#ifdef KITGEMM_XP_NO_MULTICAST
-      if constexpr (false) {
-#else
-      if constexpr (MC > 1 && kNT) {
-#endif
-        tma_load_3d_multicast(sm.b(s) + rank * kBPart * C::BK * 2, map_b, k0, bn + rank * kBPart, bz, &sm.full[s],
-                              (1u << MC) - 1);
-      } else if constexpr (MC > 1 && !kXpNoMulticast) {
-#pragma unroll
-        for (int j = 0; j < kBPart / 64; ++j) {
-          const int box = rank * (kBPart / 64) + j;
-          tma_load_3d_multicast(sm.b(s) + box * 64 * C::BK * 2, map_b, bn + box * 64, k0, bz, &sm.full[s],
-                                (1u << MC) - 1);
-        }
-      } else if constexpr (kNT) {
+      if constexpr (kNT) {
         tma_load_3d(sm.b(s), map_b, k0, bn, bz, &sm.full[s]);
-        if constexpr (MC > 1) tma_load_3d(sm.b(s) + kBPart * C::BK * 2, map_b, k0, bn + kBPart, bz, &sm.full[s]);
       } else {
 #pragma unroll
         for (int j = 0; j < BN / 64; ++j) tma_load_3d(sm.b(s) + j * 64 * C::BK * 2, map_b, bn + j * 64, k0, bz, &sm.full[s]);
@@ -634,21 +608,24 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
   __syncwarp();
 }
 
-// Frees stage s for the producers: this CTA's (MC = 1) or every cluster CTA's (MC > 1, their
-// multicast copies write into it).
-template <int MC>
-__device__ __forceinline__ void release_stage(const Smem& sm, int s) {
-  if constexpr (MC == 1) {
-    mbar_arrive(&sm.empty[s]);
-  } else {
+// One k slice (64) of a 64-row band of the tile into d: four wgmmas of k16, A rows at `a` (K-major),
+// B at `b`: NT [BN rows of n][64 k], K-major like A; NN BN / 64 boxes of [64 k rows][64 n], N-major.
+template <class E, bool kNT, int BN>
+__device__ __forceinline__ void slice_mma(float (&d)[BN / 2], unsigned a, unsigned b) {
+  constexpr int BK = 64;
 #pragma unroll
-    for (int q = 0; q < MC; ++q) mbar_arrive_cluster(&sm.empty[s], q);
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    if constexpr (kNT) {
+      wgmma_ss<E, BN, 0>(d, smem_desc_sw128(a + kk * 32, 16, 1024), smem_desc_sw128(b + kk * 32, 16, 1024));
+    } else {
+      wgmma_ss<E, BN, 1>(d, smem_desc_sw128(a + kk * 32, 16, 1024), smem_desc_sw128(b + kk * 16 * 128, 64 * BK * 2, 1024));
+    }
   }
 }
 
 // Consumer warpgroup `wg` (0 or 1): rows 64 * wg .. + 64 of the tile, k slices 0 .. nt - 1 of
 // this CTA's share.
-template <class E, bool kNT, int BN, int R, int TM, int MC = 1>
+template <class E, bool kNT, int BN, int R, int TM>
 __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int nt, int wg) {
   using C = Cfg<BN, R, TM>;
 #pragma unroll
@@ -658,20 +635,11 @@ __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int
     const int s = t % C::kStages;
     mbar_wait(&sm.full[s], (t / C::kStages) & 1);
     if (t == 0 && threadIdx.x == 128) KITGEMM_MARK(5);
-    const unsigned a = sm.a(s) + wg * 64 * C::BK * 2, b = sm.b(s);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < C::BK / 16; ++kk) {
-      if constexpr (kNT) {  // B: [BN rows of n][64 k], K-major like A
-        wgmma_ss<E, BN, 0>(d, smem_desc_sw128(a + kk * 32, 16, 1024), smem_desc_sw128(b + kk * 32, 16, 1024));
-      } else {  // B: BN / 64 boxes of [64 k rows][64 n], N-major
-        wgmma_ss<E, BN, 1>(d, smem_desc_sw128(a + kk * 32, 16, 1024),
-                           smem_desc_sw128(b + kk * 16 * 128, 64 * C::BK * 2, 1024));
-      }
-    }
+    slice_mma<E, kNT, BN>(d, sm.a(s) + wg * 64 * C::BK * 2, sm.b(s));
     wgmma_commit();
     wgmma_wait<1>();
-    if (t > 0 && t_in_wg == 0) release_stage<MC>(sm, (t - 1) % C::kStages);
+    if (t > 0 && t_in_wg == 0) mbar_arrive(&sm.empty[(t - 1) % C::kStages]);
   }
   wgmma_wait<0>();
 }
@@ -701,12 +669,11 @@ __device__ __forceinline__ void stage_pass(int ch, float* tile, const float (&d)
   }
 }
 
-template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R, int TM, int MC = 1>
+template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R, int TM>
 __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C, const EpiArgs<Out>& e, int batch,
                       int m, int n, int k, int bz, int split, int bm, int bn, unsigned stage0, char* dyn_smem) {
   using Cf = Cfg<BN, R, TM>;
   constexpr int kConsumerWgs = TM / 64, kConsumers = 128 * kConsumerWgs;
-  static_assert(MC == 1 || (S == 1 && R == 1 && TM == 128), "multicast clusters: no split, one CTA per SM, 128 rows");
   const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
   char* dyn_aligned = dyn_smem + (dyn - kit::smem_addr(dyn_smem));
   unsigned* slot_sel = reinterpret_cast<unsigned*>(dyn_aligned + Cf::kBarrierOffset + 120);
@@ -720,15 +687,11 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
     KITGEMM_MARK(0);
     for (int s = 0; s < Cf::kStages; ++s) {
       mbar_init(&sm.full[s], 1);
-      mbar_init(&sm.empty[s], kConsumerWgs * MC);
+      mbar_init(&sm.empty[s], kConsumerWgs);
     }
     mbar_init_fence();
   }
-  if constexpr (MC > 1) {
-    cluster_sync();  // every CTA's barriers are initialized before any multicast copy or remote arrival
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   // R = 1: warpgroup 0 produces (setmaxnreg moves its registers to the consumers), warpgroups
   // 1 and 2 consume (TM = 64: warpgroup 1; warpgroup 2 only joins the cluster barriers). R = 2
   // (288 threads, 112 registers each, two CTAs per SM): warpgroups 0 and 1 consume, warp 8 produces.
@@ -746,9 +709,8 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
         sel = __shfl_sync(0xffffffffu, sel, 0);
         slot = tensor_map_slots2[sm_id()][sel];
       }
-      produce<E, kNT, BN, R, TM, MC>(sm, A, B, batch, m, n, k, bz, bm, bn, kt0, nt, dyn + Cf::kMapOffset, slot);
+      produce<E, kNT, BN, R, TM>(sm, A, B, batch, m, n, k, bz, bm, bn, kt0, nt, dyn + Cf::kMapOffset, slot);
     }
-    if constexpr (MC > 1) cluster_sync();
     if constexpr (S > 1) {
 #pragma unroll
       for (int ch = 0; ch < BN / epilogue_cols<BN, S, TM>(); ++ch) {
@@ -760,8 +722,7 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   }
   if constexpr (R == 1) setmaxnreg_inc<232>();
   float d[BN / 2];
-  mainloop<E, kNT, BN, R, TM, MC>(d, sm, nt, cw);
-  if constexpr (MC > 1) cluster_arrive();  // this CTA's last remote arrival is sent
+  mainloop<E, kNT, BN, R, TM>(d, sm, nt, cw);
   if (threadIdx.x == 128) KITGEMM_MARK(6);
   const int ctid = threadIdx.x - (R == 1 ? 128 : 0);  // 0 .. kConsumers - 1
   if constexpr (R == 2) {
@@ -846,7 +807,6 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
     if (threadIdx.x == 128) KITGEMM_MARK(9);
     if constexpr (S > 1) cluster_sync_relaxed();  // the partials are read: the CTAs may reuse them or leave
   }
-  if constexpr (MC > 1) cluster_wait();  // the other CTAs' arrivals on this CTA's barriers are done
   if (threadIdx.x == 128) {
     KITGEMM_MARK(7);
     KITGEMM_MARK(11, true);
@@ -856,10 +816,14 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
 // ------------------------------------------------------------ persistent (one CTA per SM)
 // Grid of a fixed number of CTAs (the manifest asks for 132, one per H100 SM; any grid is
 // correct): CTA i takes tiles i, i + grid, ... The maps are built once per CTA, the producer
-// runs ahead across tile boundaries (the ring's phase counts k slices over all tiles), so the
-// next tile's first stages load while the consumers run the previous tile's epilogue. The
-// epilogue goes through a per-warp f32 staging area (16 rows x 32 columns a pass, its own
-// shared memory: the stages stay in use), then 16-byte stores as in block().
+// runs ahead across tile boundaries (the ring's phase counts k slices over all tiles). The two
+// consumer warpgroups take turns ("ping-pong", as CUTLASS's KernelTmaWarpSpecializedPingpong):
+// each computes a whole tile of its own, so one's epilogue runs while the other's wgmmas keep
+// the tensor cores busy (H200, K = 768: 4-19% faster than both warpgroups sharing each tile with
+// light epilogues, slower with GELU or SiLU: kPingPong false keeps the cooperative schedule;
+// benchmarks/results/gemm-mid-h200-round32.txt). The epilogue goes through a per-warp f32
+// staging area (16 rows x 32 columns a pass, its own shared memory: the stages stay in use),
+// then 16-byte stores as in block().
 template <int BN>
 struct PCfg {
   static constexpr int BK = 64;
@@ -910,27 +874,21 @@ __device__ __forceinline__ void warp_epilogue_pass(float* stg, const float (&d)[
   }
 }
 
-// One k slice of a 64-row band of the tile (A rows at `a`) into d: four wgmmas of k16.
-template <class E, bool kNT, int BN>
-__device__ __forceinline__ void slice_mma(float (&d)[BN / 2], unsigned a, unsigned b) {
-#pragma unroll
-  for (int kk = 0; kk < PCfg<BN>::BK / 16; ++kk) {
-    if constexpr (kNT) {
-      wgmma_ss<E, BN, 0>(d, smem_desc_sw128(a + kk * 32, 16, 1024), smem_desc_sw128(b + kk * 32, 16, 1024));
-    } else {
-      wgmma_ss<E, BN, 1>(d, smem_desc_sw128(a + kk * 32, 16, 1024),
-                         smem_desc_sw128(b + kk * 16 * 128, 64 * PCfg<BN>::BK * 2, 1024));
-    }
-  }
+// A warp's 16 rows x 128 columns of C from the accumulators of one 64-row band (four passes).
+template <int kEpi, class Out, int N>
+__device__ __forceinline__ void warp_epilogue_band(float* stg, const float (&d)[N], int lane, typename Out::T* C,
+                                                   const EpiArgs<Out>& e, int m, int n, int row0, int col0, bool vec) {
+  warp_epilogue_pass<0, kEpi, Out>(stg, d, lane, C, e, m, n, row0, col0 + 0, vec);
+  warp_epilogue_pass<1, kEpi, Out>(stg, d, lane, C, e, m, n, row0, col0 + 32, vec);
+  warp_epilogue_pass<2, kEpi, Out>(stg, d, lane, C, e, m, n, row0, col0 + 64, vec);
+  warp_epilogue_pass<3, kEpi, Out>(stg, d, lane, C, e, m, n, row0, col0 + 96, vec);
 }
 
-// Ping-pong consumers (kPingPong): consumer warpgroup cw takes this CTA's tiles j = cw, cw + 2, ...
-// whole (128 rows: two 64-row bands, 128 accumulators a thread), so one warpgroup's epilogue
-// runs while the other's wgmmas keep the tensor cores busy. Each stage is freed by the one
-// warpgroup that read it. A warpgroup starts waiting on its tile's stages only once the other
+// Consumer warpgroup cw takes this CTA's tiles j = cw, cw + 2, ... whole: two 64-row bands, 128
+// accumulators a thread. A warpgroup starts waiting on its tile's stages only once the other
 // has waited on all of the previous tile's (named barriers 2 and 3, a handoff each way): a
-// stage's full barrier is then at most one phase behind the slice waited for, as the parity
-// wait needs.
+// stage's full barrier is then at most one phase behind the slice waited for, which the parity
+// wait needs (two behind would read as done).
 template <class E, class Out, bool kNT, int BN, int kEpi>
 __device__ __forceinline__ void pingpong_consume(const Smem& sm, typename Out::T* C, const EpiArgs<Out>& e, int m,
                                                  int n, int total, int tiles_m, int tiles_n, int ktiles, int cw,
@@ -964,18 +922,47 @@ __device__ __forceinline__ void pingpong_consume(const Smem& sm, typename Out::T
     EpiArgs<Out> eb = e;
     if constexpr (EpiTraits<kEpi>::kHasRes) eb.res += (long long)bz * m * n;
     const int row0 = bm + warp * 16;
-    warp_epilogue_pass<0, kEpi, Out>(stg, d0, lane, Cb, eb, m, n, row0, bn + 0, vec);
-    warp_epilogue_pass<1, kEpi, Out>(stg, d0, lane, Cb, eb, m, n, row0, bn + 32, vec);
-    warp_epilogue_pass<2, kEpi, Out>(stg, d0, lane, Cb, eb, m, n, row0, bn + 64, vec);
-    warp_epilogue_pass<3, kEpi, Out>(stg, d0, lane, Cb, eb, m, n, row0, bn + 96, vec);
-    warp_epilogue_pass<0, kEpi, Out>(stg, d1, lane, Cb, eb, m, n, row0 + 64, bn + 0, vec);
-    warp_epilogue_pass<1, kEpi, Out>(stg, d1, lane, Cb, eb, m, n, row0 + 64, bn + 32, vec);
-    warp_epilogue_pass<2, kEpi, Out>(stg, d1, lane, Cb, eb, m, n, row0 + 64, bn + 64, vec);
-    warp_epilogue_pass<3, kEpi, Out>(stg, d1, lane, Cb, eb, m, n, row0 + 64, bn + 96, vec);
+    warp_epilogue_band<kEpi, Out>(stg, d0, lane, Cb, eb, m, n, row0, bn, vec);
+    warp_epilogue_band<kEpi, Out>(stg, d1, lane, Cb, eb, m, n, row0 + 64, bn, vec);
   }
 }
 
-template <class E, class Out, bool kNT, int BN, int kEpi, bool kPingPong = false>
+// Cooperative consumers: both warpgroups on every tile, 64 rows each, both in the epilogue.
+template <class E, class Out, bool kNT, int BN, int kEpi>
+__device__ __forceinline__ void cooperative_consume(const Smem& sm, typename Out::T* C, const EpiArgs<Out>& e, int m,
+                                                    int n, int total, int tiles_m, int tiles_n, int ktiles, int cw,
+                                                    float* stg) {
+  using Cf = PCfg<BN>;
+  const int t_in_wg = threadIdx.x % 128, warp = t_in_wg / 32, lane = t_in_wg % 32;
+  const bool vec = (n * (int)sizeof(typename Out::T)) % 16 == 0 && kit::aligned16(C);
+  int g = 0;
+  float d[BN / 2];
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    int bz, tm, tn;
+    tile_of(tile, tiles_m, tiles_n, bz, tm, tn);
+    const int bm = tm * BM, bn = tn * BN;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+    for (int t = 0; t < ktiles; ++t, ++g) {
+      const int s = g % Cf::kStages;
+      mbar_wait(&sm.full[s], (g / Cf::kStages) & 1);
+      wgmma_fence();
+      slice_mma<E, kNT, BN>(d, sm.a(s) + cw * 64 * Cf::BK * 2, sm.b(s));
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (t > 0 && t_in_wg == 0) mbar_arrive(&sm.empty[(g - 1) % Cf::kStages]);
+    }
+    wgmma_wait<0>();
+    if (t_in_wg == 0) mbar_arrive(&sm.empty[(g - 1) % Cf::kStages]);
+    typename Out::T* Cb = C + (long long)bz * m * n;
+    EpiArgs<Out> eb = e;
+    if constexpr (EpiTraits<kEpi>::kHasRes) eb.res += (long long)bz * m * n;
+    const int row0 = bm + cw * 64 + warp * 16;
+    warp_epilogue_band<kEpi, Out>(stg, d, lane, Cb, eb, m, n, row0, bn, vec);
+  }
+}
+
+template <class E, class Out, bool kNT, int BN, int kEpi, bool kPingPong>
 __device__ void persistent(const half_bits* A, const half_bits* B, typename Out::T* C, EpiArgs<Out> e, int batch, int m,
                            int n, int k, unsigned stage0, char* dyn_smem) {
   static_assert(BN == 128, "the persistent epilogue passes are written for 128 columns");
@@ -990,7 +977,7 @@ __device__ void persistent(const half_bits* A, const half_bits* B, typename Out:
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cf::kStages; ++s) {
       mbar_init(&sm.full[s], 1);
-      mbar_init(&sm.empty[s], kPingPong ? 1 : 2);
+      mbar_init(&sm.empty[s], kPingPong ? 1 : 2);  // freed by the warpgroups that read it
     }
     mbar_init_fence();
   }
@@ -1039,40 +1026,12 @@ __device__ void persistent(const half_bits* A, const half_bits* B, typename Out:
     return;
   }
   setmaxnreg_inc<232>();
-  const int cw = wg - 1, t_in_wg = threadIdx.x % 128, warp = t_in_wg / 32, lane = t_in_wg % 32;
+  const int cw = wg - 1, warp = threadIdx.x % 128 / 32;
   float* stg = reinterpret_cast<float*>(dyn_aligned + Cf::kStagingOffset) + (cw * 4 + warp) * 16 * Cf::kLD;
   if constexpr (kPingPong) {
     pingpong_consume<E, Out, kNT, BN, kEpi>(sm, C, e, m, n, total, tiles_m, tiles_n, ktiles, cw, stg);
-    return;
-  }
-  const bool vec = (n * (int)sizeof(typename Out::T)) % 16 == 0 && kit::aligned16(C);
-  int g = 0;
-  float d[BN / 2];
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    int bz, tm, tn;
-    tile_of(tile, tiles_m, tiles_n, bz, tm, tn);
-    const int bm = tm * BM, bn = tn * BN;
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
-    for (int t = 0; t < ktiles; ++t, ++g) {
-      const int s = g % Cf::kStages;
-      mbar_wait(&sm.full[s], (g / Cf::kStages) & 1);
-      wgmma_fence();
-      slice_mma<E, kNT, BN>(d, sm.a(s) + cw * 64 * Cf::BK * 2, sm.b(s));
-      wgmma_commit();
-      wgmma_wait<1>();
-      if (t > 0 && t_in_wg == 0) mbar_arrive(&sm.empty[(g - 1) % Cf::kStages]);
-    }
-    wgmma_wait<0>();
-    if (t_in_wg == 0) mbar_arrive(&sm.empty[(g - 1) % Cf::kStages]);
-    typename Out::T* Cb = C + (long long)bz * m * n;
-    EpiArgs<Out> eb = e;
-    if constexpr (EpiTraits<kEpi>::kHasRes) eb.res += (long long)bz * m * n;
-    const int row0 = bm + cw * 64 + warp * 16;
-    warp_epilogue_pass<0, kEpi, Out>(stg, d, lane, Cb, eb, m, n, row0, bn + 0, vec);
-    warp_epilogue_pass<1, kEpi, Out>(stg, d, lane, Cb, eb, m, n, row0, bn + 32, vec);
-    warp_epilogue_pass<2, kEpi, Out>(stg, d, lane, Cb, eb, m, n, row0, bn + 64, vec);
-    warp_epilogue_pass<3, kEpi, Out>(stg, d, lane, Cb, eb, m, n, row0, bn + 96, vec);
+  } else {
+    cooperative_consume<E, Out, kNT, BN, kEpi>(sm, C, e, m, n, total, tiles_m, tiles_n, ktiles, cw, stg);
   }
 }
 
@@ -1085,13 +1044,13 @@ __device__ __forceinline__ bool takes_tma(const void* A, const void* B, bool nt,
 #endif
 
 // The kernel body of every entry. A, B, C, e.res: the first batch's (base) pointers.
-template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R = 1, int TM = BM, int MC = 1>
+template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R = 1, int TM = BM>
 __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typename Out::T* C, EpiArgs<Out> e,
                                      int batch, int m, int n, int k) {
   extern __shared__ __align__(1024) char dyn_smem[];
   prepare_heads<kEpi, Out>(e);
   int tile_m, tile_n;
-  block_tile<MC>(tile_m, tile_n);
+  block_tile(tile_m, tile_n);
   const int bm = tile_m * TM, bn = tile_n * BN;
   const int bz = blockIdx.z / S, split = blockIdx.z % S;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1099,7 +1058,7 @@ __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typ
   const unsigned s0 = kit::smem_addr(stage0);
   if (hopper::takes_tma(A, B, kNT, n, k, s0)) {
     if constexpr (EpiTraits<kEpi>::kHasRes) e.res += (long long)bz * m * n;
-    hopper::block<E, Out, kNT, BN, S, kEpi, R, TM, MC>(A, B, C + (long long)bz * m * n, e, batch, m, n, k, bz, split, bm, bn, s0,
+    hopper::block<E, Out, kNT, BN, S, kEpi, R, TM>(A, B, C + (long long)bz * m * n, e, batch, m, n, k, bz, split, bm, bn, s0,
                                             dyn_smem);
     return;
   }
@@ -1111,7 +1070,8 @@ __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typ
 }
 
 // The persistent entries' body (config t128x128_p): BN = 128, no split, grid of any size.
-template <class E, class Out, bool kNT, int BN, int kEpi, bool kPingPong = false>
+// kPingPong: the consumers take turns (configs.pingpong(epilogue) says which entries).
+template <class E, class Out, bool kNT, int BN, int kEpi, bool kPingPong>
 __device__ __forceinline__ void gemm_persistent(const half_bits* A, const half_bits* B, typename Out::T* C,
                                                 EpiArgs<Out> e, int batch, int m, int n, int k) {
   extern __shared__ __align__(1024) char dyn_smem[];
@@ -1120,7 +1080,8 @@ __device__ __forceinline__ void gemm_persistent(const half_bits* A, const half_b
   __shared__ __align__(1024) char stage0[hopper::PCfg<BN>::kStageBytes];
   const unsigned s0 = kit::smem_addr(stage0);
   if (hopper::takes_tma(A, B, kNT, n, k, s0)) {
-    hopper::persistent<E, Out, kNT, BN, kEpi, kPingPong>(A, B, C, e, batch, m, n, k, s0, dyn_smem);
+    hopper::persistent<E, Out, kNT, BN, kEpi, kPingPong && !KITGEMM_PERSISTENT_COOPERATIVE>(A, B, C, e, batch, m, n, k, s0,
+                                                                                          dyn_smem);
     return;
   }
 #endif

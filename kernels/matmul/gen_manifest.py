@@ -25,7 +25,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from configs import CONFIG_ORDER, CONFIGS, EPILOGUES, PERSISTENT, SMS, config_conditions, tile_rows  # noqa: E402
+from configs import CONFIG_ORDER, CONFIGS, EPILOGUES, PERSISTENT, SMS, config_conditions, pingpong, tile_rows  # noqa: E402
 
 # Epilogues exported models have beyond EPILOGUES (f16/bf16 matmuls only): GELU where the
 # exporter folded a zero bias away (GPT-2's c_fc), and SwiGLU's silu(x Wg) * (x Wu) (Llama's MLP,
@@ -159,7 +159,8 @@ def _c_function(e):
     if e.get("persistent"):
         return (
             f'extern "C" __global__ void __launch_bounds__({e["threads"]}, 1)\n{e["name"]}({decl}) {{\n'
-            f"  kitgemm::gemm_persistent<{KTYPE[e['ti']]}, {KTYPE[e['to']]}, {nt}, {e['bn']}, kitgemm::{EPI_ENUM[e['epi']]}>"
+            f"  kitgemm::gemm_persistent<{KTYPE[e['ti']]}, {KTYPE[e['to']]}, {nt}, {e['bn']}, kitgemm::{EPI_ENUM[e['epi']]}, "
+            f"{'true' if pingpong(e['epi']) else 'false'}>"
             f"(a, {b}, c, kitgemm::EpiArgs<{KTYPE[e['to']]}>{{{bias}, {res}, {scalar}}}, {batch}, m, n, k);\n}}\n"
         )
     if e["ti"] == "f32":
@@ -216,7 +217,7 @@ def replaces(e):
         return [f"replaces = {ops}", f"replace_when = {{ {', '.join(keys)} }}"]
     bmm = e["kind"] == "bmm"
     ops = '["linalg.batch_matmul"]' if bmm else ops
-    when = config_conditions(bmm)[e["cfg"]]
+    when = config_conditions(bmm, e["epi"])[e["cfg"]]
     keys = [key for key in (epilogue_key(e), f'when = "{when}"' if when else None) if key]
     return [f"replaces = {ops}"] + ([f"replace_when = {{ {', '.join(keys)} }}"] if keys else [])
 

@@ -40,7 +40,7 @@ matmul_nt_f16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsig
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kNone, true>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -96,7 +96,7 @@ matmul_nt_f16_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsig
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBias, true>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -152,7 +152,7 @@ matmul_nt_f16_bias_gelu_erf_t128x128_k2(const unsigned short* __restrict__ a, co
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_erf_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_gelu_erf_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasGeluErf>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasGeluErf, false>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -208,7 +208,7 @@ matmul_nt_f16_bias_gelu_tanh_t128x128_k2(const unsigned short* __restrict__ a, c
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_gelu_tanh_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_gelu_tanh_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasGeluTanh>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasGeluTanh, false>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
 #endif
 
@@ -264,7 +264,7 @@ matmul_nt_f16_bias_relu_t128x128_k2(const unsigned short* __restrict__ a, const 
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_relu_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_relu_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasRelu>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasRelu, true>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -320,7 +320,7 @@ matmul_nt_f16_bias_silu_t128x128_k2(const unsigned short* __restrict__ a, const 
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_silu_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_silu_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasSilu>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasSilu, false>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -376,7 +376,7 @@ matmul_nt_f16_residual_t128x128_k2(const unsigned short* __restrict__ a, const u
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_residual_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_residual_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kResidual>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kResidual, true>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -432,7 +432,7 @@ matmul_nt_f16_bias_residual_t128x128_k2(const unsigned short* __restrict__ a, co
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_bias_residual_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_bias_residual_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasResidual>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kBiasResidual, true>(a, w, c, kitgemm::EpiArgs<kit::F16>{bias, residual, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -488,7 +488,7 @@ matmul_nt_f16_scale_t128x128_k2(const unsigned short* __restrict__ a, const unsi
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kScale, true>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
 #endif
 
@@ -544,7 +544,7 @@ matmul_nt_f16_gelu_erf_t128x128_k2(const unsigned short* __restrict__ a, const u
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_gelu_erf_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_gelu_erf_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kGeluErf>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kGeluErf, false>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -600,7 +600,7 @@ matmul_nt_f16_gelu_tanh_t128x128_k2(const unsigned short* __restrict__ a, const 
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_gelu_tanh_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_gelu_tanh_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kGeluTanh>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, gelu_c}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kGeluTanh, false>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, gelu_c}, 1, m, n, k);
 }
 #endif
 
@@ -656,7 +656,7 @@ matmul_nt_f16_silu_mul_t128x128_k2(const unsigned short* __restrict__ a, const u
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_silu_mul_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_silu_mul_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ up, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kSiluMul>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, up, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F16, true, 128, kitgemm::kSiluMul, false>(a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, up, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -712,7 +712,7 @@ matmul_nt_bf16_none_t128x128_k2(const unsigned short* __restrict__ a, const unsi
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kNone, true>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -768,7 +768,7 @@ matmul_nt_bf16_bias_t128x128_k2(const unsigned short* __restrict__ a, const unsi
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBias, true>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -824,7 +824,7 @@ matmul_nt_bf16_bias_gelu_erf_t128x128_k2(const unsigned short* __restrict__ a, c
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_erf_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_gelu_erf_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasGeluErf>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasGeluErf, false>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -880,7 +880,7 @@ matmul_nt_bf16_bias_gelu_tanh_t128x128_k2(const unsigned short* __restrict__ a, 
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_gelu_tanh_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_gelu_tanh_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasGeluTanh>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasGeluTanh, false>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, gelu_c}, 1, m, n, k);
 }
 #endif
 
@@ -936,7 +936,7 @@ matmul_nt_bf16_bias_relu_t128x128_k2(const unsigned short* __restrict__ a, const
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_relu_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_relu_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasRelu>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasRelu, true>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -992,7 +992,7 @@ matmul_nt_bf16_bias_silu_t128x128_k2(const unsigned short* __restrict__ a, const
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_silu_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_silu_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasSilu>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasSilu, false>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -1048,7 +1048,7 @@ matmul_nt_bf16_residual_t128x128_k2(const unsigned short* __restrict__ a, const 
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_residual_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_residual_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kResidual>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kResidual, true>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, residual, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -1104,7 +1104,7 @@ matmul_nt_bf16_bias_residual_t128x128_k2(const unsigned short* __restrict__ a, c
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_bias_residual_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_bias_residual_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ bias, const unsigned short* __restrict__ residual, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasResidual>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kBiasResidual, true>(a, w, c, kitgemm::EpiArgs<kit::BF16>{bias, residual, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -1160,7 +1160,7 @@ matmul_nt_bf16_scale_t128x128_k2(const unsigned short* __restrict__ a, const uns
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_scale_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_scale_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float alpha, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kScale>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kScale, true>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, alpha}, 1, m, n, k);
 }
 #endif
 
@@ -1216,7 +1216,7 @@ matmul_nt_bf16_gelu_erf_t128x128_k2(const unsigned short* __restrict__ a, const 
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_gelu_erf_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_gelu_erf_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kGeluErf>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kGeluErf, false>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -1272,7 +1272,7 @@ matmul_nt_bf16_gelu_tanh_t128x128_k2(const unsigned short* __restrict__ a, const
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_gelu_tanh_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_gelu_tanh_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, unsigned short* __restrict__ c, float gelu_c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kGeluTanh>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, gelu_c}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kGeluTanh, false>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, nullptr, gelu_c}, 1, m, n, k);
 }
 #endif
 
@@ -1328,7 +1328,7 @@ matmul_nt_bf16_silu_mul_t128x128_k2(const unsigned short* __restrict__ a, const 
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_silu_mul_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_silu_mul_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const unsigned short* __restrict__ up, unsigned short* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kSiluMul>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, up, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::BF16, true, 128, kitgemm::kSiluMul, false>(a, w, c, kitgemm::EpiArgs<kit::BF16>{nullptr, up, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -1384,7 +1384,7 @@ matmul_nt_f16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const u
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kNone, true>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -1440,7 +1440,7 @@ matmul_nt_f16_f32_bias_t128x128_k2(const unsigned short* __restrict__ a, const u
 #ifdef KITGEMM_ENTRY_matmul_nt_f16_f32_bias_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_f16_f32_bias_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::F16, kit::F32, true, 128, kitgemm::kBias, true>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -1496,7 +1496,7 @@ matmul_nt_bf16_f32_none_t128x128_k2(const unsigned short* __restrict__ a, const 
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_none_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_f32_none_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kNone>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kNone, true>(a, w, c, kitgemm::EpiArgs<kit::F32>{nullptr, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
@@ -1552,7 +1552,7 @@ matmul_nt_bf16_f32_bias_t128x128_k2(const unsigned short* __restrict__ a, const 
 #ifdef KITGEMM_ENTRY_matmul_nt_bf16_f32_bias_t128x128_p
 extern "C" __global__ void __launch_bounds__(384, 1)
 matmul_nt_bf16_f32_bias_t128x128_p(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w, const float* __restrict__ bias, float* __restrict__ c, int m, int n, int k) {
-  kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kBias>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
+  kitgemm::gemm_persistent<kit::BF16, kit::F32, true, 128, kitgemm::kBias, true>(a, w, c, kitgemm::EpiArgs<kit::F32>{bias, nullptr, 0.0f}, 1, m, n, k);
 }
 #endif
 
