@@ -94,7 +94,6 @@ def epilogues():
 
 
 def step_epilogues(objdir):
-    torch = G.torch
     for (m, n, k) in EPI_SHAPES:
         times = {}
         for variant, cfgs in EPI_CONFIGS.items():

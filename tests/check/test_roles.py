@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, DATA, library_spec, needs_iree_compile, write_kernel_project
 
-from kitdispatch import BuildOptions, generate, load_manifest
+from kitdispatch import BuildOptions, generate
 from kitdispatch import build
 from kitdispatch.compile.archs import Arch
 from kitdispatch.cli import main

@@ -14,7 +14,6 @@ from conftest import (
     SOFTMAX_CU,
     make_sample_model,
     matmul_model,
-    model_project,
     needs_iree_compile,
     run_cli,
     softmax_model,
