@@ -15,7 +15,7 @@ import numpy as np
 
 # (b, h, g, s, d): batch, query heads, K/V heads (the _gqa entries), tokens, head dim
 SHAPES = [(1, 12, 4, 128, 64), (1, 12, 4, 197, 64), (8, 12, 4, 197, 64), (4, 12, 4, 256, 64), (1, 12, 4, 384, 64),
-          (8, 12, 4, 512, 64), (1, 32, 8, 512, 128)]
+          (8, 12, 4, 512, 64), (1, 32, 8, 512, 128), (2, 8, 4, 77, 128), (2, 12, 4, 129, 64)]
 ENTRIES = ["attention_f16", "attention_kt_f16", "attention_bshd_f16", "attention_causal_bshd_f16", "attention_gqa_f16",
            "attention_causal_gqa_bshd_f16"]
 CALLS = 3

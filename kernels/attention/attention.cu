@@ -336,7 +336,59 @@ struct Layout {
 
 struct Args {
   int ntiles;
+  bool kt_by_threads;  // K^T rows not 16-byte multiples apart (s % 8 != 0): kt_loaders write K's stages
 };
+
+// Warps 1-3 of the producer warpgroup, where K^T's rows are not 16-byte multiples apart (ViT's
+// s = 197), which TMA cannot take: they write each K stage as TMA would (BN / 64 boxes of D rows
+// x 64 keys, 128-byte swizzle), 8 keys a 16-byte store, from 4-byte loads (two elements each,
+// realigned with a byte permute where a row's keys start at an odd element), zeros past key s;
+// then a proxy fence (wgmma reads through the async proxy) and one arrival each on the stage's
+// full barrier.
+constexpr int kKtLoaders = 96;
+template <int D>
+__device__ void kt_loaders(const Layout<D>& L, const Args& a, const Problem& p) {
+  using C = Layout<D>;
+  constexpr int kChunks = C::BN / 64 * D * 8;  // 16-byte chunks of a K stage
+  const int tid = threadIdx.x - 32;
+  const unsigned* k32 = reinterpret_cast<const unsigned*>(p.k);
+  for (int t = 0; t < a.ntiles; ++t) {
+    const int s = t % kStages;
+    mbar_wait(L.empty(s), ((t / kStages) & 1) ^ 1);
+    for (int u = tid; u < kChunks; u += kKtLoaders) {
+      const int c = u % 8, e = u / 8 % D, box = u / (8 * D);
+      const int key0 = t * C::BN + box * 64 + c * 8;
+      const long long off = e * p.k_row + key0;  // element index of (row e, key key0) in this head's K^T
+      unsigned w[4];
+      if (key0 + 8 < p.s && e < p.d) {
+        if ((off & 1) == 0) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[j] = k32[off / 2 + j];
+        } else {
+          unsigned x = k32[off / 2];  // elements off - 1, off
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const unsigned y = k32[off / 2 + 1 + j];
+            w[j] = __byte_perm(x, y, 0x5432);  // x's high element, y's low one
+            x = y;
+          }
+        }
+      } else {  // the last keys: element by element, zeros past s (and past the head dim d)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const unsigned lo = key0 + 2 * j < p.s && e < p.d ? p.k[off + 2 * j] : 0u;
+          const unsigned hi = key0 + 2 * j + 1 < p.s && e < p.d ? p.k[off + 2 * j + 1] : 0u;
+          w[j] = lo | hi << 16;
+        }
+      }
+      const unsigned dst = L.k(s) + box * D * 128 + e * 128 + ((c ^ (e % 8)) * 16);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+    fence_proxy_async();
+    mbar_arrive(L.k_full(s));
+  }
+}
 
 // Warp 0 of the producer warpgroup: builds the Q, K and V maps, then (lane 0) loads Q once and
 // keeps the K/V ring full. Each map is of this block's head alone ([s, d], rows the layout's
@@ -346,9 +398,10 @@ template <class E, int D, bool kKT>
 __device__ void produce(const Layout<D>& L, const Args& a, const Problem& p, unsigned maps, unsigned char (*slot)[kTensorMapBytes]) {
   using C = Layout<D>;
   const int lane = threadIdx.x % 32;
+  const bool k_by_tma = !(kKT && a.kt_by_threads);
   if (lane == 0) {
     tensor_map_3d<E>(maps, p.q, D, p.s, 1, 64, BM, p.q_row);
-    if (kKT) {
+    if (kKT) {  // (a map of rows that are not 16-byte multiples apart is written, never used)
       tensor_map_3d<E>(maps + kTensorMapBytes, p.k, p.s, D, 1, 64, D, p.k_row);
     } else {
       tensor_map_3d<E>(maps + kTensorMapBytes, p.k, D, p.s, 1, 64, C::BN, p.k_row);
@@ -364,8 +417,10 @@ __device__ void produce(const Layout<D>& L, const Args& a, const Problem& p, uns
   for (int t = 0; t < a.ntiles; ++t) {
     const int s = t % kStages;
     mbar_wait(L.empty(s), ((t / kStages) & 1) ^ 1);  // the first pass finds every stage free
-    mbar_arrive_expect_tx(L.k_full(s), C::kKVBytes);
-    if (kKT) {
+    if (k_by_tma) mbar_arrive_expect_tx(L.k_full(s), C::kKVBytes);
+    if (!k_by_tma) {
+      // kt_loaders write K
+    } else if (kKT) {
       for (int i = 0; i < C::BN / 64; ++i) tma_load_3d(L.k(s) + i * D * 128, slot[1], t * C::BN + 64 * i, 0, 0, L.k_full(s));
     } else {
       for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.k(s) + i * C::BN * 128, slot[1], 64 * i, t * C::BN, 0, L.k_full(s));
@@ -470,7 +525,7 @@ __device__ void block(const Problem& p, Args a, unsigned stat, char* dyn_smem) {
   if (threadIdx.x == 0) {
     mbar_init(L.q_full(), 1);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(L.k_full(s), 1);
+      mbar_init(L.k_full(s), kKT && a.kt_by_threads ? kKtLoaders : 1);
       mbar_init(L.v_full(s), 1);
       mbar_init(L.empty(s), 2);  // one arrival per consumer warpgroup
     }
@@ -480,7 +535,11 @@ __device__ void block(const Problem& p, Args a, unsigned stat, char* dyn_smem) {
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     setmaxnreg_dec<40>();
-    if (threadIdx.x < 32) produce<E, D, kKT>(L, a, p, dyn + C::kMapOffset, tensor_map_slots[sm_id()]);
+    if (threadIdx.x < 32) {
+      produce<E, D, kKT>(L, a, p, dyn + C::kMapOffset, tensor_map_slots[sm_id()]);
+    } else if (kKT && a.kt_by_threads) {
+      kt_loaders<D>(L, a, p);
+    }
   } else {
     setmaxnreg_inc<232>();
     consume<E, D, kCausal, kKT>(L, a, p, wg - 1);
@@ -501,7 +560,9 @@ __device__ void fill_nan(const Problem& p, int d) {
 // On sm_90a the wgmma + TMA path takes Q, K and V in [b, h, s, d] or [b, s, h, d] (GQA too) with
 // O in any layout from kHopperMinKeys keys: below that its fixed cost (tensor maps built on the
 // device, the pipeline's fill) outweighs its speed and the mma.sync path is faster. K as K^T
-// [b, h, d, s] takes it at any length where s is a multiple of 8 (its mma.sync path is slower).
+// [b, h, d, s] takes it at any length (its mma.sync path is slower): by TMA where s is a multiple
+// of 8, else written by the producer's other warps (kt_loaders; H200, ViT's s = 197: b8 h12 d64
+// 29.3 -> 20.2 us, b1 14.9 -> 10.5; benchmarks/results/attention-kt-threads-h200-round32.txt).
 // Cross-attention, key padding (_pad) and misaligned tensors take the mma.sync path, as every
 // other GPU does. H100 device time (benchmarks/results/attention-layouts-h100-round29.txt): b8
 // h12 s512 d64 [b, s, h, d] 62.3 (mma.sync) -> 47.7 us, GQA 67.0 -> 49.1, K^T 122.8 -> 41.5;
@@ -527,9 +588,10 @@ __device__ __forceinline__ void attention(const half_bits* q, const half_bits* k
   constexpr bool kRows = QL != BHDS && VL != BHDS && !kPad;  // K may be K^T (its keys contiguous)
   __shared__ __align__(1024) char stat[hopper::kStaticBytes];
   const unsigned stat_addr = kit::smem_addr(stat);
-  const bool tma_rows = KL != BHDS || p.k_row % 8 == 0;  // TMA takes rows 16-byte multiples apart
-  if (kRows && tma_rows && keys == s && (KL == BHDS || s >= kHopperMinKeys) && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
-    const hopper::Args a{0};
+  // K^T whose rows are not 16-byte multiples apart (TMA's) is written by the producer's other warps
+  const bool kt_by_threads = KL == BHDS && p.k_row % 8 != 0;
+  if (kRows && keys == s && (KL == BHDS || s >= kHopperMinKeys) && aligned && (d == 64 || d == 128) && hopper::sm_id() < hopper::kTensorMapSlots && (stat_addr & 1023) == 0) {
+    const hopper::Args a{0, kt_by_threads};
     if (d == 128) {
       hopper::block<E, 128, kCausal, KL == BHDS>(p, a, stat_addr, dyn_smem);
     } else {
