@@ -167,6 +167,16 @@ XP_SHAPES = [(128, 768, 768), (512, 768, 768), (128, 2304, 768), (128, 3072, 768
              (2048, 768, 768), (128, 4096, 4096), (512, 768, 3072), (512, 4096, 4096)]
 
 
+def against_cublas(calls, outs, ref, a, b, reps=30):
+    """The kit calls (key, fn, kernel name) interleaved with cuBLAS's a @ b.t(), CUPTI device time
+    (G.kernel_times), each kit result in outs[key] checked against ref (rel L2 error <= 2e-3):
+    (cuBLAS us, {key: kit us}, the fastest key, {key: error} of the results that are off)."""
+    t = G.kernel_times(calls + [("cublas", lambda: a @ b.t(), None)], reps)
+    errs = {key: G.rel_err(c, ref) for key, c in outs.items()}
+    kit = {key: v for key, v in t.items() if key != "cublas"}
+    return t["cublas"], kit, min(kit, key=kit.get), {key: e for key, e in errs.items() if not e <= 2e-3}
+
+
 def step_configs(objdir):
     """Other (BN, S) split-K configs (gemm_floor_configs.cu) against the library's, one pass per shape."""
     torch = G.torch
@@ -190,15 +200,10 @@ def step_configs(objdir):
             args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
             grid = ((n + bn - 1) // bn, (m + 127) // 128, s)
             calls.append((name, lambda f=f, grid=grid, args=args: f(grid, (384, 1, 1), args, shared_mem=G.SMEM), name))
-        calls.append(("cublas", lambda: a @ b.t(), None))
-        t = G.kernel_times(calls, 30)
-        errs = {key: G.rel_err(c, ref) for key, c in outs.items()}
-        bad = [key for key, e in errs.items() if not e <= 2e-3]
-        kit = {key: v for key, v in t.items() if key != "cublas"}
-        best = min(kit, key=kit.get)
-        G.log(f"CONFIGS {m}x{n}x{k}: cublas {t['cublas']:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
-              + f" | best {best} {t['cublas'] / kit[best]:.2f}x chosen {G.choose_config(m, n, k) or 't128x256'}"
-              + (f" BAD {bad}" if bad else ""))
+        cublas, kit, best, bad = against_cublas(calls, outs, ref, a, b)
+        G.log(f"CONFIGS {m}x{n}x{k}: cublas {cublas:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
+              + f" | best {best} {cublas / kit[best]:.2f}x chosen {G.choose_config(m, n, k) or 't128x256'}"
+              + (f" BAD {list(bad)}" if bad else ""))
 
 
 def ncu_target(objdir):

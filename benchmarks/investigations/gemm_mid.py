@@ -53,17 +53,12 @@ def step_sweep(objdir, variant):
             c = torch.empty(m, n, device="cuda", dtype=torch.half)
             outs[cfg or "t128x256"] = c
             calls.append((cfg or "t128x256", F.call(K, cfg, a, b, c, m, n, k), name))
-        calls.append(("cublas", lambda: a @ b.t(), None))
-        t = G.kernel_times(calls, 30)
-        errs = {key: G.rel_err(c, ref) for key, c in outs.items()}
-        bad = [key for key, e in errs.items() if not e <= 2e-3]
-        kit = {key: v for key, v in t.items() if key != "cublas"}
-        best = min(kit, key=kit.get)
+        cublas, kit, best, bad = F.against_cublas(calls, outs, ref, a, b)
         chosen = G.choose_config(m, n, k) or "t128x256"
         chosen = chosen if chosen in kit else best
-        G.log(f"SWEEP {variant} {m}x{n}x{k}: cublas {t['cublas']:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
-              + f" | chosen {chosen} {t['cublas'] / kit[chosen]:.2f}x | best {best} {t['cublas'] / kit[best]:.2f}x"
-              + (f" BAD {bad} {[errs[x] for x in bad]}" if bad else ""))
+        G.log(f"SWEEP {variant} {m}x{n}x{k}: cublas {cublas:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
+              + f" | chosen {chosen} {cublas / kit[chosen]:.2f}x | best {best} {cublas / kit[best]:.2f}x"
+              + (f" BAD {list(bad)} {list(bad.values())}" if bad else ""))
 
 
 def step_bmm(objdir):

@@ -97,15 +97,10 @@ def step_sweep(objdir):
                     args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
                     grid = ((n + bn - 1) // bn, (m + tm - 1) // tm, s)
                     calls.append((name, lambda f=f, grid=grid, args=args: f(grid, (384, 1, 1), args, shared_mem=G.SMEM), name))
-            calls.append(("cublas", lambda: a @ b.t(), None))
-            t = G.kernel_times(calls, 30)
-            errs = {key: G.rel_err(c, ref) for key, c in outs.items()}
-            bad = [key for key, e in errs.items() if not e <= 2e-3]
-            kit = {key: v for key, v in t.items() if key != "cublas"}
-            best = min(kit, key=kit.get)
-            res[vn] = (t["cublas"], kit)
-            G.log(f"SWEEP {vn} {m}x{n}x{k}: cublas {t['cublas']:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
-                  + f" | best {best} {t['cublas'] / kit[best]:.2f}x" + (f" BAD {bad} {[errs[x] for x in bad]}" if bad else ""))
+            cublas, kit, best, bad = F.against_cublas(calls, outs, ref, a, b)
+            res[vn] = (cublas, kit)
+            G.log(f"SWEEP {vn} {m}x{n}x{k}: cublas {cublas:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
+                  + f" | best {best} {cublas / kit[best]:.2f}x" + (f" BAD {list(bad)} {list(bad.values())}" if bad else ""))
         chosen = G.choose_config(m, n, k) or "t128x256"
         (cn, kn), (co, ko) = res["new"], res["old"]
         was = OLD_CHOICE.get((m, n, k), chosen)

@@ -417,13 +417,13 @@ __device__ void produce(const Layout<D>& L, const Args& a, const Problem& p, uns
   for (int t = 0; t < a.ntiles; ++t) {
     const int s = t % kStages;
     mbar_wait(L.empty(s), ((t / kStages) & 1) ^ 1);  // the first pass finds every stage free
-    if (k_by_tma) mbar_arrive_expect_tx(L.k_full(s), C::kKVBytes);
-    if (!k_by_tma) {
-      // kt_loaders write K
-    } else if (kKT) {
-      for (int i = 0; i < C::BN / 64; ++i) tma_load_3d(L.k(s) + i * D * 128, slot[1], t * C::BN + 64 * i, 0, 0, L.k_full(s));
-    } else {
-      for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.k(s) + i * C::BN * 128, slot[1], 64 * i, t * C::BN, 0, L.k_full(s));
+    if (k_by_tma) {  // (else kt_loaders write K)
+      mbar_arrive_expect_tx(L.k_full(s), C::kKVBytes);
+      if (kKT) {
+        for (int i = 0; i < C::BN / 64; ++i) tma_load_3d(L.k(s) + i * D * 128, slot[1], t * C::BN + 64 * i, 0, 0, L.k_full(s));
+      } else {
+        for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.k(s) + i * C::BN * 128, slot[1], 64 * i, t * C::BN, 0, L.k_full(s));
+      }
     }
     mbar_arrive_expect_tx(L.v_full(s), C::kKVBytes);
     for (int i = 0; i < C::kBoxes; ++i) tma_load_3d(L.v(s) + i * C::BN * 128, slot[2], 64 * i, t * C::BN, 0, L.v_full(s));

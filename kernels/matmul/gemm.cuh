@@ -623,6 +623,26 @@ __device__ __forceinline__ void slice_mma(float (&d)[BN / 2], unsigned a, unsign
   }
 }
 
+// A consumer warpgroup's pass over the ring's slices g0 .. g0 + nt - 1 (slice g in stage
+// g % kStages): per slice, wait until its stage is full, `mma(stage, t)` (the wgmmas of slice
+// g0 + t), and once they are issued free the stage before it, whose wgmmas are then done. At the
+// end every wgmma is done; `release_last` frees the last stage too (a producer that loads on).
+template <int kStages, class Mma>
+__device__ __forceinline__ void consume_slices(const Smem& sm, int g0, int nt, bool release_last, Mma&& mma) {
+  const bool leader = threadIdx.x % 128 == 0;
+  for (int t = 0; t < nt; ++t) {
+    const int g = g0 + t, s = g % kStages;
+    mbar_wait(&sm.full[s], (g / kStages) & 1);
+    wgmma_fence();
+    mma(s, t);
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (t > 0 && leader) mbar_arrive(&sm.empty[(g - 1) % kStages]);
+  }
+  wgmma_wait<0>();
+  if (release_last && nt > 0 && leader) mbar_arrive(&sm.empty[(g0 + nt - 1) % kStages]);
+}
+
 // Consumer warpgroup `wg` (0 or 1): rows 64 * wg .. + 64 of the tile, k slices 0 .. nt - 1 of
 // this CTA's share.
 template <class E, bool kNT, int BN, int R, int TM>
@@ -630,18 +650,10 @@ __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int
   using C = Cfg<BN, R, TM>;
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
-  const int t_in_wg = threadIdx.x % 128;
-  for (int t = 0; t < nt; ++t) {
-    const int s = t % C::kStages;
-    mbar_wait(&sm.full[s], (t / C::kStages) & 1);
+  consume_slices<C::kStages>(sm, 0, nt, false, [&](int s, int t) {
     if (t == 0 && threadIdx.x == 128) KITGEMM_MARK(5);
-    wgmma_fence();
     slice_mma<E, kNT, BN>(d, sm.a(s) + wg * 64 * C::BK * 2, sm.b(s));
-    wgmma_commit();
-    wgmma_wait<1>();
-    if (t > 0 && t_in_wg == 0) mbar_arrive(&sm.empty[(t - 1) % C::kStages]);
-  }
-  wgmma_wait<0>();
+  });
 }
 
 // Accumulator columns [CH * CW, CH * CW + CW) of this thread -> the f32 staging tile.
@@ -894,7 +906,7 @@ __device__ __forceinline__ void pingpong_consume(const Smem& sm, typename Out::T
                                                  int n, int total, int tiles_m, int tiles_n, int ktiles, int cw,
                                                  float* stg) {
   using Cf = PCfg<BN>;
-  const int t_in_wg = threadIdx.x % 128, warp = t_in_wg / 32, lane = t_in_wg % 32;
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const bool vec = (n * (int)sizeof(typename Out::T)) % 16 == 0 && kit::aligned16(C);
   const int mine = total > int(blockIdx.x) ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
   float d0[BN / 2], d1[BN / 2];
@@ -905,19 +917,11 @@ __device__ __forceinline__ void pingpong_consume(const Smem& sm, typename Out::T
     if (j > 0) kit::named_barrier(2 + cw, 256);  // the other warpgroup has all of tile j - 1's stages
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) d0[i] = 0.f, d1[i] = 0.f;
-    for (int t = 0; t < ktiles; ++t) {
-      const int g = j * ktiles + t, s = g % Cf::kStages;
-      mbar_wait(&sm.full[s], (g / Cf::kStages) & 1);
+    consume_slices<Cf::kStages>(sm, j * ktiles, ktiles, true, [&](int s, int t) {
       if (t == ktiles - 1 && j + 1 < mine) kit::named_barrier_arrive(3 - cw, 256);  // hand over
-      wgmma_fence();
       slice_mma<E, kNT, BN>(d0, sm.a(s), sm.b(s));
       slice_mma<E, kNT, BN>(d1, sm.a(s) + 64 * Cf::BK * 2, sm.b(s));
-      wgmma_commit();
-      wgmma_wait<1>();
-      if (t > 0 && t_in_wg == 0) mbar_arrive(&sm.empty[(g - 1) % Cf::kStages]);
-    }
-    wgmma_wait<0>();
-    if (t_in_wg == 0) mbar_arrive(&sm.empty[(j * ktiles + ktiles - 1) % Cf::kStages]);
+    });
     typename Out::T* Cb = C + (long long)bz * m * n;
     EpiArgs<Out> eb = e;
     if constexpr (EpiTraits<kEpi>::kHasRes) eb.res += (long long)bz * m * n;
@@ -933,27 +937,19 @@ __device__ __forceinline__ void cooperative_consume(const Smem& sm, typename Out
                                                     int n, int total, int tiles_m, int tiles_n, int ktiles, int cw,
                                                     float* stg) {
   using Cf = PCfg<BN>;
-  const int t_in_wg = threadIdx.x % 128, warp = t_in_wg / 32, lane = t_in_wg % 32;
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const bool vec = (n * (int)sizeof(typename Out::T)) % 16 == 0 && kit::aligned16(C);
   int g = 0;
   float d[BN / 2];
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x, g += ktiles) {
     int bz, tm, tn;
     tile_of(tile, tiles_m, tiles_n, bz, tm, tn);
     const int bm = tm * BM, bn = tn * BN;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
-    for (int t = 0; t < ktiles; ++t, ++g) {
-      const int s = g % Cf::kStages;
-      mbar_wait(&sm.full[s], (g / Cf::kStages) & 1);
-      wgmma_fence();
+    consume_slices<Cf::kStages>(sm, g, ktiles, true, [&](int s, int) {
       slice_mma<E, kNT, BN>(d, sm.a(s) + cw * 64 * Cf::BK * 2, sm.b(s));
-      wgmma_commit();
-      wgmma_wait<1>();
-      if (t > 0 && t_in_wg == 0) mbar_arrive(&sm.empty[(g - 1) % Cf::kStages]);
-    }
-    wgmma_wait<0>();
-    if (t_in_wg == 0) mbar_arrive(&sm.empty[(g - 1) % Cf::kStages]);
+    });
     typename Out::T* Cb = C + (long long)bz * m * n;
     EpiArgs<Out> eb = e;
     if constexpr (EpiTraits<kEpi>::kHasRes) eb.res += (long long)bz * m * n;
