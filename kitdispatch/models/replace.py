@@ -180,20 +180,53 @@ def settle(found: Sequence[tuple[object, OpFacts]], decisions: Sequence[Decision
     """Decisions in the order of `found`, where a replacement that removes other ops wins over
     those ops' own decisions (they are kept, saying which kernel computes them): the ops its
     kind `claims` (decomposed attention's chain up from its last matmul, a mask made for the
-    op alone) and those down to the op its call marks (a matmul's epilogue generics)."""
+    op alone) and those down to the op its call marks (a matmul's epilogue generics). Only a
+    replacement that stands claims: one whose own op another's claims (the Q K^T matmul of an
+    attention chain) takes nothing with it, so the ops it would have claimed (that matmul's
+    truncation) are said to be the standing one's, or keep their own decisions."""
+    ops = [op for op, _ in found]
+    claims = {i: (*OP_KINDS[d.op.kind].claims(ops[i]), *after(ops[i], d.call.marked))
+              for i, d in enumerate(decisions) if d.kernel is not None}
+    standing, cycles = _standing(ops, claims)
     claimed: dict = {}
-    for (op, _), decision in zip(found, decisions):
-        if decision.kernel is not None:
-            for other in (*OP_KINDS[decision.op.kind].claims(op), *after(op, decision.call.marked)):
-                claimed.setdefault(other, decision)
+    for i in (*sorted(standing), *sorted(cycles)):  # in a cycle the first to claim an op takes it, as before
+        for other in claims[i]:
+            claimed.setdefault(other, i)
     settled = []
-    for (op, facts), decision in zip(found, decisions):
+    for i, ((op, facts), decision) in enumerate(zip(found, decisions)):
         owner = claimed.get(op)
-        if owner is not None and owner is not decision:
-            why = f"part of the {owner.op.kind} at {owner.op.location}, which {owner.kernel.name} replaces whole"
+        if owner is not None and owner != i:
+            d = decisions[owner]
+            why = f"part of the {d.op.kind} at {d.op.location}, which {d.kernel.name} replaces whole"
             decision = Decision(facts, None, reasons=(why,))
         settled.append(decision)
     return settled
+
+
+def _standing(ops: list, claims: dict[int, tuple]) -> tuple[set[int], set[int]]:
+    """The replacements that stand (no standing replacement claims their op, found from the
+    ones nothing claims down), and those left that claim each other's ops in a cycle."""
+    by_op: dict = {}
+    for j, taken in claims.items():
+        for other in taken:
+            by_op.setdefault(other, []).append(j)
+    claimers = {i: [j for j in by_op.get(ops[i], ()) if j != i] for i in claims}
+    standing: set[int] = set()
+    fallen: set[int] = set()
+    undecided = set(claims)
+    while undecided:
+        settled_now = set()
+        for i in undecided:
+            if any(j in standing for j in claimers[i]):
+                fallen.add(i)
+                settled_now.add(i)
+            elif all(j in fallen for j in claimers[i]):
+                standing.add(i)
+                settled_now.add(i)
+        if not settled_now:
+            break  # a cycle: the rest give way
+        undecided -= settled_now
+    return standing, undecided
 
 
 __all__ = [

@@ -25,6 +25,8 @@ ARCHS = "sm_90a,sm_80"
         ("gpt2-f16-b1s128", "attention_causal_qkv_f16"),  # one QKV projection split (read packed, in place), its causal mask
         ("vit-f16-b1s128", "attention_kt_f16"),  # 197 tokens
         ("llama-f16-b1s128", "attention_causal_gqa_f16"),  # 16 query heads, 4 K/V heads, d = 128
+        ("llama-f16-b2s128", "attention_causal_gqa_f16"),  # at batch 2 repeat_kv's broadcast is merged with the batch
+        ("llama-mask-f16-b2s128", "attention_causal_pad_gqa_f16"),  # called with attention_mask (--attention-mask)
     ],
 )
 def test_hf_export_attention_is_one_kernel(tmp_path, model, kernel):

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import math
+
 from dataclasses import dataclass, field
 
 from kitdispatch.models.ops._masks import NONE, OTHER, MaskForm, is_masked_value, per_key, read_additive, read_mask, with_key_padding
@@ -55,7 +57,7 @@ class Input:
     path: tuple[int, ...]
     tensor: TensorFacts
     order: str = "bhsd"
-    reshape: Reshape | None = None  # how the kernel views it, where that is not by unit dims (a packed QKV)
+    reshape: Reshape | None = None  # how the kernel views it, where that is not by unit dims in front (a packed QKV; MQA's K, V)
     value: object = field(default=None, compare=False, repr=False)  # the ir.Value (the [b, s, h, d] reads: a packed slice?)
 
 
@@ -175,7 +177,8 @@ def _groups(op: ir.Operation) -> list[list[int]]:
 def _reshaped(op: ir.Operation, roles: tuple[str, ...], *, down: bool) -> tuple[str, ...] | None:
     """The roles of the axes on the other side of a reshape (or barrier): going down, of its
     result from its source's; going up, of its source from its result's. An axis split in two is
-    "B" into b and h, or one role and unit dims; axes merged are b and h into "B", or one role
+    "B" into b and h, or one role and unit dims; going up, "B" split in three is b, G, R (GQA's
+    [b, kv heads, repeat] where a broadcast made it: `_grouped`; no kernel order otherwise); axes merged are b and h into "B", or one role
     and unit dims. None where the roles cannot be told."""
     if op.name not in ("tensor.collapse_shape", "tensor.expand_shape"):
         return roles
@@ -191,6 +194,8 @@ def _reshaped(op: ir.Operation, roles: tuple[str, ...], *, down: bool) -> tuple[
                 out.append(role)
             elif role == "B" and len(group) == 2 and 1 not in sizes:
                 out += ["b", "h"]
+            elif role == "B" and len(group) == 3 and 1 not in sizes and not down:
+                out += ["b", "G", "R"]  # b x (heads as outer x inner): GQA's kv heads x repeat, where a broadcast makes it
             elif sizes.count(1) == len(group) - 1:
                 out += [role if size != 1 else "1" for size in sizes]
             else:
@@ -214,6 +219,12 @@ class _Reader:
         self.ops: list = []
         self.problem: str | None = None
         self.unpacked: str | None = None  # Chain.unpacked
+        # Whether Q has a batch dim of its own (None: not read): K's and V's [b, h] read as a
+        # broadcast from fewer heads are then [b, heads] (MQA), else [kv heads, repeat] (b = 1)
+        self.q_batch: bool | None = None
+        # Q's number of heads where it is static: a broadcast read as K's or V's heads repeated
+        # must make exactly these (with a dynamic batch nothing else ties its repeat to h / g)
+        self.q_heads: int | None = None
 
     def fail(self, why: str) -> None:
         self.problem = self.problem or why
@@ -243,8 +254,8 @@ class _Reader:
         other user: it then dies with the chain."""
         owner = _owner(value)
         grouped = _grouped(self, near, value, roles)
-        if grouped is not None:
-            return (near, grouped)
+        if grouped:
+            return (near, *grouped)
         permutation = None if owner is None or roles is None or _users(value) != 1 else plain_transpose(owner)
         if permutation is None:
             return (near,)
@@ -264,38 +275,88 @@ class _Reader:
             value, path = owner.operands[0], path + (0,)
 
 
-def _grouped(r: _Reader, near: Input, value: ir.Value, roles: tuple[str, ...] | None) -> Input | None:
+def _grouped(r: _Reader, near: Input, value: ir.Value, roles: tuple[str, ...] | None) -> tuple[Input, ...]:
     """K or V before its heads are repeated (GQA as transformers' repeat_kv leaves it: a
     broadcast generic kv_heads -> kv_heads x group, collapsed into the query heads), its heads
-    named g; None where `value` is not made so. `value` is the collapse (its heads "B"), or the
-    broadcast where the chain was read through the collapse (its heads split as b, h). The
-    broadcast and the collapse die with the chain."""
+    named g; () where `value` is not made so. `value` is the collapse (its heads "B"), or the
+    broadcast where the chain was read through the collapse: its heads split as b, h where b is
+    1 (the collapse merged [g, r]), as b, G, R where it is not ([b, g, r]). A broadcast from no
+    heads at all (MQA: IREE drops the unit kv-heads dim) is read as g = 1, viewed with that unit
+    dim where each kernel order has it. The broadcast and the collapse die with the chain."""
     owner = _owner(value)
     if roles is None or owner is None or _users(value) != 1:
-        return None
+        return ()
     if owner.name == "tensor.collapse_shape":
         groups = _groups(owner)
         merged = [i for i, g in enumerate(groups) if len(g) == 2]
         if len(merged) != 1 or len(groups) != len(roles) or roles[merged[0]] != "B" or _users(owner.operands[0]) != 1:
-            return None
+            return ()
         wide = [role for role, g in zip(roles, groups) for _ in g]
         (kv, repeat), ops, path = groups[merged[0]], [owner], near.path + (0,)
         owner = _owner(owner.operands[0])
-    elif "b" in roles and "h" in roles and roles.index("h") == roles.index("b") + 1:
+    elif "G" in roles and "R" in roles and roles.index("R") == roles.index("G") + 1:  # b > 1: [b, g, r] merged
+        wide, kv, repeat, ops, path = list(roles), roles.index("G"), roles.index("R"), [], near.path
+    elif "b" in roles and "h" in roles and roles.index("h") == roles.index("b") + 1 and r.q_batch:  # MQA, b > 1
+        return _single_head(r, owner, list(roles), roles.index("h"), near.path)
+    elif "b" in roles and "h" in roles and roles.index("h") == roles.index("b") + 1:  # b = 1: [g, r] merged
         wide, kv, repeat, ops, path = list(roles), roles.index("b"), roles.index("h"), [], near.path
+    elif roles.count("B") == 1 and r.q_batch is False:  # MQA, b = 1: the query heads
+        return _single_head(r, owner, ["h" if x == "B" else x for x in roles], roles.index("B"), near.path)
     else:
-        return None
+        return ()
     source = _broadcast_source(owner, kv, repeat)
-    if source is None:
-        return None
+    if source is None or not _makes_query_heads(r, owner, (kv, repeat)):
+        return ()
     wide[kv], wide[repeat] = "g", "r"
     r.ops.extend((*ops, owner))
-    return Input(path + (0,), tensor_facts(owner.operands[0].type), _order(tuple(wide[dim] for dim in source)))
+    return (Input(path + (0,), tensor_facts(owner.operands[0].type), _order(tuple(wide[dim] for dim in source))),)
 
 
-def _broadcast_source(op: ir.Operation | None, kv: int, repeat: int) -> tuple[int, ...] | None:
+def _single_head(r: _Reader, owner: ir.Operation | None, wide: list[str], repeat: int, path: tuple[int, ...]) -> tuple[Input, ...]:
+    """K or V broadcast to the query heads (dim `repeat`) from a tensor with no heads dim (MQA):
+    the source as each kernel order with g reads it ([b, 1, s, d] and [b, s, 1, d]; b = 1
+    where it has no b), a view that adds the unit dims; () where it is not such a broadcast."""
+    source = _broadcast_source(owner, None, repeat)
+    if source is None or not _makes_query_heads(r, owner, (repeat,)):
+        return ()
+    roles = tuple(wide[dim] for dim in source)
+    tensor = tensor_facts(owner.operands[0].type)
+    views = tuple(Input(path + (0,), tensor, order, reshape=view) for order in ("bgsd", "bsgd")
+                  if (view := _unit_view(roles, tensor.shape, order)) is not None)
+    if views:
+        r.ops.append(owner)
+    return views
+
+
+def _makes_query_heads(r: _Reader, broadcast: ir.Operation, dims: tuple[int, ...]) -> bool:
+    """Whether the broadcast's result dims `dims` (kv heads and repeat, or the repeat alone)
+    are static and make Q's static number of heads."""
+    shape = tensor_facts(broadcast.results[0].type).shape
+    sizes = [shape[d] for d in dims]
+    return r.q_heads is not None and None not in sizes and math.prod(sizes) == r.q_heads
+
+
+def _unit_view(roles: tuple[str, ...], shape: tuple[int | None, ...], order: str) -> Reshape | None:
+    """A tensor of these axes (a subset of `order`'s, in its order, its last among them) as
+    the kernel's `order`, the missing axes unit dims, each leading the group of the next axis
+    it has; None where its axes are not so or a size is dynamic."""
+    if [x for x in order if x in roles] != list(roles) or order[-1] != roles[-1] or None in shape or len(set(roles)) != len(roles):
+        return None
+    groups, pending = [], []
+    for i, axis in enumerate(order):
+        if axis in roles:
+            groups.append((*pending, i))
+            pending = []
+        else:
+            pending.append(i)
+    sizes = dict(zip(roles, shape))
+    return Reshape(tuple(groups), shape=tuple(sizes.get(axis, 1) for axis in order))
+
+
+def _broadcast_source(op: ir.Operation | None, kv: int | None, repeat: int) -> tuple[int, ...] | None:
     """For a generic that only broadcasts its one input along dim `repeat` (and may permute the
-    others), the input map's dims (input dim j is output dim map[j]); None for anything else."""
+    others, dim `kv` among them where one is named), the input map's dims (input dim j is
+    output dim map[j]); None for anything else."""
     from iree.compiler import ir
 
     if op is None or op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
@@ -303,7 +364,7 @@ def _broadcast_source(op: ir.Operation | None, kv: int, repeat: int) -> tuple[in
     maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
     body = [o.name for o in op.regions[0].blocks[0].operations]
     rank = len(maps[1]) if maps[1] is not None else 0
-    if None in maps or maps[1] != tuple(range(rank)) or body != ["linalg.yield"] or kv not in maps[0]:
+    if None in maps or maps[1] != tuple(range(rank)) or body != ["linalg.yield"] or (kv is not None and kv not in maps[0]):
         return None
     return maps[0] if sorted(maps[0]) == [i for i in range(rank) if i != repeat] else None
 
@@ -333,7 +394,12 @@ def read_chain(anchor: ir.Operation) -> Chain:
         scale, scale_text, mask, padding = _scale_and_mask(r, program)
     v_value, v_path, v_roles = r.through_roles(anchor.operands[1], (1,), _roles(anchor.operands[1], "sd"))
     v_options = r.further(Input(v_path, tensor_facts(v_value.type), _order(v_roles)), v_value, v_roles)
-    down, o_roles = _down(anchor, len(q_options[0].tensor.shape))
+    rows = _merged_rows(anchor)
+    if rows is not None and v_roles == ("s", "d"):  # one V [t, d] for every head's rows: MQA's V, as g = 1
+        v_tensor = tensor_facts(v_value.type)
+        v_options += tuple(Input(v_path, v_tensor, order, reshape=view) for order in ("bgsd", "bsgd")
+                           if (view := _unit_view(v_roles, v_tensor.shape, order)) is not None)
+    down, o_roles = _down(anchor, len(q_options[0].tensor.shape), rows)
     for op in down[:-1]:
         r.take(op)
     marked = len(down) - 1
@@ -348,20 +414,35 @@ def read_chain(anchor: ir.Operation) -> Chain:
                  added.masked if added and keep else None, added.dtype if added and keep else "", r.unpacked)
 
 
-def _down(anchor: ir.Operation, rank: int) -> tuple[list, tuple | None]:
+def _merged_rows(anchor: ir.Operation) -> tuple[int, int] | None:
+    """(B, s) where the anchor is a 2-D P V matmul whose P is the softmax's [B, s, t] with its
+    heads merged into its rows (IREE's form of P V where one V [t, d] serves every head: MQA at
+    b = 1), its sizes static; None otherwise."""
+    collapse = _owner(anchor.operands[0])
+    if anchor.name != "linalg.matmul" or collapse is None or collapse.name != "tensor.collapse_shape" or _groups(collapse) != [[0, 1], [2]]:
+        return None
+    lead = tensor_facts(collapse.operands[0].type).shape[:2]
+    return None if None in lead else lead
+
+
+def _down(anchor: ir.Operation, rank: int, rows: tuple[int, int] | None = None) -> tuple[list, tuple | None]:
     """The anchor and its single users down to the op replaced, and the roles of that op's
     result's axes. The op replaced is the first whose result is the kernel's O: Q's rank, a
     16-bit float (the truncation of the f32 accumulator, and where Q is [b, h, s, d], the
     expand_shape of [b*h, s, d] back to it); else the first 16-bit result of an order a kernel
     names (a truncation that also transposes the heads back to [b, s, h, d]); the anchor where
-    neither is."""
-    ops, roles = [anchor], [_roles(anchor.results[0], "sd")]
+    neither is. `rows`: the anchor's rows are the heads' (B, s) merged (_merged_rows), which
+    only the expand_shape back to [B, s, d] of exactly those sizes tells apart."""
+    ops, roles = [anchor], [("Bs", "d") if rows is not None else _roles(anchor.results[0], "sd")]
     while len(ops) <= _SEARCH:
         users = list(ops[-1].results[0].uses)
         user = users[0].owner.operation if len(users) == 1 else None
         if user is None or len(user.results) != 1 or roles[-1] is None:
             break
-        if user.name in _THROUGH:
+        if roles[-1][0] == "Bs":  # only the split of the rows back into (B, s) reads on
+            split = user.name == "tensor.expand_shape" and _groups(user) == [[0, 1], [2]]
+            after = ("B", "s", "d") if split and tensor_facts(user.results[0].type).shape[:2] == rows else None
+        elif user.name in _THROUGH:
             after = _reshaped(user, roles[-1], down=True)
         elif _cast_permutation(user) is not None:
             permutation = _cast_permutation(user)  # input dim j is output dim permutation[j]
@@ -500,6 +581,9 @@ def _q_and_k(r: _Reader, qk: ir.Operation, path: tuple[int, ...]) -> tuple[tuple
     from iree.compiler import ir
 
     q_value, q_path, q_roles = r.through_roles(qk.operands[0], path + (0,), _roles(qk.operands[0], "sd"))
+    r.q_batch = None if q_roles is None else "b" in q_roles
+    heads = None if q_roles is None else "h" if "h" in q_roles else "B" if q_roles.count("B") == 1 else None
+    r.q_heads = None if heads is None else tensor_facts(q_value.type).shape[q_roles.index(heads)]
     q_options = r.further(Input(q_path, tensor_facts(q_value.type), _order(q_roles)), q_value, q_roles)
     b_value, b_path = qk.operands[1], path + (1,)
     if _plain_matmul(r, qk, "Q K^T"):
