@@ -41,7 +41,7 @@ from kitdispatch.builder.publish import OutputError, OutputFolder, disk_full, ke
 from kitdispatch.describe.record import sha256
 from kitdispatch._proc import run_checked, run_tool
 from kitdispatch.builder.pipeline import BuildOptions, project_files_in
-from kitdispatch.errors import IreeCompileError, KitError
+from kitdispatch.errors import IreeCompileError, KitError, UsageError
 from kitdispatch.compile.archs import Arch
 from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S, choose_codegen_target, find_tool, iree_compiler_version, target_flags
 from kitdispatch.models.ops import OP_KINDS
@@ -134,7 +134,7 @@ def build_model(
     kernels = replacing_kernels(projects.module)
     model = not_an_option(Path(model))  # both reach IREE's tools as arguments
     name = name or _model_name(model)
-    out_dir = not_an_option(Path(out_dir))
+    out_dir = pipeline_safe(not_an_option(Path(out_dir)))
     codegen = choose_codegen_target(options.archs, options.codegen_target).target
     flags = target_flags(codegen, options.iree_flags)  # IREE's defaults otherwise: the baseline is IREE alone
     record_name = model_record_name(name)
@@ -462,6 +462,17 @@ def _failed(projects: ModelProjects, decisions: Sequence[Decision], target: _Tar
 def _preparations(kinds: Sequence[str]) -> list[Preparation]:
     """What the kinds need run on the model before their ops are read, each once."""
     return list(dict.fromkeys(OP_KINDS[k].prepare for k in kinds if OP_KINDS[k].prepare))
+
+
+def pipeline_safe(out_dir: Path) -> Path:
+    """`out_dir`, whose path iree-opt gets inside a pass pipeline (the spec's, quoted): refused
+    where it holds a brace, which that syntax matches before it reads quotes (measured, 3.13)."""
+    braces = sorted(set(str(out_dir.absolute())) & set("{}"))
+    if braces:
+        raise UsageError(f"the output folder's path {str(out_dir.absolute())!r} holds {' and '.join(map(repr, braces))}, which IREE's "
+                         "pass-pipeline syntax cannot carry (iree-opt takes the transform spec's path in it)",
+                         fix="build into a folder whose path has no braces")
+    return out_dir
 
 
 def _model_name(model: Path) -> str:

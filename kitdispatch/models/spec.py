@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded wher
     from iree.compiler import ir  # annotations
 
 SPEC_PIPELINE = (
-    "builtin.module(iree-preprocessing-transform-interpreter{{transform-spec-path={spec}}},"
+    "builtin.module(iree-preprocessing-transform-interpreter{{transform-spec-path=\"{spec}\"}},"
     # Without `inline`, the wrappers' tensor.dim ops fail later in the pipeline (measured).
     "inline,util.func(canonicalize))"
 )

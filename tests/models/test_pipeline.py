@@ -163,6 +163,30 @@ def test_model_and_output_paths_that_start_with_a_dash(tmp_path, monkeypatch):
 
 
 @needs_iree_compile
+def test_output_folders_with_spaces_quotes_and_commas_build(tmp_path):
+    """iree-opt takes the spec's path inside its pass pipeline: quoted there, so that a space,
+    a comma or a quote in the output folder's path reaches it whole (they once split the option)."""
+    (tmp_path / "m.mlir").write_text(softmax_model())
+    out = tmp_path / "my models, \"v2\"" / "out dir"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    rc = main(["build", str(model_project(tmp_path)), "--model", str(tmp_path / "m.mlir"), "--arch", "sm_90", "-o", str(out)], stdout, stderr)
+    assert rc == 0, stderr.getvalue()
+    assert (out / "m.vmfb").is_file()
+
+
+@pytest.mark.parametrize("folder", ["o}b", "o{b"])
+def test_an_output_folder_with_braces_is_refused_before_any_work(tmp_path, folder):
+    """A brace ends the pass pipeline's option before the quote does: refused up front (exit 2),
+    with no folder made, where it once failed in iree-opt after the import and the matching."""
+    (tmp_path / "m.mlir").write_text(softmax_model())
+    stdout, stderr = io.StringIO(), io.StringIO()
+    rc = main(["build", str(model_project(tmp_path)), "--model", str(tmp_path / "m.mlir"), "--arch", "sm_90", "-o", str(tmp_path / folder)],
+              stdout, stderr)
+    assert rc == 2 and "IREE's pass-pipeline syntax cannot carry" in stderr.getvalue(), stderr.getvalue()
+    assert not (tmp_path / folder).exists()
+
+
+@needs_iree_compile
 def test_a_model_build_never_overwrites_a_users_file_and_replaces_its_own(tmp_path):
     """Model builds publish under the same rules as module builds: a file of the user's in the
     way stops the build untouched; the kit's own files of an earlier build are replaced."""
