@@ -10,6 +10,12 @@ import shlex
 from collections.abc import Sequence
 
 
+# What IREE's Python bindings raise for a failed status (runtime/bindings/python/status_utils.cc):
+# ValueError (INVALID_ARGUMENT, NOT_FOUND), IndexError (OUT_OF_RANGE), NotImplementedError
+# (UNIMPLEMENTED, a RuntimeError) and RuntimeError for every other code.
+IREE_STATUS_ERRORS = (RuntimeError, ValueError, IndexError)
+
+
 class KitError(Exception):
     """Base of every error kitdispatch raises on purpose."""
 

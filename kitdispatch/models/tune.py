@@ -29,7 +29,7 @@ from kitdispatch.describe.probe_record import (
     PROBES_SUFFIX, Probe, TuneEntry, TuneRecord, read_probe_record, read_tune_record, tune_record_name,
 )
 from kitdispatch.describe.record import RecordError
-from kitdispatch.errors import KitError, UsageError
+from kitdispatch.errors import IREE_STATUS_ERRORS, KitError, UsageError
 from kitdispatch.models.compare import check_agreement, input_notes, load_inputs, random_inputs
 from kitdispatch.run.device import DeviceArray, get_device, numpy_dtype
 from kitdispatch.run.module import Module, parameter_module, require_cuda
@@ -151,7 +151,7 @@ def capture_activations(
         if entry is None:
             raise KitError(f"{vmfb} has no function {function!r}", fix="pass --function with a function of the model")
         rt.FunctionInvoker(context, dev.hal, entry)(*args)
-    except (RuntimeError, ValueError) as exc:
+    except IREE_STATUS_ERRORS as exc:
         raise KitError(f"the capture module {vmfb} failed on {device!r}: {str(exc).strip()[:500]}", fix="check that the model runs: kitdispatch compare DIR") from None
     if failures:
         raise KitError(f"tune could not copy the traced tensors to the host: {failures[0]}", fix="report it as a kitdispatch bug")

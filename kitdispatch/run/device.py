@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kitdispatch.errors import KitError, UsageError
+from kitdispatch.errors import IREE_STATUS_ERRORS, KitError, UsageError
 from kitdispatch.describe import abi
 from kitdispatch.run.cuda_driver import libcuda
 
@@ -185,7 +185,7 @@ class DeviceArray(_iree_device_array()):
         self._pooled = None
         try:
             return self.device.hal.create_dlpack_capsule(self._buffer_view, *self.__dlpack_device__())
-        except (RuntimeError, ValueError) as exc:
+        except IREE_STATUS_ERRORS as exc:
             raise BufferError(
                 f"IREE cannot export this buffer through DLPack: {exc}. A model function's results are IREE's own "
                 "allocations, which its CUDA allocator does not export: pass out= (a torch or CuPy tensor, or "
@@ -283,7 +283,7 @@ class Device:
         self.uri = uri
         try:
             self.hal = rt.get_device(uri)
-        except (RuntimeError, ValueError) as exc:  # IREE's status text: no such GPU, a path it cannot take
+        except IREE_STATUS_ERRORS as exc:  # IREE's status text: no such GPU, a path it cannot take
             raise UsageError(
                 f"IREE cannot open device {uri!r}: {str(exc).strip()[:300]}",
                 fix="use cuda, or cuda://N with N below the number of GPUs (`kitdispatch doctor` lists them)",
@@ -326,7 +326,7 @@ class Device:
             return self.hal.allocator.allocate_buffer(
                 memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, allocation_size=max(nbytes, 1)
             )
-        except (RuntimeError, ValueError) as exc:  # IREE's status: out of memory, most likely
+        except IREE_STATUS_ERRORS as exc:  # IREE's status: out of memory, most likely
             raise KitError(
                 f"{what}: IREE could not allocate its {nbytes} bytes of transient memory on {self.uri}: {str(exc).strip()[:300]}",
                 fix="free device memory (drop arrays and modules no longer used), or use a GPU with more",
@@ -397,7 +397,7 @@ class Device:
         self._producer_sync()  # ...so its pending work is done once that stream is
         try:
             view = self.hal.from_dlpack_capsule(capsule)
-        except (RuntimeError, ValueError) as exc:
+        except IREE_STATUS_ERRORS as exc:
             raise KitError(f"IREE cannot import the tensor: {exc}", fix="pass a dense, row-major tensor (x.contiguous())") from None
         array = DeviceArray(self, view, tuple(view.shape), np.dtype(self._rt.HalElementType.map_to_dtype(view.element_type)))
         if torch_tensor:
@@ -465,7 +465,7 @@ class Device:
             wait = self._create_at(*self._point(call - 1)) if self._chained else self._no_wait
             try:
                 issue(operand, wait, done)
-            except (RuntimeError, ValueError) as exc:
+            except IREE_STATUS_ERRORS as exc:
                 self.abandon(done)
                 raise KitError(f"IREE refused to queue the call: {str(exc).strip()}", fix="see the error above") from None
             self._last = call
@@ -476,12 +476,23 @@ class Device:
         return self._last
 
     def abandon(self, signal: HalFence) -> None:
-        """A call that failed before reaching the queue still passes its place in the order on."""
-        rt = self._rt
-        empty = rt.HalCommandBuffer(self.hal)
-        empty.end()
-        wait = rt.HalFence.create_at(*self._point(self._last)) if self._chained else rt.HalFence(0)
-        self.hal.queue_execute(empty, wait, signal)
+        """A call that failed still passes its place in the order on (`signal`: its fence, the
+        next call's point): where IREE failed before queueing its work, an empty command buffer
+        signals it; where that work was queued already (a result's buffer view failing after a
+        model function's final barrier, which signals the fence), the work signals it, and a
+        second signal would fail the semaphore."""
+        semaphore, value = self._point(self._last + 1)
+        if semaphore.query() < value:
+            rt = self._rt
+            empty = rt.HalCommandBuffer(self.hal)
+            empty.end()
+            wait = rt.HalFence.create_at(*self._point(self._last)) if self._chained else rt.HalFence(0)
+            try:
+                self.hal.queue_execute(empty, wait, signal)
+            except IREE_STATUS_ERRORS as exc:
+                if semaphore.query() < value:  # neither signals it: later calls would wait forever
+                    raise KitError(f"a failed call left the device's order broken: {str(exc).strip()}",
+                                   fix="restart the process to use this device again") from None
         self.launched()
 
     def wait_for(self, call: int) -> None:
@@ -495,7 +506,7 @@ class Device:
                 if time.perf_counter() > deadline:
                     wait_fence(self._rt.HalFence.create_at(semaphore, value))
                     return
-        except (RuntimeError, ValueError) as exc:  # the semaphore failed: a call failed on the device
+        except IREE_STATUS_ERRORS as exc:  # the semaphore failed: a call failed on the device
             raise KitError(f"a call on the device failed: {str(exc).strip()}", fix="see the error above") from None
 
     def synchronize(self) -> None:
@@ -509,7 +520,7 @@ class Device:
 def wait_fence(fence: HalFence) -> None:
     try:
         fence.wait()
-    except (RuntimeError, ValueError) as exc:
+    except IREE_STATUS_ERRORS as exc:
         raise KitError(f"a call on the device failed: {str(exc).strip()}", fix="see the error above; the device may need a restart of the process") from None
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kitdispatch.run.device import DeviceArray, is_torch_tensor
-from kitdispatch.errors import KitError
+from kitdispatch.errors import IREE_STATUS_ERRORS, KitError
 from kitdispatch.describe.types import FunctionSignature, ScalarType
 from kitdispatch.run.arguments import TensorCheck, check_count, flat_values, is_device_value, stored_results, to_numpy, check_arguments, check_tensor, result_size, scalar_argument, sizing_scalars
 from kitdispatch.run.outputs import GivenOutputs
@@ -169,7 +169,7 @@ class Function:
             vm_args.push_ref(done.ref)
             try:
                 self._invoke(self._vm_async, vm_args, self._returned)
-            except (RuntimeError, ValueError) as exc:
+            except IREE_STATUS_ERRORS as exc:
                 device.abandon(done)
                 raise KitError(
                     f"{self.name}: IREE refused the call: {str(exc).strip()}",
@@ -202,7 +202,7 @@ class Function:
         returned = rt.VmVariantList(1)
         try:
             self._invoke(self._vm_record, self._argument_list(refs), returned)
-        except (RuntimeError, ValueError) as exc:
+        except IREE_STATUS_ERRORS as exc:
             raise KitError(f"{self.name}: IREE could not record the call: {str(exc).strip()}", fix="check the arguments against the function's signature") from None
         return returned.get_as_object(0, rt.HalCommandBuffer)
 

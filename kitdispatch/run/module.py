@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from kitdispatch.run.device import get_device
-from kitdispatch.errors import KitError, RuntimeUnavailable, UsageError
+from kitdispatch.errors import IREE_STATUS_ERRORS, KitError, RuntimeUnavailable, UsageError
 from kitdispatch.describe.record import BuildRecord, read_record, record_beside
 from kitdispatch.describe.names import ASYNC_SUFFIX, RECORDING_SUFFIX, TRANSIENTS_SIZE_KEY, TRANSIENTS_SUFFIX
 from kitdispatch.describe.types import FunctionSignature
@@ -153,7 +153,7 @@ class Module:
         try:
             self._vm_module = rt.VmModule.mmap(config.vm_instance, str(self.path))
             self._context.add_vm_module(self._vm_module)
-        except (RuntimeError, ValueError) as exc:
+        except IREE_STATUS_ERRORS as exc:
             raise _load_error(self.path, device, exc) from None
         self._functions = self._context.modules[self._vm_module.name]
         self._bound: dict[str, Function] = {}
@@ -234,7 +234,7 @@ def parameter_module(path: Path, config: object) -> object:
     index = rt.ParameterIndex()
     try:
         index.load(str(path))
-    except (RuntimeError, ValueError) as exc:
+    except IREE_STATUS_ERRORS as exc:
         raise UsageError(f"IREE cannot read the parameters in {path}: {str(exc).strip()[:300]}", fix="pass an .irpa, .gguf or .safetensors file") from None
     return rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAMETER_SCOPE))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kitdispatch.describe.types import TensorType
-from kitdispatch.errors import KitError
+from kitdispatch.errors import IREE_STATUS_ERRORS, KitError
 from kitdispatch.run.arguments import TensorCheck, check_distinct_outputs, check_tensor, is_device_value
 from kitdispatch.run.device import Device, DeviceArray
 
@@ -42,7 +42,7 @@ class GivenOutputs:
                     )
                 try:
                     arrays.append(device.pooled_array(shape, r))
-                except (RuntimeError, ValueError) as exc:  # IREE's allocator: sizes from scalars may be anything
+                except IREE_STATUS_ERRORS as exc:  # IREE's allocator: sizes from scalars may be anything
                     raise KitError(
                         f"{self.function}: cannot allocate a result of shape {shape} ({r.name}): {str(exc).strip()}",
                         fix="check the sizes passed as scalar arguments; free memory with module.device.pool.trim()",

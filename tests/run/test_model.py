@@ -191,6 +191,45 @@ def _some(tokens: int) -> tuple[np.ndarray, ...]:
     return (rng.integers(0, VOCAB, tokens), rng.integers(0, POSITIONS, tokens), rng.integers(0, 2, tokens))
 
 
+def f64_output_model_build(tmp_path) -> object:
+    """An ONNX model of an f32 input and an f64 output, built for the CPU (IREE demotes f64 to
+    f32 inside: the export says `tensor<4xf64> as tensor<4xf32>`)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("Cast", ["sq"], ["z"], to=TensorProto.DOUBLE)]
+    graph = helper.make_graph(nodes, "f64out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("z", TensorProto.DOUBLE, [4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "f64out.onnx")
+    return cpu_model_build(tmp_path / "f64out.onnx", tmp_path / "out")
+
+
+@needs_iree_compile
+def test_an_iree_error_of_any_status_fails_the_call_alone(tmp_path, embedding, monkeypatch):
+    """IREE raises IndexError for OUT_OF_RANGE (ValueError, RuntimeError for other codes): each
+    is the call's KitError, and the call gives its place in the order on, so later calls on the
+    device run. An f64 output IREE 3.13 demotes to f32 storage fails in IREE after the
+    function's barrier signalled the call's fence, making the result's buffer view; it once escaped as an IndexError traceback and left every later call on the device
+    failing. A failure before the call's work is queued (injected) has its fence signalled by
+    the kit."""
+    folder = f64_output_model_build(tmp_path)
+    model, other = kd.load_module(folder, device=DEVICE), kd.load_module(embedding[0], device=DEVICE)
+    args = inputs()
+    before = other.embed(*args)
+    with pytest.raises(KitError, match="IREE refused the call: .*OUT_OF_RANGE"):
+        model.f64out(np.ones(4, np.float32))
+    np.testing.assert_array_equal(other.embed(*args), before)
+
+    def fails(*a):
+        raise IndexError("injected: OUT_OF_RANGE")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(other.embed, "_invoke", fails)  # a ModelEntry is the model's Function
+        with pytest.raises(KitError, match="IREE refused the call: injected"):
+            other.embed(*args)
+    np.testing.assert_array_equal(other.embed(*args), before)
+
+
 def test_a_function_with_an_element_type_the_kit_cannot_pass_says_so():
     from kitdispatch.describe.model_record import ModelFunction, ModelTensor
     from kitdispatch.run.model import model_signature
