@@ -110,6 +110,26 @@ def test_tf32_matmuls_are_compared_with_a_tolerance_that_fits_them():
     assert loosest_arithmetic(["3xtf32", None, "tf32"]) == "tf32" and loosest_arithmetic([None]) is None
 
 
+def test_integer_outputs_must_match_exactly_beside_float_ones():
+    """An argmax or top-k index off by 5 (or a count 1000 vs 1009) once agreed within the float
+    outputs' tolerance; the worst elements list only elements that disagree."""
+    from kitdispatch.models.compare import check_agreement
+    from kitdispatch.models.ops.base import TensorFacts
+    from kitdispatch.describe.model_record import ModelFunction
+
+    sig = ModelFunction("f", (TensorFacts("f16", (4, 8)),), (TensorFacts("f16", (4, 8)), TensorFacts("i64", (4,)), TensorFacts("i1", (4,))))
+    probs = np.full((4, 8), 0.125, np.float16)
+    idx, flags = np.array([3, 1, 1000, 7]), np.array([True, False, True, True])
+    agree, _, tolerance, worst = check_agreement([probs, idx, flags], [probs, idx, flags], sig)
+    assert agree and tolerance.endswith("; integer outputs exact"), tolerance
+    off = idx.copy()
+    off[2] = 1009
+    agree, err, _, worst = check_agreement([probs, off, flags], [probs, idx, flags], sig)
+    assert not agree and err == 9 and worst == ("output 1[2]: replaced 1009, baseline 1000",)
+    agree, _, _, worst = check_agreement([probs, idx, ~flags], [probs, idx, flags], sig)
+    assert not agree and len(worst) == 4
+
+
 def test_whole_model_outputs_get_an_absolute_tolerance_scaled_by_their_spread():
     """Two f16 routes through a model differ near zero by the rounding of the terms that
     cancelled there (0.0059 on RMS-1 outputs, measured); an error of a few percent on some
