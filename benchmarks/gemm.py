@@ -466,7 +466,7 @@ def main():
         import subprocess
 
         env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit",
-                                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+                                            "--format=csv,noheader"], capture_output=True, text=True, timeout=60).stdout.strip()
     except Exception:  # noqa: BLE001
         pass
     log("ENV", json.dumps(env))
@@ -485,6 +485,12 @@ def main():
         result["time"] = step_time(K, quick="--quick" in flags, f32_only="--f32" in flags)
         json.dump(result, open(out, "w"), indent=1)
     log(f"done in {time.time() - t0:.1f} s")
+    bad = [r for r in result.get("check", []) if not r["ok"]]
+    if bad:  # the timings stand beside results that are wrong: not a green run
+        log(f"FAILED: {len(bad)} checked results wrong (the BAD lines above)")
+        sys.exit(1)
+    if "check" not in result:
+        log("note: --no-check: no result was checked")
 
 
 if __name__ == "__main__":

@@ -410,6 +410,10 @@ def _cmd_tune(args: argparse.Namespace, out: _Out) -> int:
 
     result = tune_model(Path(args.built), inputs=args.inputs, parameters=args.parameters, function=args.function, device=args.device)
     out.result(result.to_json(), format_tune(result))
+    if not any(e.kit_us is not None and e.iree_us is not None for e in result.record.entries):
+        # "green" means measured: every op then follows the rule, which a build without --tuned gives too
+        print("kitdispatch tune: no probe was measured (see the reasons above); the record decides nothing", file=out.stderr)
+        return 1
     return 0
 
 

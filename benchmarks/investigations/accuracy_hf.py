@@ -111,8 +111,9 @@ def build(onnx_dir: Path, out: Path, arch: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in NAMES:
         mlir, irpa, folder = out / f"{name}.mlir", out / f"{name}.irpa", out / name
-        if any(p.exists() for p in (mlir, irpa, folder)):
-            print(f"{name}: skipped, its files are already in {out}", flush=True)
+        copies = [out / f"{name}.{kind}.npy" for kind in ("input", "ref")]
+        if any(p.exists() or p.is_symlink() for p in (mlir, irpa, folder, out / f"{name}.build.log", *copies)):
+            print(f"{name}: skipped, its files (or files of their names) are already in {out}", flush=True)
             continue
         if not (onnx_dir / f"{name}.onnx").is_file():
             print(f"{name}: skipped, {onnx_dir} has no {name}.onnx (export it first)", flush=True)
@@ -123,8 +124,9 @@ def build(onnx_dir: Path, out: Path, arch: str) -> None:
         started = time.monotonic()
         code = hf_models.kit_build(mlir, folder, arch, out / f"{name}.build.log")
         mlir.unlink()
-        for kind in ("input", "ref"):
-            (out / f"{name}.{kind}.npy").write_bytes((onnx_dir / f"{name}.{kind}.npy").read_bytes())
+        for kind, copy in zip(("input", "ref"), copies):
+            with open(copy, "xb") as f:  # a new file: never through a link or over one of the user's
+                f.write((onnx_dir / f"{name}.{kind}.npy").read_bytes())
         print(f"{name}: build exit {code} in {time.monotonic() - started:.0f} s", flush=True)
 
 

@@ -4,6 +4,7 @@
 #   variants new (this tree), new_trace (with the phase marks), old (kernels/ of REV, e.g. main);
 #   OUT/xp.cubin: configs the library does not generate (gemm_small_configs.cu, this tree).
 set -e
+pids=()
 OUT=${1:-.gpu/small}
 REV=${2:-main}
 mkdir -p "$OUT"
@@ -18,11 +19,11 @@ build() {  # name source-root flags...
 }
 OLD=$(mktemp -d)
 git archive "$REV" kernels | tar -x -C "$OLD"
-build old "$OLD" &
-build new . &
-build new_trace . -DKITGEMM_TRACE &
-nvcc -arch=sm_90a -cubin -O3 -std=c++17 benchmarks/investigations/gemm_small_configs.cu -o "$OUT/xp.cubin" &
-wait
+build old "$OLD" & pids+=($!)
+build new . & pids+=($!)
+build new_trace . -DKITGEMM_TRACE & pids+=($!)
+nvcc -arch=sm_90a -cubin -O3 -std=c++17 benchmarks/investigations/gemm_small_configs.cu -o "$OUT/xp.cubin" & pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid"; done; pids=()  # each job: a bare wait returns 0 when one failed
 rm -rf "$OLD"
 ls -la "$OUT"/*
 # OUT/check/<source>.cubin: the entries benchmarks/gemm.py --quick checks (epilogues none,
@@ -33,8 +34,8 @@ if [ "$3" = check ]; then
     D=$(python3 -c "
 import sys; sys.path.insert(0, 'kernels/matmul'); import gen_manifest as g
 print(' '.join('-D' + g.guard(e) for e in g.entries() if e['src'] == '$src.cu' and e['epi'] in ('none', 'bias_gelu_tanh', 'bias_residual', 'scale')))")
-    nvcc -arch=sm_90a -cubin -O3 -std=c++17 $D kernels/matmul/$src.cu -o "$OUT/check/$src.cubin" &
+    nvcc -arch=sm_90a -cubin -O3 -std=c++17 $D kernels/matmul/$src.cu -o "$OUT/check/$src.cubin" & pids+=($!)
   done
-  wait
+  for pid in "${pids[@]}"; do wait "$pid"; done; pids=()  # each job: a bare wait returns 0 when one failed
   ls -la "$OUT/check"
 fi

@@ -126,6 +126,9 @@ def read_probe_record(path: Path) -> ProbeRecord:
         raise RecordError(f"the probe record lists {bad[0]!r}, which is not a file name of its folder", where=where, fix=_REBUILD)
     for key in ("name", "model", "model_sha256", "capture_vmfb"):
         need(isinstance(data.get(key), str), f"{key!r} is not a string")
+    if not (is_plain_name(data["name"]) and is_plain_name(tune_record_name(data["name"]))):  # tune writes NAME.tune.json beside it
+        raise RecordError(f"the probe record names its model {data['name']!r}, which is not a file name of its folder",
+                          where=where, fix=_REBUILD)
     need(data["capture_vmfb"] in files, "its capture module is not a file it lists")
     probes = data.get("probes")
     need(isinstance(probes, list) and all(isinstance(p, dict) for p in probes), "'probes' is not a list")

@@ -126,7 +126,7 @@ def compare_model(
     file the weights are in, for a model imported with them externalized (both modules read it)."""
     folder, record = read_model_record(built)
     if not record.baseline_vmfb:
-        raise KitError(
+        raise UsageError(
             f"{folder} has no baseline module",
             fix="build it with the baseline: kitdispatch build PROJECT --model MODEL --with-baseline -o DIR",
         )

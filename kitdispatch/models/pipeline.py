@@ -485,7 +485,7 @@ def _model_name(model: Path) -> str:
 def import_model(model: Path, dest: Path, *, timeout: float = IREE_COMPILE_TIMEOUT_S) -> Path:
     """The model as MLIR IREE can compile: ONNX through iree-import-onnx into `dest`, MLIR as it is."""
     if not model.is_file():
-        raise KitError(f"no model at {model}", fix="pass a .mlir or .onnx file")
+        raise UsageError(f"no model at {model}", fix="pass a .mlir or .onnx file")
     suffix = model.suffix.lower()
     if suffix in (".mlir", ".mlirbc"):
         return model
@@ -503,7 +503,7 @@ def import_model(model: Path, dest: Path, *, timeout: float = IREE_COMPILE_TIMEO
             fix="check that the model loads with onnx.checker.check_model; the importer's message is above",
         )
         return dest
-    raise KitError(
+    raise UsageError(
         f"cannot import {model}: unknown model format {suffix or '(no suffix)'}",
         fix="pass a .mlir (linalg or torch dialect) or .onnx file; for a PyTorch module call "
         "kitdispatch.export_torch(module, example_args, 'model.mlir') first",

@@ -92,6 +92,19 @@ def test_compare_on_a_device_that_cannot_run_the_model(linalg_build, device, mes
     assert message in err.getvalue() and "internal error" not in err.getvalue()
 
 
+@needs_iree_compile
+def test_compare_of_a_build_without_a_baseline_is_bad_input(tmp_path):
+    """Exit 2 with the fix, as load_module(baseline=True) refuses it (it was exit 1)."""
+    from conftest import LINALG_MODEL, cpu_model_build
+
+    model = tmp_path / "m.mlir"
+    model.write_text(LINALG_MODEL)
+    out = cpu_model_build(model, tmp_path / "out", baseline=False)
+    err = io.StringIO()
+    assert main(["compare", str(out)], io.StringIO(), err) == 2, err.getvalue()
+    assert "has no baseline module" in err.getvalue() and "--with-baseline" in err.getvalue()
+
+
 def test_tf32_matmuls_are_compared_with_a_tolerance_that_fits_them():
     """A replaced f32 matmul in TF32 is off by ~1e-3 of the output's scale, also where an
     element cancels to near zero; f32's own tolerance would refuse it, 3xTF32's keeps f32's scale."""

@@ -135,6 +135,17 @@ def test_unknown_model_format(tmp_path):
     assert "export_torch" in err.value.render()
 
 
+@pytest.mark.parametrize("what", ["missing", "folder", "unknown-format"])
+def test_a_model_that_is_not_one_is_bad_input(tmp_path, what):
+    """Exit 2 (bad input, as a missing manifest), not 1 (a failed build)."""
+    model = {"missing": tmp_path / "none.onnx", "folder": tmp_path, "unknown-format": tmp_path / "m.pt"}[what]
+    if what == "unknown-format":
+        model.write_bytes(b"x")
+    err = io.StringIO()
+    code = main(["build", str(model_project(tmp_path)), "--model", str(model), "--arch", "sm_90", "-o", str(tmp_path / "out")], io.StringIO(), err)
+    assert code == 2 and "Traceback" not in err.getvalue(), err.getvalue()
+
+
 def test_project_without_replaces(tmp_path):
     with pytest.raises(ManifestError) as err:
         build_model(model_project(tmp_path, extra=""), tmp_path / "m.mlir", BuildOptions.create("sm_90"), tmp_path / "out")

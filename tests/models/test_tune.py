@@ -197,6 +197,12 @@ def test_a_probe_record_reaching_outside_its_folder_is_refused(probed, tmp_path)
     bad.write_text(json.dumps(data))
     with pytest.raises(DamagedRecord, match="probe name"):
         read_probe_record(bad)
+    for name in ("../escaped", str(tmp_path / "abs"), ""):  # tune would write NAME.tune.json there
+        data = probes_json(out)
+        data["name"] = name
+        bad.write_text(json.dumps(data))
+        with pytest.raises(RecordError, match="which is not a file name of its folder"):
+            read_probe_record(bad)
 
 
 def test_a_linked_or_oversize_record_and_a_linked_probe_file_are_refused(probed, tmp_path):
@@ -408,6 +414,28 @@ def test_the_tune_table_says_what_was_timed_and_why_each_decision():
     assert "probe_1  linalg.softmax  12.3    10.1" in text and "probe_1: keep: not faster" in text
     assert "probe_2: not tuned (its ops follow the rule): its own build failed" in text
     assert "CUPTI" in text and "median of 20 calls" in text
+
+
+@pytest.mark.parametrize("measured", [False, True], ids=["nothing-measured", "one-measured"])
+def test_kitdispatch_tune_exits_non_zero_where_it_measured_no_probe(monkeypatch, tmp_path, measured):
+    """A tune whose capture reached no probe (--function naming one that never reaches them,
+    say) writes a record of keeps without times: the command says so and exits 1, not 0. The
+    measurement itself (CUPTI on the GPU) is stood in for; the CLI's verdict is what is tested."""
+    import io
+
+    from kitdispatch.cli import main
+    from kitdispatch.describe.probe_record import TuneEntry, TuneRecord
+    from kitdispatch.models import tune
+    from kitdispatch.models.tune import TuneResult, timed_text
+
+    times = (20.0, 30.0) if measured else (None, None)
+    entry = TuneEntry("probe_0", "d0", "linalg.softmax", ("a",), "sm", *times, None, "rtol 1e-05", None, "keep", "no activations captured")
+    record = TuneRecord("m", "m.onnx", "0", "1", "f", "cuda", timed_text(20), "random (seed 0)", (entry,))
+    monkeypatch.setattr(tune, "tune_model", lambda *a, **k: TuneResult(tmp_path / "m.tune.json", record, ()))
+    err = io.StringIO()
+    code = main(["tune", str(tmp_path)], io.StringIO(), err)
+    assert code == (0 if measured else 1), err.getvalue()
+    assert ("no probe was measured" in err.getvalue()) != measured
 
 
 def test_the_run_side_of_tune_loads_nothing_of_the_build_side():
