@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from kitdispatch._version import __version__
 from kitdispatch.describe.choices import DEFAULT_ARCHS, DEFAULT_COMPILER, DEFAULT_FORMAT, CompilerName, ObjectFormat
+from kitdispatch.describe.limits import MAX_TIMEOUT_S
 from kitdispatch.errors import KitError
 
 if TYPE_CHECKING:
@@ -230,8 +231,8 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     if getattr(args, "jobs", None) is not None and args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give at least 1, or leave it out for one per core")
     timeout = getattr(args, "timeout", None)
-    if timeout is not None and not (0 < timeout < float("inf")):
-        parser.error(f"--timeout {timeout}: give a positive number of seconds")
+    if timeout is not None and not (0 < timeout < MAX_TIMEOUT_S):
+        parser.error(f"--timeout {timeout}: give a positive number of seconds below {MAX_TIMEOUT_S:g}")
     if getattr(args, "benchmark", 0) < 0:
         parser.error(f"--benchmark {args.benchmark}: give the number of calls to time (0: none)")
     for dest, shown in _PATH_OPTIONS.items():

@@ -106,6 +106,7 @@ def test_doctor_json():
         (["build", str(SAMPLES / "simple_mul"), "--jobs", "0", "-o", "x"], "--jobs 0: give at least 1"),
         (["build", str(SAMPLES / "simple_mul"), "--timeout", "-1", "-o", "x"], "--timeout -1.0: give a positive number"),
         (["build", str(SAMPLES / "simple_mul"), "--timeout", "nan", "-o", "x"], "--timeout nan: give a positive number"),
+        (["build", str(SAMPLES / "simple_mul"), "--timeout", "1e308", "-o", "x"], "--timeout 1e+308: give a positive number of seconds below 1e+07"),
         (["run", "", "--function", "f"], "vmfb is an empty path"),
         (["run", "m.vmfb", "--function", "f", "--benchmark", "-1"], "--benchmark -1: give the number of calls"),
         (["test", ""], "paths: an empty path"),

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from kitdispatch.compile.archs import Arch, parse_arch_list
 from kitdispatch.compile.compilers import COMPILE_TIMEOUT_S, CompileOptions
 from kitdispatch.describe.choices import DEFAULT_COMPILER, DEFAULT_FORMAT, CompilerName, ObjectFormat
-from kitdispatch.errors import KitError
+from kitdispatch.describe.limits import MAX_TIMEOUT_S
+from kitdispatch.errors import UsageError
 from kitdispatch.iree.tools import IREE_COMPILE_TIMEOUT_S
 from kitdispatch.run.driver_ptx import Version
 
@@ -37,18 +38,18 @@ class BuildOptions:
     def create(cls, archs: Sequence[str] | str, **kwargs: object) -> "BuildOptions":
         fmt = kwargs.get("format", cls.format)
         if fmt not in ObjectFormat.choices():
-            raise KitError(f"unknown object format {fmt!r}", fix=f"use one of {', '.join(ObjectFormat.choices())}")
+            raise UsageError(f"unknown object format {fmt!r}", fix=f"use one of {', '.join(ObjectFormat.choices())}")
         kwargs["format"] = ObjectFormat(fmt)
         compiler = kwargs.get("compiler", cls.compiler)
         if compiler not in CompilerName.choices():
-            raise KitError(f"unknown compiler {compiler!r}", fix=f"use one of {', '.join(CompilerName.choices())}")
+            raise UsageError(f"unknown compiler {compiler!r}", fix=f"use one of {', '.join(CompilerName.choices())}")
         kwargs["compiler"] = CompilerName(compiler)
         if kwargs.get("jobs") is not None and kwargs["jobs"] < 1:
-            raise KitError(f"--jobs must be at least 1, got {kwargs['jobs']}", fix="pass a positive number, or leave it out for one per core")
+            raise UsageError(f"--jobs must be at least 1, got {kwargs['jobs']}", fix="pass a positive number, or leave it out for one per core")
         if kwargs.get("min_driver") is not None:
             Version.parse(kwargs["min_driver"], "--min-driver")
         for name in ("compile_timeout", "link_timeout"):
             value = kwargs.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e7):
-                raise KitError(f"{name} {value!r} is not a positive number of seconds", fix="e.g. --timeout 300")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < MAX_TIMEOUT_S):
+                raise UsageError(f"{name} {value!r} is not a positive number of seconds below {MAX_TIMEOUT_S:g}", fix="e.g. --timeout 300")
         return cls(parse_arch_list(archs), **kwargs)
