@@ -108,6 +108,7 @@ TYPES: tuple[AbiType, ...] = (
 )
 
 BY_NAME = {t.name: t for t in TYPES}
+BY_MLIR = {t.mlir: t for t in TYPES}  # MLIR element types (a model record's): "i1" is bool, "ui8" u8
 TENSOR_TYPES = tuple(t.name for t in TYPES if t.tensor)
 SCALAR_TYPES = tuple(t.name for t in TYPES if t.scalar)
 BY_C_NAME = {c: t for t in TYPES for c in t.c_names}

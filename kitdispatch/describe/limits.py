@@ -29,6 +29,4 @@ MAX_DYNAMIC_SHARED_MEMORY = 227 * 1024
 DEFAULT_DYNAMIC_SHARED_MEMORY_MAX = 48 * 1024
 
 
-
-
 MAX_TIMEOUT_S = 1e7  # a tool's timeout in seconds (about 4 months): beyond it a number is a mistake

@@ -333,13 +333,10 @@ def check_agreement(
     return agree, max_err, tolerance, tuple(worst)
 
 
-_BY_MLIR = {t.mlir: t for t in abi.TYPES}  # a model record's element types are MLIR's ("i1", "ui8")
-
-
 def _is_float(dtype: str | None) -> bool:
     """Whether outputs of this element type are compared within a tolerance (floats; a type
     the kit does not know too, as before: it is compared as the function's floats are)."""
-    row = _BY_MLIR.get(dtype) or abi.BY_NAME.get(dtype)
+    row = abi.BY_MLIR.get(dtype) or abi.BY_NAME.get(dtype)
     return row is None or row.tolerance is not None
 
 

@@ -52,7 +52,7 @@ from kitdispatch.models.functions import model_functions
 from kitdispatch.models.probes import ProbeBuilder, ProbeBuilt, Tuning, apply_tune, chains, make_probes, same_kernel, tuning_of
 from kitdispatch.describe.probe_record import probes_record_name, read_tune_record
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
-from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, check_symbols_free, kernel_symbols, parse_mlir, render_spec
+from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, spec_path_fits, check_symbols_free, kernel_symbols, parse_mlir, render_spec
 from kitdispatch.models.transients import FLAGS as TRANSIENTS_FLAGS, Twins, add_twins
 from kitdispatch.describe.kernel import ARITHMETICS, Kernel
 from kitdispatch.describe.names import TRANSIENTS_SUFFIX, as_identifier
@@ -134,7 +134,7 @@ def build_model(
     kernels = replacing_kernels(projects.module)
     model = not_an_option(Path(model))  # both reach IREE's tools as arguments
     name = name or _model_name(model)
-    out_dir = pipeline_safe(not_an_option(Path(out_dir)))
+    out_dir = spec_path_fits(not_an_option(Path(out_dir)))
     codegen = choose_codegen_target(options.archs, options.codegen_target).target
     flags = target_flags(codegen, options.iree_flags)  # IREE's defaults otherwise: the baseline is IREE alone
     record_name = model_record_name(name)
@@ -462,17 +462,6 @@ def _failed(projects: ModelProjects, decisions: Sequence[Decision], target: _Tar
 def _preparations(kinds: Sequence[str]) -> list[Preparation]:
     """What the kinds need run on the model before their ops are read, each once."""
     return list(dict.fromkeys(OP_KINDS[k].prepare for k in kinds if OP_KINDS[k].prepare))
-
-
-def pipeline_safe(out_dir: Path) -> Path:
-    """`out_dir`, whose path iree-opt gets inside a pass pipeline (the spec's, quoted): refused
-    where it holds a brace, which that syntax matches before it reads quotes (measured, 3.13)."""
-    braces = sorted(set(str(out_dir.absolute())) & set("{}"))
-    if braces:
-        raise UsageError(f"the output folder's path {str(out_dir.absolute())!r} holds {' and '.join(map(repr, braces))}, which IREE's "
-                         "pass-pipeline syntax cannot carry (iree-opt takes the transform spec's path in it)",
-                         fix="build into a folder whose path has no braces")
-    return out_dir
 
 
 def _model_name(model: Path) -> str:

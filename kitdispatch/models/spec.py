@@ -28,7 +28,7 @@ from kitdispatch.describe.record import read_record
 from kitdispatch.emit.mlir_text import mlir_comment, mlir_string
 from kitdispatch.emit.render import render_template
 from kitdispatch.describe.types import FunctionSignature
-from kitdispatch.errors import KitError, ManifestError
+from kitdispatch.errors import KitError, ManifestError, UsageError
 from kitdispatch.models.ops.base import Call, Constant, OpFacts, Permuted, Reshape, TensorFacts
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, KIT_PREFIX, MARK_ATTRIBUTE, Decision, wrapper_name
 
@@ -40,6 +40,19 @@ SPEC_PIPELINE = (
     # Without `inline`, the wrappers' tensor.dim ops fail later in the pipeline (measured).
     "inline,util.func(canonicalize))"
 )
+
+
+def spec_path_fits(out_dir: Path) -> Path:
+    """`out_dir`, in which a model build writes the spec whose path SPEC_PIPELINE quotes:
+    refused where its path holds a brace, which that syntax matches before it reads quotes
+    (measured, 3.13)."""
+    path = str(out_dir.absolute())
+    braces = sorted(set(path) & set("{}"))
+    if braces:
+        raise UsageError(f"the output folder's path {path!r} holds {' and '.join(map(repr, braces))}, which IREE's "
+                         "pass-pipeline syntax cannot carry (iree-opt takes the transform spec's path in it)",
+                         fix="build into a folder whose path has no braces")
+    return out_dir
 
 
 def parse_mlir(path: Path):

@@ -34,9 +34,6 @@ if TYPE_CHECKING:
 
     from kitdispatch.run.module import Module
 
-_BY_MLIR = {t.mlir: t.name for t in abi.TYPES}  # MLIR element type -> the kit's name ("i1" -> "bool")
-
-
 def model_build(path: Path, baseline: bool) -> tuple[Path, ModelRecord] | None:
     """(the .vmfb to load, the model record) where `path` is a model build: its folder, its
     record, or one of its .vmfbs; None for anything else (a kernel module)."""
@@ -65,7 +62,8 @@ def model_signature(function: ModelFunction) -> FunctionSignature | str:
     """The function as the run side checks calls against it, or why it cannot be called:
     dynamic sizes become names of their own (each input's sizes are checked where static)."""
     def tensor(t: object, role: str, i: int) -> TensorType:
-        name = _BY_MLIR.get(t.dtype)
+        row = abi.BY_MLIR.get(t.dtype)
+        name = None if row is None else row.name
         if name is None or abi.lookup(name).dtype is None:
             raise ValueError(f"its {role} {i} is {t.text}, an element type kitdispatch cannot pass")
         return TensorType(name, tuple(f"{role}{i}_d{axis}" if d is None else d for axis, d in enumerate(t.shape)))

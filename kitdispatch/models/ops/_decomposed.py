@@ -178,8 +178,8 @@ def _reshaped(op: ir.Operation, roles: tuple[str, ...], *, down: bool) -> tuple[
     """The roles of the axes on the other side of a reshape (or barrier): going down, of its
     result from its source's; going up, of its source from its result's. An axis split in two is
     "B" into b and h, or one role and unit dims; going up, "B" split in three is b, G, R (GQA's
-    [b, kv heads, repeat] where a broadcast made it: `_grouped`; no kernel order otherwise); axes merged are b and h into "B", or one role
-    and unit dims. None where the roles cannot be told."""
+    [b, kv heads, repeat] where a broadcast made it: `_grouped`; no kernel order otherwise).
+    Axes merged are b and h into "B", or one role and unit dims. None where the roles cannot be told."""
     if op.name not in ("tensor.collapse_shape", "tensor.expand_shape"):
         return roles
     source, result = tensor_facts(op.operands[0].type).shape, tensor_facts(op.results[0].type).shape
@@ -319,13 +319,17 @@ def _single_head(r: _Reader, owner: ir.Operation | None, wide: list[str], repeat
     source = _broadcast_source(owner, None, repeat)
     if source is None or not _makes_query_heads(r, owner, (repeat,)):
         return ()
-    roles = tuple(wide[dim] for dim in source)
-    tensor = tensor_facts(owner.operands[0].type)
-    views = tuple(Input(path + (0,), tensor, order, reshape=view) for order in ("bgsd", "bsgd")
-                  if (view := _unit_view(roles, tensor.shape, order)) is not None)
+    views = _single_head_views(path + (0,), tensor_facts(owner.operands[0].type), tuple(wide[dim] for dim in source))
     if views:
         r.ops.append(owner)
     return views
+
+
+def _single_head_views(path: tuple[int, ...], tensor: TensorFacts, roles: tuple[str, ...]) -> tuple[Input, ...]:
+    """A K or V of no heads dim (axes `roles`, of b, s and d) as the kernel orders with g read
+    it, g = 1: [b, 1, s, d] and [b, s, 1, d] (b = 1 where it has no b)."""
+    return tuple(Input(path, tensor, order, reshape=view) for order in ("bgsd", "bsgd")
+                 if (view := _unit_view(roles, tensor.shape, order)) is not None)
 
 
 def _makes_query_heads(r: _Reader, broadcast: ir.Operation, dims: tuple[int, ...]) -> bool:
@@ -396,9 +400,7 @@ def read_chain(anchor: ir.Operation) -> Chain:
     v_options = r.further(Input(v_path, tensor_facts(v_value.type), _order(v_roles)), v_value, v_roles)
     rows = _merged_rows(anchor)
     if rows is not None and v_roles == ("s", "d"):  # one V [t, d] for every head's rows: MQA's V, as g = 1
-        v_tensor = tensor_facts(v_value.type)
-        v_options += tuple(Input(v_path, v_tensor, order, reshape=view) for order in ("bgsd", "bsgd")
-                           if (view := _unit_view(v_roles, v_tensor.shape, order)) is not None)
+        v_options += _single_head_views(v_path, tensor_facts(v_value.type), v_roles)
     down, o_roles = _down(anchor, len(q_options[0].tensor.shape), rows)
     for op in down[:-1]:
         r.take(op)
