@@ -676,22 +676,27 @@ KIT_ATTENTION_QKV(attention_causal_qkv_bf16, kit::BF16, true)
 // [b, g, s, d] (after RoPE), V [b, s, g, d] (its projection's heads), O [b, s, h, d]; query head
 // i reads K and V head i / (h / g). The softmax scale is an argument (the op's constant: f16
 // models scale by 1/sqrt(d) rounded to f16).
-#define KIT_ATTENTION_GQA(NAME, E, CAUSAL, KL)                                                                        \
+#define KIT_ATTENTION_GQA(NAME, E, CAUSAL, KL, VL, OL)                                                                \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
   NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
        half_bits* __restrict__ o, float scale, int b, int h, int g, int s, int d) {                                   \
-    attention<E, CAUSAL, BHSD, KL, BSHD, BSHD>(q, k, v, o, b, h, s, d, g, scale);                                    \
+    attention<E, CAUSAL, BHSD, KL, VL, OL>(q, k, v, o, b, h, s, d, g, scale);                                         \
   }
 
 // _gqa: K [b, g, s, d] (Llama's K, materialized by RoPE); _gqa_bshd: K [b, s, g, d] (its projection's heads).
-KIT_ATTENTION_GQA(attention_gqa_f16, kit::F16, false, BHSD)
-KIT_ATTENTION_GQA(attention_causal_gqa_f16, kit::F16, true, BHSD)
-KIT_ATTENTION_GQA(attention_gqa_bf16, kit::BF16, false, BHSD)
-KIT_ATTENTION_GQA(attention_causal_gqa_bf16, kit::BF16, true, BHSD)
-KIT_ATTENTION_GQA(attention_gqa_bshd_f16, kit::F16, false, BSHD)
-KIT_ATTENTION_GQA(attention_causal_gqa_bshd_f16, kit::F16, true, BSHD)
-KIT_ATTENTION_GQA(attention_gqa_bshd_bf16, kit::BF16, false, BSHD)
-KIT_ATTENTION_GQA(attention_causal_gqa_bshd_bf16, kit::BF16, true, BSHD)
+KIT_ATTENTION_GQA(attention_gqa_f16, kit::F16, false, BHSD, BSHD, BSHD)
+KIT_ATTENTION_GQA(attention_causal_gqa_f16, kit::F16, true, BHSD, BSHD, BSHD)
+KIT_ATTENTION_GQA(attention_gqa_bf16, kit::BF16, false, BHSD, BSHD, BSHD)
+KIT_ATTENTION_GQA(attention_causal_gqa_bf16, kit::BF16, true, BHSD, BSHD, BSHD)
+KIT_ATTENTION_GQA(attention_gqa_bshd_f16, kit::F16, false, BSHD, BSHD, BSHD)
+KIT_ATTENTION_GQA(attention_causal_gqa_bshd_f16, kit::F16, true, BSHD, BSHD, BSHD)
+KIT_ATTENTION_GQA(attention_gqa_bshd_bf16, kit::BF16, false, BSHD, BSHD, BSHD)
+KIT_ATTENTION_GQA(attention_causal_gqa_bshd_bf16, kit::BF16, true, BSHD, BSHD, BSHD)
+// _gqa_bhsd: every tensor [b, ., s, d] (SDPA's enable_gqa: Q and O [b, h, s, d], K and V [b, g, s, d]).
+KIT_ATTENTION_GQA(attention_gqa_bhsd_f16, kit::F16, false, BHSD, BHSD, BHSD)
+KIT_ATTENTION_GQA(attention_causal_gqa_bhsd_f16, kit::F16, true, BHSD, BHSD, BHSD)
+KIT_ATTENTION_GQA(attention_gqa_bhsd_bf16, kit::BF16, false, BHSD, BHSD, BHSD)
+KIT_ATTENTION_GQA(attention_causal_gqa_bhsd_bf16, kit::BF16, true, BHSD, BHSD, BHSD)
 
 // Cross-attention (unmasked): Q and O [b, h, s, d], K and V [b, h, t, d], t keys of another sequence.
 #define KIT_ATTENTION_CROSS(NAME, E)                                                                                  \
@@ -703,6 +708,19 @@ KIT_ATTENTION_GQA(attention_causal_gqa_bshd_bf16, kit::BF16, true, BSHD)
 
 KIT_ATTENTION_CROSS(attention_cross_f16, kit::F16)
 KIT_ATTENTION_CROSS(attention_cross_bf16, kit::BF16)
+
+// Cross-attention with key padding (an encoder's attention_mask on the keys a decoder attends
+// to): the _cross layouts and the bias [b, t] / masked arguments of the _pad entries.
+#define KIT_ATTENTION_CROSS_PAD(NAME, E)                                                                              \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                                \
+  NAME(const half_bits* __restrict__ q, const half_bits* __restrict__ k, const half_bits* __restrict__ v,             \
+       const half_bits* __restrict__ bias, half_bits* __restrict__ o, float scale, float masked, int b, int h,       \
+       int s, int t, int d) {                                                                                         \
+    attention<E, false, BHSD, BHSD, BHSD, BHSD, true>(q, k, v, o, b, h, s, d, 0, scale, t, bias, masked);            \
+  }
+
+KIT_ATTENTION_CROSS_PAD(attention_cross_pad_f16, kit::F16)
+KIT_ATTENTION_CROSS_PAD(attention_cross_pad_bf16, kit::BF16)
 
 // Key padding (mma.sync path): bias [b, t] of E added per (batch, key), the softmax scale and
 // the masked value (what the causal variants' model adds past the diagonal: HF's lowest) as

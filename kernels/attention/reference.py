@@ -121,6 +121,24 @@ def attention_cross_f16(q, k, v, scale):  # q [b, h, s, d], k and v [b, h, t, d]
 attention_cross_bf16 = attention_cross_f16
 
 
+def attention_gqa_bhsd_f16(q, k, v, scale):  # q, o [b, h, s, d]; k, v [b, g, s, d]
+    return _bhsd(_gqa_variant(q, k, _bhsd(v), scale, causal=False))
+
+
+def attention_causal_gqa_bhsd_f16(q, k, v, scale):
+    return _bhsd(_gqa_variant(q, k, _bhsd(v), scale, causal=True))
+
+
+attention_gqa_bhsd_bf16, attention_causal_gqa_bhsd_bf16 = attention_gqa_bhsd_f16, attention_causal_gqa_bhsd_f16
+
+
+def attention_cross_pad_f16(q, k, v, bias, scale, masked):  # k, v [b, h, t, d]; bias [b, t]
+    return _attention(q, k, v, False, float(scale), bias, float(masked))
+
+
+attention_cross_pad_bf16 = attention_cross_pad_f16
+
+
 def _pad_variant(q, k, v, bias, scale, masked, causal, order):
     """Key padding; order: "" (all [b, h, s, d]), "kt" (K^T, O [b, s, h, d]) or "bshd"."""
     if order == "bshd":

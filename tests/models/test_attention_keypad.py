@@ -33,10 +33,11 @@ ADDITIVE = "an additive key-padding mask [b, t] made by ops from an input of the
         (["--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f16", "key_padding", FLAGS),
         (["--form", "layer", "--mask", "keypad", "--seq", 197], "attention_pad_kt_f16", "key_padding", ADDITIVE),
         (["--mask", "keypad-causal-gather"], "attention_causal_pad_f16", "causal_key_padding", f"a causal boolean mask and {FLAGS}"),
+        (["--kv-seq", 77, "--mask", "keypad"], "attention_cross_pad_f16", "key_padding", ADDITIVE),  # bias [b, t] on t keys
         (["--form", "split", "--mask", "keypad-causal-gather"], "attention_causal_pad_kt_f16", "causal_key_padding",
          f"a causal boolean mask and {FLAGS}"),
     ],
-    ids=["additive", "additive-inf", "flags", "layer-flags", "layer-additive-197", "causal-flags", "split-causal-flags"],
+    ids=["additive", "additive-inf", "flags", "layer-flags", "layer-additive-197", "causal-flags", "cross-additive", "split-causal-flags"],
 )
 def test_key_padding_from_an_input_is_replaced_whole(tmp_path, args, kernel, form, what):
     decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path)
@@ -45,7 +46,8 @@ def test_key_padding_from_an_input_is_replaced_whole(tmp_path, args, kernel, for
     assert d.to_json()["attention"]["mask"] == {"form": form, "what": what}
     # the kernel reads the [b, t] tensor the scores' generic broadcasts: as it is, or (flags) through the adapter's select
     keep = d.op.detail.chain.keep
-    assert keep.tensor.shape == (2, d.op.result.shape[1] if "layer" in args or "split" in args else d.op.result.shape[2])
+    keys = d.op.result.shape[1] if "layer" in args or "split" in args else d.op.inputs[1].shape[2]  # K [b, h, t, d]
+    assert keep.tensor.shape == (2, keys)
     [bias] = [a for a in d.call.arguments if getattr(a, "path", None) == keep.path]
     assert (bias.where_false is not None) == (keep.tensor.dtype == "i1")
     # the scores' generic (the mask's broadcast), the softmax and the matmuls go with it

@@ -152,6 +152,9 @@ class Attention(OpKind):
                     "and has no code for shared heads (it would need K and V [b, kv_heads, s, d] and h / kv_heads query heads per K/V head)")
         if a.chain is not None and a.chain.problem:
             return f"decomposed attention: {a.chain.problem}"
+        if a.chain is None and a.repeated_heads is not None:  # SDPA's enable_gqa: the op itself takes K and V broadcast
+            return (f"grouped-query attention on the attention op itself ({a.repeated_heads} before it): the kit reads K "
+                    "and V before their broadcast only where the attention is decomposed")
         why = _mask_mismatch(a, kernel.replaces.mask) or _padding_mismatch(op, a)
         if why:
             return why

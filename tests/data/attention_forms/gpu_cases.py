@@ -24,6 +24,8 @@ GPU_CASES = {
                                           "--mask", "keypad-causal-gather", "--head-dim", "128"],
                                  "attention_causal_pad_gqa_bshd_f16"),
     # MQA (one K/V head): K, V [b, s, d] broadcast; at b = 1 P V a 2-D matmul of every head's rows by one V
+    # GQA unprojected at batch > 1: K and V [b, g, s, d] read before the broadcast, O [b, h, s, d] (the _gqa_bhsd entries)
+    "onnx-gqa-b2-bhsd": ("onnx", ["--f16", "--kv-heads", "2", "--mask", "causal"], "attention_causal_gqa_bhsd_f16"),
     "onnx-layer-mqa-b2": ("onnx", ["--f16", "--form", "layer", "--kv-heads", "1", "--batch", "2", "--mask", "where-add-causal"],
                           "attention_causal_gqa_f16"),
     "onnx-layer-mqa-b1-300": ("onnx", ["--f16", "--form", "layer", "--kv-heads", "1", "--batch", "1", "--mask", "where-add-causal",
@@ -40,6 +42,7 @@ GPU_CASES = {
     "onnx-keypad-inf-300": ("onnx", ["--f16", "--mask", "keypad-inf", "--seq", "300"], "attention_pad_f16"),
     "onnx-keypad-layer-flags": ("onnx", ["--f16", "--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f16"),
     "onnx-keypad-causal-flags-197": ("onnx", ["--f16", "--mask", "keypad-causal-gather", "--seq", "197"], "attention_causal_pad_f16"),
+    "onnx-keypad-cross-77": ("onnx", ["--f16", "--kv-seq", "77", "--mask", "keypad"], "attention_cross_pad_f16"),  # [b, t] on t keys
     "onnx-keypad-split-causal-flags": ("onnx", ["--f16", "--form", "split", "--mask", "keypad-causal-gather"],
                                        "attention_causal_pad_kt_f16"),
 }
