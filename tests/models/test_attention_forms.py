@@ -143,6 +143,8 @@ def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
         # unprojected GQA at batch 2 read before the broadcast: K and V [b, g, s, d], O [b, h, s, d]
         (["--kv-heads", 2, "--mask", "causal"], "attention_causal_gqa_bhsd_f16"),
         (["--kv-heads", 2, "--heads", 8, "--mask", "zero", "--head-dim", 128], "attention_gqa_bhsd_f16"),
+        (["--kv-heads", 2, "--batch", 1, "--mask", "causal"], "attention_causal_gqa_bhsd_f16"),
+        (["--kv-heads", 1, "--batch", 2, "--mask", "causal"], "attention_causal_gqa_bhsd_f16"),  # MQA, unprojected
         (["--kv-seq", 77], "attention_cross_f16"),  # K and V [b, h, t, d]
         # scales the fixed-scale entries refuse (1/sqrt(d) rounded to f16, another): the entry given the scale
         (["--head-dim", 128], "attention_cross_f16"),
@@ -153,7 +155,7 @@ def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
     ],
     ids=["causal", "zero-mask", "mul-scale", "flat", "flat-causal", "where-causal", "layer", "layer-where-add",
          "layer-where-causal-197", "split-where-causal", "layer-gqa-d128", "layer-gqa-b2",
-         "layer-gqa-b3-group4", "layer-mqa-b2", "layer-mqa-b1-d128", "gqa-bhsd-b2", "gqa-bhsd-b2-d128", "cross-77", "f16-scale-d128", "f16-scale-d96", "scale-0.5", "layer-d80",
+         "layer-gqa-b3-group4", "layer-mqa-b2", "layer-mqa-b1-d128", "gqa-bhsd-b2", "gqa-bhsd-b2-d128", "gqa-bhsd-b1", "mqa-bhsd-b2", "cross-77", "f16-scale-d128", "f16-scale-d96", "scale-0.5", "layer-d80",
          "layer-d96-197"],
 )
 def test_decomposed_attention_is_replaced_whole(tmp_path, args, kernel):

@@ -26,6 +26,10 @@ GPU_CASES = {
     # MQA (one K/V head): K, V [b, s, d] broadcast; at b = 1 P V a 2-D matmul of every head's rows by one V
     # GQA unprojected at batch > 1: K and V [b, g, s, d] read before the broadcast, O [b, h, s, d] (the _gqa_bhsd entries)
     "onnx-gqa-b2-bhsd": ("onnx", ["--f16", "--kv-heads", "2", "--mask", "causal"], "attention_causal_gqa_bhsd_f16"),
+    "onnx-gqa-b1-bhsd": ("onnx", ["--f16", "--kv-heads", "2", "--batch", "1", "--mask", "causal"], "attention_causal_gqa_bhsd_f16"),
+    "onnx-gqa-b3-bhsd-197": ("onnx", ["--f16", "--kv-heads", "2", "--heads", "6", "--batch", "3", "--mask", "zero", "--seq", "197"],
+                             "attention_gqa_bhsd_f16"),  # 3 query heads a K/V head
+    "onnx-mqa-b2-bhsd": ("onnx", ["--f16", "--kv-heads", "1", "--batch", "2", "--mask", "causal"], "attention_causal_gqa_bhsd_f16"),
     "onnx-layer-mqa-b2": ("onnx", ["--f16", "--form", "layer", "--kv-heads", "1", "--batch", "2", "--mask", "where-add-causal"],
                           "attention_causal_gqa_f16"),
     "onnx-layer-mqa-b1-300": ("onnx", ["--f16", "--form", "layer", "--kv-heads", "1", "--batch", "1", "--mask", "where-add-causal",
