@@ -99,17 +99,25 @@ def test_sdpa_with_a_mask_given_as_input_is_kept(tmp_path):
                for r in d.reasons), d.reasons
 
 
-def test_gqa_is_kept_with_what_a_kernel_would_need(tmp_path):
-    """enable_gqa: IREE broadcasts K and V from 2 heads to 8 before the op."""
-    d = attention_decision(decisions_of(make_model(tmp_path, "sdpa", "gqa.mlir", "--kv-heads", 2), tmp_path))
-    assert d.kernel is None
-    plain, grouped = (r for r in d.reasons if "attention_f16" in r), [r for r in d.reasons if "_gqa" in r]
-    assert all("grouped-query attention: K is 2x2x256x64xf16 broadcast to 2x2x4x256x64xf16" in r
-               and "it would need K and V [b, kv_heads, s, d]" in r for r in plain), d.reasons
-    # the GQA entries read K and V before their broadcast, which the op's own form does not follow (or another mask)
-    assert grouped and all("grouped-query attention on the attention op itself (K is 2x2x256x64xf16 broadcast to 2x2x4x256x64xf16 "
-                           "before it)" in r or "mask" in r for r in grouped), d.reasons
-    assert not any("no code for shared heads" in r for r in grouped)
+@pytest.mark.parametrize(
+    "args, kernel",
+    [
+        (["--kv-heads", 2], "attention_causal_gqa_bhsd_f16"),
+        (["--kv-heads", 2, "--batch", 1, "--mask", "none", "--head-dim", 128], "attention_gqa_bhsd_f16"),
+        (["--kv-heads", 1], "attention_causal_gqa_bhsd_f16"),  # MQA: K and V [b, s, d], viewed with their unit heads dim
+    ],
+    ids=["gqa-causal", "gqa-b1-d128", "mqa-causal"],
+)
+def test_sdpa_enable_gqa_is_read_before_its_broadcast(tmp_path, args, kernel):
+    """enable_gqa: IREE broadcasts K and V from fewer heads to the query heads before the op;
+    the GQA entries read them before the broadcast, which dies with the op (as does the mask)."""
+    decisions = decisions_of(make_model(tmp_path, "sdpa", "gqa.mlir", *args), tmp_path)
+    d = attention_decision(decisions)
+    assert d.kernel is not None and d.kernel.name == kernel, d.reasons
+    assert d.op.detail.summary == "K and V read before their broadcast to the query heads"
+    assert all(x.kernel is None and f"which {kernel} replaces whole" in x.reasons[0] for x in decisions if x is not d), \
+        [x.reasons for x in decisions if x is not d]
+    assert_parts_name_a_replacement(decisions)
 
 
 # ----------------------------------------------------------------- decomposed attention (ONNX)

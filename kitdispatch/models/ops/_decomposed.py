@@ -416,6 +416,51 @@ def read_chain(anchor: ir.Operation) -> Chain:
                  added.masked if added and keep else None, added.dtype if added and keep else "", r.unpacked)
 
 
+def read_attention_op(op: ir.Operation) -> Chain | None:
+    """An `iree_linalg_ext.attention` op read as a chain's Q, K and V are: up through reshapes
+    and barriers, K and V before a broadcast that repeats their heads (SDPA's `enable_gqa`: the
+    op takes them broadcast to the query heads, their heads then named g), O down to the reshape
+    back to Q's rank. The scale and mask stay the op's (the Chain's are not read). None where the
+    op's maps are not the plain ones this reading assumes: Q (B.., m, k1), K (B.., k2, k1), V
+    (B.., k2, n) or (B.., n, k2), O (B.., m, n), each loop dim once."""
+    from iree.compiler import ir
+
+    maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    q_map, k_map, v_map, o_map = maps[0], maps[1], maps[2], maps[-1]
+    if None in (q_map, k_map, v_map, o_map) or not len(q_map) == len(k_map) == len(v_map) == len(o_map) >= 3:
+        return None
+    lead, (m, k1), k2, n = q_map[:-2], q_map[-2:], k_map[-2], o_map[-1]
+    if k_map != lead + (k2, k1) or o_map != lead + (m, n) or sorted(lead + (m, k1, k2, n)) != list(range(len(lead) + 4)):
+        return None
+    v_last = "sd" if v_map == lead + (k2, n) else "ds" if v_map == lead + (n, k2) else None
+    if v_last is None:
+        return None
+    r = _Reader()
+    q_options = _q_side(r, op.operands[0], (0,))
+    k_value, k_path, k_roles = r.through_roles(op.operands[1], (1,), _roles(op.operands[1], "sd"))
+    k_options = r.further(Input(k_path, tensor_facts(k_value.type), _order(k_roles)), k_value, k_roles)
+    v_value, v_path, v_roles = r.through_roles(op.operands[2], (2,), _roles(op.operands[2], v_last))
+    v_options = r.further(Input(v_path, tensor_facts(v_value.type), _order(v_roles)), v_value, v_roles)
+    down, o_roles = _down(op, len(q_options[0].tensor.shape))
+    for later in down[:-1]:
+        r.take(later)
+    marked = len(down) - 1
+    options = tuple(tuple(Input((0,) * marked + x.path, x.tensor, x.order, x.reshape) for x in xs) for xs in (q_options, k_options, v_options))
+    q, k, v = (xs[0] for xs in options)
+    return Chain(q, k, v, tensor_facts(down[-1].results[0].type), marked, None, "the op's", None, repeated_heads(k_value, v_value),
+                 r.problem, tuple(r.ops) + (down[-1],), options, _order(o_roles))
+
+
+def _q_side(r: _Reader, value: ir.Value, path: tuple[int, ...]) -> tuple[Input, ...]:
+    """Q's options, up from the operand `value` at `path`; records whether Q has a batch dim of
+    its own and its static number of heads (what K's and V's broadcasts are read against)."""
+    q_value, q_path, q_roles = r.through_roles(value, path, _roles(value, "sd"))
+    r.q_batch = None if q_roles is None else "b" in q_roles
+    heads = None if q_roles is None else "h" if "h" in q_roles else "B" if q_roles.count("B") == 1 else None
+    r.q_heads = None if heads is None else tensor_facts(q_value.type).shape[q_roles.index(heads)]
+    return r.further(Input(q_path, tensor_facts(q_value.type), _order(q_roles)), q_value, q_roles)
+
+
 def _merged_rows(anchor: ir.Operation) -> tuple[int, int] | None:
     """(B, s) where the anchor is a 2-D P V matmul whose P is the softmax's [B, s, t] with its
     heads merged into its rows (IREE's form of P V where one V [t, d] serves every head: MQA at
@@ -582,11 +627,7 @@ def _q_and_k(r: _Reader, qk: ir.Operation, path: tuple[int, ...]) -> tuple[tuple
     where no transpose makes it; each also before a plain transpose of the heads."""
     from iree.compiler import ir
 
-    q_value, q_path, q_roles = r.through_roles(qk.operands[0], path + (0,), _roles(qk.operands[0], "sd"))
-    r.q_batch = None if q_roles is None else "b" in q_roles
-    heads = None if q_roles is None else "h" if "h" in q_roles else "B" if q_roles.count("B") == 1 else None
-    r.q_heads = None if heads is None else tensor_facts(q_value.type).shape[q_roles.index(heads)]
-    q_options = r.further(Input(q_path, tensor_facts(q_value.type), _order(q_roles)), q_value, q_roles)
+    q_options = _q_side(r, qk.operands[0], path + (0,))
     b_value, b_path = qk.operands[1], path + (1,)
     if _plain_matmul(r, qk, "Q K^T"):
         b_value, b_path, b_roles = r.through_roles(b_value, b_path, _roles(b_value, "ds"))

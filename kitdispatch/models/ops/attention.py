@@ -30,7 +30,7 @@ from kitdispatch.models.ops.base import (
     tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
-from kitdispatch.models.ops._decomposed import MATMULS, PACKED, Chain, Input, looks_like_attention, read_chain, repeated_heads
+from kitdispatch.models.ops._decomposed import MATMULS, PACKED, Chain, Input, looks_like_attention, read_attention_op, read_chain, repeated_heads
 from kitdispatch.models.ops._masks import CAUSAL, CAUSAL_KEY_PADDING, KEY_PADDING, NONE, OTHER, MaskForm, mask_ops, read_mask
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
@@ -74,12 +74,16 @@ class AttentionFacts:
     def summary(self) -> str | None:
         if self.chain is None:
             return None
+        if not self.anchor:  # the attention op, read through K's and V's broadcast
+            return "K and V read before their broadcast to the query heads"
         return f"decomposed, ending in {self.anchor}" + (f"; Q, K and V {self.chain.unpacked}" if self.chain.unpacked else "")
 
     def to_json(self) -> dict:
         mask = None if self.mask is None else {"form": self.mask.form, "what": self.mask.text}
         data = {"scale": self.scale_text, "mask": mask, "v_through_transpose": self.v_transposed}
-        if self.chain is not None:
+        if self.chain is not None and not self.anchor:
+            data["grouped"] = {"replaced": f"{self.chain.marked} single user(s) down from the op"}
+        elif self.chain is not None:
             data["decomposed"] = {"anchor": self.anchor, "replaced": f"{self.chain.marked} single user(s) down from it"}
             if self.chain.unpacked:
                 data["decomposed"]["unpacked"] = self.chain.unpacked
@@ -107,7 +111,9 @@ class Attention(OpKind):
         for it alone (the kernel applies the mask itself: they die with the op)."""
         if op.name != self.name:
             return read_chain(op).ops
-        return (op,) + (mask_ops(op.operands[4]) if len(op.operands) == 6 else ())
+        grouped = read_attention_op(op) if repeated_heads(op.operands[1], op.operands[2]) is not None else None
+        return ((op,) + (mask_ops(op.operands[4]) if len(op.operands) == 6 else ())
+                + (grouped.ops if grouped is not None and grouped.problem is None else ()))
 
     def contract(self, kernel: Kernel, where: str) -> Layout:
         args, result = kernel_buffers(_without_scale(kernel), self.name, where)
@@ -152,9 +158,6 @@ class Attention(OpKind):
                     "and has no code for shared heads (it would need K and V [b, kv_heads, s, d] and h / kv_heads query heads per K/V head)")
         if a.chain is not None and a.chain.problem:
             return f"decomposed attention: {a.chain.problem}"
-        if a.chain is None and a.repeated_heads is not None:  # SDPA's enable_gqa: the op itself takes K and V broadcast
-            return (f"grouped-query attention on the attention op itself ({a.repeated_heads} before it): the kit reads K "
-                    "and V before their broadcast only where the attention is decomposed")
         why = _mask_mismatch(a, kernel.replaces.mask) or _padding_mismatch(op, a)
         if why:
             return why
@@ -338,7 +341,7 @@ def _attention_facts(op: ir.Operation) -> OpFacts:
     plain = len(body) == 1 and body[0].operation.name == "iree_linalg_ext.yield" and list(body[0].operands) == [
         op.regions[0].blocks[0].arguments[0]
     ]
-    return OpFacts(
+    facts = OpFacts(
         kind=op.name,
         function=function_of(op),
         location=location(op),
@@ -356,6 +359,21 @@ def _attention_facts(op: ir.Operation) -> OpFacts:
             repeated_heads=repeated_heads(k, v),
         ),
     )
+    grouped = read_attention_op(op) if facts.detail.repeated_heads is not None else None
+    return facts if grouped is None else _grouped_op_facts(facts, grouped)
+
+
+def _grouped_op_facts(facts: OpFacts, chain: Chain) -> OpFacts:
+    """The op's facts where K and V reach it broadcast to the query heads: Q, K, V and O as the
+    reading gives them (read_attention_op), in the plain maps of Q's rank; its scale, mask and
+    score region stay the op's."""
+    q, k, v = (x.tensor for x in (chain.q, chain.k, chain.v))
+    batch = tuple(range(len(q.shape) - 2))
+    m, k1, k2, n = (len(batch) + i for i in range(4))
+    detail = dataclasses.replace(
+        facts.detail, maps=(batch + (m, k1), batch + (k2, k1), batch + (k2, n), batch + (m, n)), loops=len(batch) + 4,
+        v_transposed=False, repeated_heads=chain.repeated_heads, chain=chain)
+    return dataclasses.replace(facts, inputs=(q, k, v), init=chain.result, result=chain.result, detail=detail)
 
 
 def _decomposed_facts(anchor: ir.Operation) -> OpFacts:

@@ -6,6 +6,10 @@ GPU_CASES = {
     "sdpa-is-causal": ("sdpa", ["--mask", "causal"], "attention_causal_f16"),
     "sdpa-all-true": ("sdpa", ["--mask", "all-true"], "attention_f16"),
     "sdpa-arange-d128": ("sdpa", ["--mask", "arange-causal", "--head-dim", "128"], "attention_causal_f16"),
+    # SDPA's enable_gqa: K and V broadcast to the query heads before the op, read before it
+    "sdpa-gqa-causal": ("sdpa", ["--kv-heads", "2"], "attention_causal_gqa_bhsd_f16"),
+    "sdpa-gqa-b1-d128": ("sdpa", ["--kv-heads", "2", "--batch", "1", "--mask", "none", "--head-dim", "128"], "attention_gqa_bhsd_f16"),
+    "sdpa-mqa-causal": ("sdpa", ["--kv-heads", "1"], "attention_causal_gqa_bhsd_f16"),
     "onnx-causal": ("onnx", ["--f16", "--mask", "causal"], "attention_causal_f16"),
     "onnx-where-causal": ("onnx", ["--f16", "--mask", "causal-where"], "attention_causal_f16"),
     "onnx-flat-300": ("onnx", ["--f16", "--form", "flat", "--mask", "zero", "--seq", "300"], "attention_f16"),
