@@ -47,9 +47,9 @@ def test_the_library_causal_attention_kernels_declare_their_mask():
 
     assert {n: r.mask for n, r in kernels.items()} == {n: declared(n) for n in kernels}
     assert {"attention_f16", "attention_causal_f16", "attention_bf16", "attention_causal_bf16"} <= set(kernels)
-    # plain, _bshd, _kt, _gqa, _gqa_bshd, _qkv (each plain and causal), _cross; key padding: plain, _kt,
-    # _bshd (each plain and causal), causal _gqa and _gqa_bshd; f16 and bf16
-    assert len(kernels) == 26 + 16
+    # plain, _bshd, _kt, _gqa, _gqa_bshd, _gqa_bhsd, _qkv (each plain and causal), _cross; key padding:
+    # plain, _kt, _bshd (each plain and causal), causal _gqa and _gqa_bshd, _cross_pad; f16 and bf16
+    assert len(kernels) == 30 + 18
 
 
 @pytest.mark.parametrize(
