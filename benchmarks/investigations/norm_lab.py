@@ -6,7 +6,7 @@ KernelTimer), median of the calls; every result checked against float64.
     python benchmarks/investigations/norm_lab.py OUT.txt [OLD_NORM_CU] [--final]
 
 OLD_NORM_CU: an earlier norm.cu to compare, e.g. `git show 0a577e5~1:kernels/norm/norm.cu` (round 33's),
-saved beside this tree's kernels/norm (its includes are relative).
+saved anywhere (its includes resolve against this tree's kernels/norm).
 
 Run 1 (the variants): `rule` a team per row of the fewest warps that hold it and a block per
 row up to 384 rows, `teams` the same without the few-rows term, `block` a block per row.
