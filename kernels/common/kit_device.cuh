@@ -131,18 +131,6 @@ __device__ __forceinline__ T block_allreduce(T v, Op op, T identity) {
   return v;
 }
 
-// Barrier among `threads` threads of the block (a multiple of 32) under `id` (1..15; 0 is
-// __syncthreads's).
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// The non-blocking half of named_barrier: counts this warp's threads toward barrier `id` and goes
-// on (the threads that wait on it use named_barrier with the same `threads`).
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // ------------------------------------------------------------------------------ rows
 
 // Who works on a row: a slice of kLanes lanes of a warp (short rows: no block barrier, several
@@ -175,43 +163,6 @@ struct BlockTeam {
   __device__ long long row_stride() const { return gridDim.x; }
   template <class T, class Op>
   __device__ T allreduce(T v, Op op, T identity) const { return block_allreduce(v, op, identity); }
-};
-
-// A team of kWarps whole warps (1, 2, 4 or 8) of a block of kThreads: kThreads / (32 kWarps)
-// rows in flight per block. Each team reduces through its own shared-memory slots behind a
-// named barrier of its own (1 + its index), so teams that walk different numbers of rows
-// never wait on each other; every thread folds the partials in the same order (one result).
-template <int kWarps, int kThreads>
-struct WarpsTeam {
-  static constexpr int kSize = 32 * kWarps;
-  static constexpr int kTeams = kThreads / kSize;
-  static_assert(kThreads % kSize == 0 && kTeams <= 15, "whole teams of a block, one barrier id each");
-  __device__ int team() const { return threadIdx.x / kSize; }
-  __device__ int rank() const { return threadIdx.x & (kSize - 1); }
-  __device__ int size() const { return kSize; }
-  __device__ long long first_row() const { return (long long)blockIdx.x * kTeams + team(); }
-  __device__ long long row_stride() const { return (long long)gridDim.x * kTeams; }
-  __device__ void sync() const {
-    if (kTeams == 1) {
-      __syncthreads();
-    } else {
-      named_barrier(1 + team(), kSize);
-    }
-  }
-  template <class T, class Op>
-  __device__ T allreduce(T v, Op op, T) const {
-    v = warp_allreduce(v, op);
-    if (kWarps == 1) return v;
-    __shared__ T partial[kThreads / 32];
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-    sync();
-    const T* mine = partial + team() * kWarps;
-    v = mine[0];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) v = op(v, mine[w]);
-    sync();  // the next call may overwrite the slots
-    return v;
-  }
 };
 
 // Who takes a row, for kernels that read it once: 8 lanes up to 256 columns, a warp up to 1024

@@ -88,6 +88,18 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// Barrier among `threads` threads of the block (a multiple of 32) under `id` (1..15; 0 is
+// __syncthreads's).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The non-blocking half of named_barrier: counts this warp's threads toward barrier `id` and goes
+// on (the threads that wait on it use named_barrier with the same `threads`).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ------------------------------------------------------------------ fragments and mma
 
 // Four 8x8 b16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.

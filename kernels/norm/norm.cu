@@ -9,70 +9,62 @@
 // `weight * x.to(f16)`); 0 applies weight and bias in f32 and rounds once. No effect for f32.
 //
 // DRAM sees one read of x and one write per element for rows of up to 8192 columns (4096 for
-// f32): a team of 1, 2, 4 or 8 warps takes a row and keeps it in registers, up to 4 16-byte
-// chunks a thread (32 halves or 16 floats: a warp holds 1024 halves), so a block of 256 has 8,
-// 4, 2 or 1 rows in flight. The grid says how wide the teams are: the fewest warps that hold
-// the row, or twice as many (2 chunks a thread) where the rows fit one wave that way (the
-// manifest's count: rows x warps <= 2048, 132 SMs x 2 blocks of 8 warps); measured on an H200,
-// benchmarks/results/norm-h200-round34.txt. x, weight and bias are all loaded before the first
-// reduction, so a row waits on memory once; values stay packed in their chunks between the
-// passes. Longer rows: the block re-reads the row from global memory for each pass (layer:
-// mean, variance, write; rms: sum of squares, write), mostly from L2. Rows walk grid-stride, so
-// any grid is correct. At most 128 registers a thread, no spills (`nvcc -cubin -arch=sm_90a
-// -Xptxas -v`): 2 blocks of 256 an SM (at 3, the 80-register cap spilled LayerNorm's three
-// chunk sets and ran 25% slower at 4096 x 768). Loads and stores are 16 bytes where cols is a
-// multiple of 8 halves or 4 floats and every pointer is 16-byte aligned, element by element
-// otherwise. The variance is the two-pass one, sum((x - mean)^2), from registers.
+// f32):
+// - up to 1024 columns (512 for f32) a warp takes a row (8 rows per block of 256), each lane
+//   keeping its values in registers (32 halves or 16 floats) between the statistics and the write,
+//   unless the grid has a block for every row (few rows: the manifest's count), then the block;
+// - up to 8192 columns (4096 for f32) the whole block takes a row, the same way;
+// - longer rows: the block re-reads the row from global memory for each pass (layer: mean,
+//   variance, write; rms: sum of squares, write), mostly from L2.
+// Rows walk grid-stride, so any grid is correct. At most 85 registers a thread, no spills, on
+// sm_80 and sm_90 (`nvcc -cubin -arch=sm_90 -Xptxas -v`): 3 blocks of 256 an SM; 32 floats a
+// thread took 196 registers. Loads and stores are 16 bytes (8 halves or 4 floats) where cols is
+// a multiple of that and every pointer is 16-byte aligned, element by element otherwise. The variance is the two-pass one, sum((x - mean)^2), from registers.
 #include "../common/kit_mma.cuh"
 
 using kit::half_bits;
 
 constexpr int kThreads = 256;
-#ifndef KIT_NORM_CHUNKS  // the lab's knobs (benchmarks/investigations/norm_lab.py); the library builds the defaults
-#define KIT_NORM_CHUNKS 4
-#endif
-#ifndef KIT_NORM_BLOCKS
-#define KIT_NORM_BLOCKS 2
-#endif
-constexpr int kChunks = KIT_NORM_CHUNKS;  // 16-byte chunks a thread keeps in registers
 
 // ------------------------------------------------------------------ element types
 
-// How an element type is loaded, stored and rounded; values are computed as floats and kept as
-// 16-byte chunks of kVec elements (Chunk) between the passes over a row.
+// How an element type is loaded, stored and rounded; values travel as floats. kVec elements
+// make one 16-byte access; kCached values a thread are kept in registers (a warp takes rows of
+// up to 32 * kCached columns, the block up to kThreads * kCached).
 struct F32 {
   typedef float T;
-  typedef float4 Chunk;
   static constexpr int kVec = 4;
+  static constexpr int kCached = 16;
   static __device__ float get(const T* p, int i) { return p[i]; }
   static __device__ void put(T* p, int i, float v) { p[i] = v; }
   static __device__ float round(float v) { return v; }
-  static __device__ Chunk load(const T* p) { return kit::load4(p); }
-  static __device__ void store(T* p, Chunk c) { kit::store4(p, c); }
-  static __device__ void unpack(Chunk c, float* v) { v[0] = c.x, v[1] = c.y, v[2] = c.z, v[3] = c.w; }
-  static __device__ Chunk pack(const float* v) { return make_float4(v[0], v[1], v[2], v[3]); }
+  static __device__ void load(const T* p, float* v) {
+    const float4 q = kit::load4(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  }
+  static __device__ void store(T* p, const float* v) { kit::store4(p, make_float4(v[0], v[1], v[2], v[3])); }
 };
 
 template <class E>  // kit::F16 or kit::BF16
 struct Half {
   typedef half_bits T;
-  typedef uint4 Chunk;
   static constexpr int kVec = 8;
+  static constexpr int kCached = 32;
   static __device__ float get(const T* p, int i) { return kit::to_float<E>(p[i]); }
   static __device__ void put(T* p, int i, float v) { p[i] = half_bits(kit::pack2<E>(v, 0.0f) & 0xffff); }
   static __device__ float round(float v) { return kit::to_float<E>(half_bits(kit::pack2<E>(v, 0.0f) & 0xffff)); }
-  static __device__ Chunk load(const T* p) { return *reinterpret_cast<const uint4*>(p); }
-  static __device__ void store(T* p, Chunk c) { *reinterpret_cast<uint4*>(p) = c; }
-  static __device__ void unpack(Chunk c, float* v) {
-    const unsigned w[4] = {c.x, c.y, c.z, c.w};
+  static __device__ void load(const T* p, float* v) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    const unsigned w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       v[2 * i] = kit::to_float<E>(half_bits(w[i] & 0xffff));
       v[2 * i + 1] = kit::to_float<E>(half_bits(w[i] >> 16));
     }
   }
-  static __device__ Chunk pack(const float* v) {
-    return make_uint4(kit::pack2<E>(v[0], v[1]), kit::pack2<E>(v[2], v[3]), kit::pack2<E>(v[4], v[5]), kit::pack2<E>(v[6], v[7]));
+  static __device__ void store(T* p, const float* v) {
+    *reinterpret_cast<uint4*>(p) =
+        make_uint4(kit::pack2<E>(v[0], v[1]), kit::pack2<E>(v[2], v[3]), kit::pack2<E>(v[4], v[5]), kit::pack2<E>(v[6], v[7]));
   }
 };
 
@@ -89,8 +81,8 @@ __device__ __forceinline__ float add_op(float a, float b) { return a + b; }
 template <class Elem, bool kLayer, int kAffine>
 struct NormRow {
   typedef typename Elem::T T;
-  typedef typename Elem::Chunk Chunk;
   static constexpr int kVec = Elem::kVec;
+  static constexpr int kChunks = Elem::kCached / kVec;  // 16-byte chunks per thread in registers
 
   const T* x;
   const T* weight;
@@ -102,34 +94,14 @@ struct NormRow {
   bool vector;  // 16-byte accesses: cols % kVec == 0 and every pointer aligned
 
   // Chunk k of a row (or of weight or bias): elements [k * kVec, k * kVec + kVec), zeros past the end.
-  __device__ Chunk load(const T* row, int k) const {
+  __device__ void load(const T* row, int k, float* v) const {
     const int c0 = k * kVec;
-    if (vector) return Elem::load(row + c0);
-    float v[kVec];
+    if (vector) {
+      Elem::load(row + c0, v);
+    } else {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) v[j] = c0 + j < cols ? Elem::get(row, c0 + j) : 0.0f;
-    return Elem::pack(v);
-  }
-
-  // The chunk's share of the statistic: the sum (layer) or the sum of squares (rms).
-  __device__ float first_sum(Chunk c) const {
-    float v[kVec], sum = 0.0f;
-    Elem::unpack(c, v);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) sum += kLayer ? v[j] : v[j] * v[j];
-    return sum;
-  }
-
-  // The chunk's share of sum((x - mean)^2), columns past the end left out.
-  __device__ float squared_deviations(Chunk c, int k, float mean) const {
-    float v[kVec], sum = 0.0f;
-    Elem::unpack(c, v);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float d = v[j] - mean;
-      if (k * kVec + j < cols) sum += d * d;
+      for (int j = 0; j < kVec; ++j) v[j] = c0 + j < cols ? Elem::get(row, c0 + j) : 0.0f;
     }
-    return sum;
   }
 
   // A normalized value n, with its column's weight w and bias b applied as round_first says.
@@ -145,18 +117,16 @@ struct NormRow {
     return n;
   }
 
-  // Chunk k of the output from the chunk's values c and its weight and bias chunks:
-  // (c - shift) * scale, then weight and bias.
-  __device__ void write(T* dst, int k, Chunk c, Chunk wc, Chunk bc, float shift, float scale) const {
-    float v[kVec], w[kVec] = {}, b[kVec] = {};
-    Elem::unpack(c, v);
-    if (has_weight(kAffine)) Elem::unpack(wc, w);
-    if (has_bias(kAffine)) Elem::unpack(bc, b);
+  // Chunk k of the output from the chunk's values v: (v - shift) * scale, then weight and bias.
+  __device__ void write(T* dst, int k, float* v, float shift, float scale) const {
+    const int c0 = k * kVec;
+    float w[kVec] = {}, b[kVec] = {};
+    if (has_weight(kAffine)) load(weight, k, w);
+    if (has_bias(kAffine)) load(bias, k, b);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) v[j] = finish((v[j] - shift) * scale, w[j], b[j]);
-    const int c0 = k * kVec;
     if (vector) {
-      Elem::store(dst + c0, Elem::pack(v));
+      Elem::store(dst + c0, v);
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
@@ -168,24 +138,20 @@ struct NormRow {
   // 1 / sqrt(statistic / cols + eps), as the ops compute it
   __device__ float inv_std(float sum) const { return rsqrtf(sum / float(cols) + eps); }
 
-  // Rows of up to team.size() * kChunks chunks: the row stays in registers.
+  // Rows of up to team.size() * kCached columns: the row stays in registers.
   template <class Team>
   __device__ void cached(Team team, const T* row, T* dst) const {
+    float v[kChunks][kVec];
     const int chunks = (cols + kVec - 1) / kVec;
-    Chunk xs[kChunks], ws[kChunks], bs[kChunks];
-#pragma unroll
-    for (int s = 0; s < kChunks; ++s) {  // every load before the first use: one wait on memory
-      const int k = team.rank() + s * team.size();
-      if (k < chunks) {
-        xs[s] = load(row, k);
-        if (has_weight(kAffine)) ws[s] = load(weight, k);
-        if (has_bias(kAffine)) bs[s] = load(bias, k);
-      }
-    }
     float sum = 0.0f;
 #pragma unroll
     for (int s = 0; s < kChunks; ++s) {
-      if (team.rank() + s * team.size() < chunks) sum += first_sum(xs[s]);
+      const int k = team.rank() + s * team.size();
+      if (k < chunks) {
+        load(row, k, v[s]);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) sum += kLayer ? v[s][j] : v[s][j] * v[s][j];
+      }
     }
     sum = team.allreduce(sum, add_op, 0.0f);
     float mean = 0.0f;
@@ -195,7 +161,11 @@ struct NormRow {
 #pragma unroll
       for (int s = 0; s < kChunks; ++s) {
         const int k = team.rank() + s * team.size();
-        if (k < chunks) sum += squared_deviations(xs[s], k, mean);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float d = v[s][j] - mean;
+          if (k < chunks && k * kVec + j < cols) sum += d * d;
+        }
       }
       sum = team.allreduce(sum, add_op, 0.0f);
     }
@@ -203,7 +173,7 @@ struct NormRow {
 #pragma unroll
     for (int s = 0; s < kChunks; ++s) {
       const int k = team.rank() + s * team.size();
-      if (k < chunks) write(dst, k, xs[s], ws[s], bs[s], mean, scale);
+      if (k < chunks) write(dst, k, v[s], mean, scale);
     }
   }
 
@@ -211,29 +181,38 @@ struct NormRow {
   template <class Team>
   __device__ void streamed(Team team, const T* row, T* dst) const {
     const int chunks = (cols + kVec - 1) / kVec;
+    float v[kVec];
     float sum = 0.0f;
-    for (int k = team.rank(); k < chunks; k += team.size()) sum += first_sum(load(row, k));
+    for (int k = team.rank(); k < chunks; k += team.size()) {
+      load(row, k, v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sum += kLayer ? v[j] : v[j] * v[j];
+    }
     sum = team.allreduce(sum, add_op, 0.0f);
     float mean = 0.0f;
     if (kLayer) {
       mean = sum / float(cols);
       sum = 0.0f;
-      for (int k = team.rank(); k < chunks; k += team.size()) sum += squared_deviations(load(row, k), k, mean);
+      for (int k = team.rank(); k < chunks; k += team.size()) {
+        load(row, k, v);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float d = v[j] - mean;
+          if (k * kVec + j < cols) sum += d * d;
+        }
+      }
       sum = team.allreduce(sum, add_op, 0.0f);
     }
     const float scale = inv_std(sum);
     for (int k = team.rank(); k < chunks; k += team.size()) {
-      const Chunk wc = has_weight(kAffine) ? load(weight, k) : Chunk{};
-      const Chunk bc = has_bias(kAffine) ? load(bias, k) : Chunk{};
-      write(dst, k, load(row, k), wc, bc, mean, scale);
+      load(row, k, v);
+      write(dst, k, v, mean, scale);
     }
   }
 
   template <class Team>
   __device__ void operator()(Team team, long long r) const {
-    if constexpr (Team::kSize < kThreads) {  // teams_per_block gives teams of a block only rows they hold
-      cached(team, x + r * cols, out + r * cols);
-    } else if (cols <= kThreads * kChunks * kVec) {
+    if (cols <= team.size() * Elem::kCached) {
       cached(team, x + r * cols, out + r * cols);
     } else {
       streamed(team, x + r * cols, out + r * cols);
@@ -241,60 +220,50 @@ struct NormRow {
   }
 };
 
-// Rows a block takes at once: as many teams as fit where a team of the fewest warps holds a row
-// (8 for up to 32 * kChunks chunks, 4, 2, then 1), fewer where the grid leaves each block less
-// than that to do (the manifest's count asks for wider teams so).
-__device__ __forceinline__ int teams_per_block(long long rows, int chunks) {
-  const int warps_needed = (chunks + 32 * kChunks - 1) / (32 * kChunks);
-  int teams = warps_needed >= kThreads / 32 ? 1 : kThreads / 32 / warps_needed;
-  teams = teams >= 8 ? 8 : teams >= 4 ? 4 : teams >= 2 ? 2 : 1;  // whole teams of a block
-  const long long share = (rows + gridDim.x - 1) / gridDim.x;
-  while (teams > 1 && teams / 2 >= share) teams /= 2;
-  return teams;
-}
-
 template <class Elem, bool kLayer, int kAffine>
 __device__ __forceinline__ void norm_rows(const typename Elem::T* x, const typename Elem::T* weight, const typename Elem::T* bias,
                                           typename Elem::T* out, float eps, int round_first, int rows, int cols) {
   const bool vector = cols % Elem::kVec == 0 && kit::aligned16(x) && kit::aligned16(out) &&
                       (!has_weight(kAffine) || kit::aligned16(weight)) && (!has_bias(kAffine) || kit::aligned16(bias));
   const NormRow<Elem, kLayer, kAffine> body{x, weight, bias, out, cols, eps, round_first != 0, vector};
-  switch (teams_per_block(rows, (cols + Elem::kVec - 1) / Elem::kVec)) {
-    case 8: kit::walk_rows(kit::WarpsTeam<1, kThreads>{}, rows, body); break;
-    case 4: kit::walk_rows(kit::WarpsTeam<2, kThreads>{}, rows, body); break;
-    case 2: kit::walk_rows(kit::WarpsTeam<4, kThreads>{}, rows, body); break;
-    default: kit::walk_rows(kit::WarpsTeam<8, kThreads>{}, rows, body); break;
+  // A warp a row, each lane with up to kCached / kVec chunks, keeps the SMs busy only with rows
+  // enough: a lane's chunks wait on each other's loads and stores. Where a block a row was
+  // launched (the manifest's count does so for few rows) the block takes a row instead.
+  if (cols <= 32 * Elem::kCached && gridDim.x < rows) {
+    kit::walk_rows(kit::LaneTeam<32>{}, rows, body);
+  } else {
+    kit::walk_rows(kit::BlockTeam<kThreads>{}, rows, body);
   }
 }
 
 // ------------------------------------------------------------------ entries
 
 #define KIT_NORM_ENTRIES(SUFFIX, ELEM, T)                                                                              \
-  extern "C" __global__ void __launch_bounds__(kThreads, KIT_NORM_BLOCKS) layer_norm_##SUFFIX(                                          \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) layer_norm_##SUFFIX(                                          \
       const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out,          \
       float eps, int round_first, int rows, int cols) {                                                                \
     norm_rows<ELEM, true, kWeightBias>(x, weight, bias, out, eps, round_first, rows, cols);                            \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads, KIT_NORM_BLOCKS) layer_norm_nobias_##SUFFIX(                                   \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) layer_norm_nobias_##SUFFIX(                                   \
       const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ out, float eps, int round_first,          \
       int rows, int cols) {                                                                                            \
     norm_rows<ELEM, true, kWeight>(x, weight, nullptr, out, eps, round_first, rows, cols);                             \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads, KIT_NORM_BLOCKS) layer_norm_bias_##SUFFIX(                                     \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) layer_norm_bias_##SUFFIX(                                     \
       const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ out, float eps, int round_first,            \
       int rows, int cols) {                                                                                            \
     norm_rows<ELEM, true, kBias>(x, nullptr, bias, out, eps, round_first, rows, cols);                                 \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads, KIT_NORM_BLOCKS) layer_norm_plain_##SUFFIX(                                    \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) layer_norm_plain_##SUFFIX(                                    \
       const T* __restrict__ x, T* __restrict__ out, float eps, int round_first, int rows, int cols) {                  \
     norm_rows<ELEM, true, kNone>(x, nullptr, nullptr, out, eps, round_first, rows, cols);                              \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads, KIT_NORM_BLOCKS) rms_norm_##SUFFIX(                                            \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) rms_norm_##SUFFIX(                                            \
       const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ out, float eps, int round_first,          \
       int rows, int cols) {                                                                                            \
     norm_rows<ELEM, false, kWeight>(x, weight, nullptr, out, eps, round_first, rows, cols);                            \
   }                                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads, KIT_NORM_BLOCKS) rms_norm_plain_##SUFFIX(                                      \
+  extern "C" __global__ void __launch_bounds__(kThreads, 3) rms_norm_plain_##SUFFIX(                                      \
       const T* __restrict__ x, T* __restrict__ out, float eps, int round_first, int rows, int cols) {                  \
     norm_rows<ELEM, false, kNone>(x, nullptr, nullptr, out, eps, round_first, rows, cols);                             \
   }
