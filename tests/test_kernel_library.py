@@ -380,10 +380,10 @@ def norm_build(tmp_path_factory, prebuilt_dir):
     return prebuilt_or_build(REPO / "kernels" / "norm", tmp_path_factory, prebuilt_dir)
 
 
-# (rows, cols): teams of 1, 2, 4 and 8 warps a row, at 2 chunks a thread (rows that fit one
-# wave so) and at 4 (more rows: 3000 x 768, 1200 x 2048, 600 x 4096, 300 x 8192), with 16-byte
-# accesses and element by element (cols not a multiple of 8); few rows in wide teams; passes
-# over memory beyond 8192 columns; tiny rows.
+# (rows, cols): a warp per row (more than 384 rows) with 16-byte accesses, element by element
+# (cols not a multiple of 8); the block per row: rows up to 1024 columns from few rows, cached
+# up to 8192 columns, passes over memory beyond; tiny rows; and model-sized rows of many
+# rows (3000 x 768 to 300 x 8192), kept from round 34's kernel (0a577e5, reverted).
 NORM_SHAPES = [(1000, 1000), (777, 1001), (400, 64), (67, 1000), (5, 1001), (300, 64), (3, 4096), (7, 2050), (2, 8192),
                (3, 10000), (2, 12289), (1, 1), (3000, 768), (2500, 1001), (1200, 2048), (600, 4096), (300, 8192)]
 NORM_FUNCTIONS = [f"{base}_{dtype}" for dtype in ("f16", "bf16", "f32")
