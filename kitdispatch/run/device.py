@@ -76,6 +76,7 @@ KDL_CPU, KDL_CUDA = 1, 2  # DLPack device types
 DEFAULT_POOL_BYTES = 2 << 30  # free output buffers kept for reuse, per device
 SPIN_S = 0.002  # how long a wait polls before it blocks
 RING = 64  # timeline semaphores a device's calls signal in turn
+ABANDONED_WORK_WAIT_NS = 1_000_000_000  # how long a failed call's queued work may take to finish
 
 
 # --------------------------------------------------------------------------- the pool
@@ -466,7 +467,7 @@ class Device:
             try:
                 issue(operand, wait, done)
             except IREE_STATUS_ERRORS as exc:
-                self.abandon(done)
+                self.abandon()
                 raise KitError(f"IREE refused to queue the call: {str(exc).strip()}", fix="see the error above") from None
             self._last = call
             return call
@@ -475,25 +476,25 @@ class Device:
         self._last += 1
         return self._last
 
-    def abandon(self, signal: HalFence) -> None:
-        """A call that failed still passes its place in the order on (`signal`: its fence, the
-        next call's point): where IREE failed before queueing its work, an empty command buffer
-        signals it; where that work was queued already (a result's buffer view failing after a
-        model function's final barrier, which signals the fence), the work signals it, and a
-        second signal would fail the semaphore."""
-        semaphore, value = self._point(self._last + 1)
-        if semaphore.query() < value:
-            rt = self._rt
-            empty = rt.HalCommandBuffer(self.hal)
-            empty.end()
-            wait = rt.HalFence.create_at(*self._point(self._last)) if self._chained else rt.HalFence(0)
+    def abandon(self) -> None:
+        """A call that failed still passes its place in the order on. Whether IREE had queued
+        its work when it failed cannot be told (a result's buffer view fails after a model
+        function's final barrier was queued; most failures come before anything is), and such
+        work signals the call's point whenever it runs: signalling that point as well fails the
+        semaphore for every later call (CI saw it on IREE 3.13's CPU device, on a busy machine), and not
+        signalling it leaves the next call waiting forever. So once every call before it is
+        done, the point's semaphore is retired (a late signal lands on a semaphore no one
+        reads) and a fresh one stands in its place, already at the point."""
+        call = self._last + 1
+        self.wait_for(call - 1)
+        retired, value = self._point(call)
+        if self._chained:  # calls may run side by side: let work that was queued finish first
             try:
-                self.hal.queue_execute(empty, wait, signal)
-            except IREE_STATUS_ERRORS as exc:
-                if semaphore.query() < value:  # neither signals it: later calls would wait forever
-                    raise KitError(f"a failed call left the device's order broken: {str(exc).strip()}",
-                                   fix="restart the process to use this device again") from None
-        self.launched()
+                self._rt.HalFence.create_at(retired, value).wait(timeout=ABANDONED_WORK_WAIT_NS)
+            except IREE_STATUS_ERRORS:  # that work failed: the semaphore goes either way
+                pass
+        self._ring[(call - 1) % RING] = self.timeline.create_semaphore(value)
+        self._last = call
 
     def wait_for(self, call: int) -> None:
         """Until call number `call` (and every call before it) is done. Polls for a while

@@ -170,7 +170,7 @@ class Function:
             try:
                 self._invoke(self._vm_async, vm_args, self._returned)
             except IREE_STATUS_ERRORS as exc:
-                device.abandon(done)
+                device.abandon()
                 raise KitError(
                     f"{self.name}: IREE refused the call: {str(exc).strip()}",
                     fix="check the arguments against the function's signature",

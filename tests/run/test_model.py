@@ -230,6 +230,33 @@ def test_an_iree_error_of_any_status_fails_the_call_alone(tmp_path, embedding, m
     np.testing.assert_array_equal(other.embed(*args), before)
 
 
+@needs_iree_compile
+def test_a_failed_call_whose_work_runs_late_leaves_the_order_whole(tmp_path, embedding):
+    """The f64 call's work is queued before IREE fails the call, and here it runs only after
+    the failure is reported (the call before it waits on a gate opened later, as on a busy
+    machine): the kit once signalled the call's point itself too, and the second signal failed
+    that semaphore of the device's ring: every call that came to it later failed."""
+    import threading
+
+    import iree.runtime as rt
+
+    from kitdispatch.run.device import RING
+
+    folder = f64_output_model_build(tmp_path)
+    model, other = kd.load_module(folder, device=DEVICE), kd.load_module(embedding[0], device=DEVICE)
+    device, args = model.device, inputs()
+    before = other.embed(*args)
+    gate = device.hal.create_semaphore(0)
+    empty = rt.HalCommandBuffer(device.hal)
+    empty.end()
+    device._queue(lambda commands, wait, done: device.hal.queue_execute(commands, rt.HalFence.create_at(gate, 1), done), empty)
+    threading.Timer(0.3, gate.signal, (1,)).start()
+    with pytest.raises(KitError, match="IREE refused the call: .*OUT_OF_RANGE"):
+        model.f64out(np.ones(4, np.float32))
+    for _ in range(RING + 1):  # round the ring, past the failed call's semaphore
+        np.testing.assert_array_equal(other.embed(*args), before)
+
+
 def test_a_function_with_an_element_type_the_kit_cannot_pass_says_so():
     from kitdispatch.describe.model_record import ModelFunction, ModelTensor
     from kitdispatch.run.model import model_signature
