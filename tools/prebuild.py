@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 import kitdispatch as kd  # noqa: E402
 
-# The tensor-core kernels ship sm_90a code beside their sm_80 path (tests/test_kernel_library.py).
-HOPPER = {"matmul", "attention"}
+# The tensor-core kernels ship sm_90a code beside their sm_80 path (tests/test_kernel_library.py);
+# shared_per_arch reserves more shared memory on sm_90a (tests/emit/test_shared_per_arch.py).
+HOPPER = {"matmul", "attention", "shared_per_arch"}
 # Test modules that are not CUDA builds (tests/data/cpu_calls and cpu_sized run on IREE's CPU device).
 NOT_CUDA = {"cpu_calls", "cpu_sized"}
 # Projects the GPU tests also run as built by nvcc (OUT/NAME.nvcc), where nvcc is installed.
@@ -104,7 +105,7 @@ def build_projects(out: Path, failures: list[str], only: set[str]) -> None:
                 failures.append(f"{project.relative_to(ROOT)} ({compiler}): {str(exc).splitlines()[0]}")
 
 
-def build_models(out: Path, failures: list[str], only: set[str]) -> None:
+def build_models(out: Path, failures: list[str], only: set[str], archs: str = "sm_90") -> None:
     for name, ((maker, *args), project) in MODELS.items():
         if only and name not in only:
             continue
@@ -112,7 +113,7 @@ def build_models(out: Path, failures: list[str], only: set[str]) -> None:
             model = Path(tmp) / "model.onnx"
             subprocess.run([sys.executable, str(maker), str(model), *args], check=True, timeout=300)
             try:
-                kd.build_model(project, model, kd.BuildOptions.create("sm_90"), out / name, with_baseline=True, tf32=name in TF32_MODELS)
+                kd.build_model(project, model, kd.BuildOptions.create(archs), out / name, with_baseline=True, tf32=name in TF32_MODELS)
                 print(f"built {name} with {project.relative_to(ROOT) if project else 'the library'}", flush=True)
             except kd.KitError as exc:
                 failures.append(f"{name}: {str(exc).splitlines()[0]}")
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-models", action="store_true", help="skip the model samples")
     parser.add_argument("--only", nargs="+", default=[], metavar="NAME",
                         help="build only these projects and models (OUT's subfolder names; attention_forms: every form)")
+    parser.add_argument("--model-arch", default="sm_90", metavar="ARCHS",
+                        help="architectures of the model samples (default sm_90: the mma.sync path; sm_90a,sm_80 for Hopper's)")
     args = parser.parse_args(argv)
     only = set(args.only)
     known = {p.name for p in projects()} | set(MODELS) | {"attention_forms"}
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     build_projects(args.out, failures, only)
     if not args.no_models:
-        build_models(args.out, failures, only)
+        build_models(args.out, failures, only, args.model_arch)
         build_attention_forms(args.out, failures, only)
     for failure in failures:
         print(f"FAILED {failure}", file=sys.stderr)

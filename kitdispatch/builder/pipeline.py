@@ -343,18 +343,29 @@ class _Built:
 
 def _jobs(spec: ModuleSpec, options: BuildOptions) -> list[_Job]:
     """ptx: one per architecture. cubin: one per architecture, plus PTX fallbacks for GPUs
-    the cubins cannot serve. fatbin: one object holding all of it."""
+    the cubins cannot serve. fatbin: one object holding all of it, or one per architecture
+    where a kernel of the source reserves different dynamic shared memory on them (IREE
+    launches an export with one size: each size needs a variant of its own)."""
     jobs: list[_Job] = []
+    per_arch = _sources_with_shared_memory_per_arch(spec, options.archs)
     for kernel in spec.kernels:
         src, stem = spec.source_path(kernel.source), spec.source_stem(kernel.source)
-        if kernel.format == "fatbin":
+        if kernel.format == "fatbin" and src not in per_arch:
             wanted = [_Job(src, "fatbin", options.archs, stem)]
+        elif kernel.format == "fatbin":
+            wanted = [_Job(src, "fatbin", (a,), stem) for a in options.archs]
         else:
             wanted = [_Job(src, kernel.format, (a,), stem) for a in options.archs]
             if kernel.format == "cubin":
                 wanted += [_Job(src, "ptx", (a,), stem, fallback=True) for a in ptx_fallback_archs(options.archs)]
         jobs += [j for j in wanted if j not in jobs and dataclasses.replace(j, fallback=not j.fallback) not in jobs]
     return jobs
+
+
+def _sources_with_shared_memory_per_arch(spec: ModuleSpec, archs: Sequence[Arch]) -> set[Path]:
+    return {
+        spec.source_path(k.source) for k in spec.kernels if len({k.shared_memory_for(a.name) for a in archs}) > 1
+    }
 
 
 def compile_options_for(spec: ModuleSpec, source: Path, options: BuildOptions) -> CompileOptions:

@@ -7,12 +7,14 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, Union
 from kitdispatch.describe import abi
 from kitdispatch.errors import ManifestError
 from kitdispatch.describe.index_expr import Condition, IndexExpr
-from kitdispatch.describe.limits import DEFAULT_DYNAMIC_SHARED_MEMORY_MAX, MAX_DYNAMIC_SHARED_MEMORY, MAX_GRID, MAX_WORKGROUP_THREADS
+from kitdispatch.describe.limits import (
+    DEFAULT_DYNAMIC_SHARED_MEMORY_MAX, MAX_DYNAMIC_SHARED_MEMORY, MAX_GRID, MAX_WORKGROUP_THREADS, OPT_IN_SHARED_MEMORY,
+)
 from kitdispatch.describe.choices import ObjectFormat
 from kitdispatch.describe.names import WIDE_HALVES, _IDENT_RE, _shown, check_identifier, check_kernel_name, default_function_name
 from kitdispatch.describe.types import FunctionSignature, ScalarType, TensorType
@@ -247,6 +249,9 @@ class Kernel:
     # that source's): include folders, relative to the manifest's folder, and NAME[=VALUE].
     include_dirs: tuple[str, ...] = ()
     defines: tuple[str, ...] = ()
+    # Architectures whose objects reserve another `dynamic_shared_memory` ((arch name, bytes),
+    # e.g. ("sm_90a", 183296)): a Hopper kernel can take 227 KiB where sm_86 gives 99 KiB.
+    shared_memory_by_arch: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def create(
@@ -260,7 +265,7 @@ class Kernel:
         function: str | None = None,
         format: str | None = None,
         symbol: str | None = None,
-        dynamic_shared_memory: int | str | IndexExpr = 0,
+        dynamic_shared_memory: int | str | IndexExpr | Mapping[str, int] = 0,
         dynamic_shared_memory_max: int | None = None,
         cpp_name: bool = False,
         replaces: Replaces | Sequence[str] | None = None,
@@ -282,6 +287,7 @@ class Kernel:
                     where=where,
                     fix="give the CUDA block size, e.g. [256] or [16, 16]",
                 )
+        dynamic_shared_memory, by_arch = _shared_memory_table(dynamic_shared_memory, dynamic_shared_memory_max, where)
         dynamic_shared_memory, need = _shared_memory(dynamic_shared_memory, dynamic_shared_memory_max, where)
         if math.prod(size) > MAX_WORKGROUP_THREADS:
             raise ManifestError(
@@ -304,7 +310,7 @@ class Kernel:
             replaces = Replaces.create(replaces, where=f"{where}: replaces")
         kernel = cls(
             name, Path(source), tuple(params), size, count, function, format, symbol, dynamic_shared_memory, cpp_name, replaces,
-            need, check_include_dirs(include_dirs, where), check_defines(defines, where),
+            need, check_include_dirs(include_dirs, where), check_defines(defines, where), by_arch,
         )
         kernel._validate(where)
         return kernel
@@ -315,6 +321,10 @@ class Kernel:
     def entry(self) -> str:
         """The kernel's name in the compiled object, and its export name in the MLIR."""
         return self.symbol or self.name
+
+    def shared_memory_for(self, arch: str) -> int:
+        """The dynamic shared memory each launch of this kernel's object for `arch` reserves."""
+        return dict(self.shared_memory_by_arch).get(arch, self.dynamic_shared_memory)
 
     @property
     def c_slots(self) -> tuple[CSlot, ...]:
@@ -487,6 +497,54 @@ def _byte_count(value: object, key: str, where: str) -> int:
             "over sizes and integer scalars such as '(2 + block_y) * C * sizeof(float)'",
         )
     return value
+
+
+_ARCH_KEY_RE = re.compile(r"sm_\d+[af]?\Z", re.ASCII)
+DEFAULT_ARCH_KEY = "default"
+
+
+def _shared_memory_table(value: object, most: object, where: str) -> tuple[object, tuple[tuple[str, int], ...]]:
+    """A per-architecture table ({"default": bytes, "sm_90a": bytes, ...}) as (the default,
+    the other entries); any other value as it is, with no entries. Each architecture's bytes
+    must fit what its GPUs give a block (limits.OPT_IN_SHARED_MEMORY)."""
+    if not isinstance(value, Mapping):
+        return value, ()
+    key_fix = 'give {default = BYTES, sm_90a = BYTES, ...}: architectures as --arch names them, each an integer'
+    if most is not None:
+        raise ManifestError(
+            "dynamic_shared_memory_max is for a dynamic_shared_memory that depends on sizes, not for a table of architectures",
+            where=where,
+            fix="leave it out",
+        )
+    if DEFAULT_ARCH_KEY not in value:
+        raise ManifestError(
+            f"the dynamic_shared_memory table {dict(value)!r} has no 'default' entry (for the architectures it does not name)",
+            where=where,
+            fix=key_fix,
+        )
+    entries = []
+    for key, count in value.items():
+        if key == DEFAULT_ARCH_KEY:
+            continue
+        if not isinstance(key, str) or not _ARCH_KEY_RE.match(key):
+            raise ManifestError(f"dynamic_shared_memory names {key!r}, which is no architecture", where=where, fix=key_fix)
+        count = _byte_count(count, f"dynamic_shared_memory[{key}]", where)
+        limit = OPT_IN_SHARED_MEMORY.get(int(key[3:].rstrip("af")))
+        if limit is not None and count > limit:
+            raise ManifestError(
+                f"dynamic_shared_memory[{key}] = {count} bytes is more than a block may have on {key} ({limit})",
+                where=where,
+                fix=f"reserve at most {limit} bytes (less the kernel's static __shared__ memory) for {key}",
+            )
+        entries.append((key, count))
+    default = value[DEFAULT_ARCH_KEY]
+    if isinstance(default, bool) or not isinstance(default, int):
+        raise ManifestError(
+            f"dynamic_shared_memory[default] {default!r} is not a byte count (a table takes integers, not expressions)",
+            where=where,
+            fix=key_fix,
+        )
+    return default, tuple(sorted(entries))
 
 
 def _shared_memory(value: object, most: object, where: str) -> tuple[int, IndexExpr | None]:

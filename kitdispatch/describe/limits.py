@@ -24,6 +24,15 @@ MAX_CONSTANT = 2**64  # u64 values fit; anything larger is a mistake
 MAX_DYNAMIC_SHARED_MEMORY = 227 * 1024
 
 
+# What a block may have at most per compute capability (major * 10 + minor), static and dynamic
+# shared memory together, once the kernel opts in (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability"). Capabilities missing here are checked at load time.
+OPT_IN_SHARED_MEMORY = {
+    70: 96 * 1024, 72: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
+    90: 227 * 1024, 100: 227 * 1024, 103: 227 * 1024, 120: 99 * 1024, 121: 99 * 1024,
+}
+
+
 # What each launch reserves for a dynamic_shared_memory expression unless
 # dynamic_shared_memory_max says otherwise: what every CUDA GPU gives a block without opting in.
 DEFAULT_DYNAMIC_SHARED_MEMORY_MAX = 48 * 1024

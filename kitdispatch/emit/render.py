@@ -229,6 +229,8 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
             "min_capability": v.capability_range[0],
             "max_capability": v.capability_range[1],
             "object_path": mlir_string(v.path),
+            # Each variant's exports reserve its architecture's dynamic shared memory.
+            "exports": [_export_view(k, i, spelling, v.arch.name) for i, k in enumerate(kernels)],
         }
         for v in objects.objects
     ]
@@ -246,11 +248,12 @@ def _executable_view(name: str, kernels: list[Kernel], objects: ExecutableObject
         "template": template,
         "variants": variants,
         "objects": spelling.inherent({"objects": objects_map}),
-        "exports": [_export_view(k, i, spelling) for i, k in enumerate(kernels)],
+        "exports": variants[0]["exports"],  # one object: its exports are the executable's
     }
 
 
-def _export_view(kernel: Kernel, ordinal: int, spelling: Spelling) -> dict:
+def _export_view(kernel: Kernel, ordinal: int, spelling: Spelling, arch: str) -> dict:
+    """The export of `kernel` in an object compiled for `arch`."""
     workload = kernel.workload
     # The region's values: `%device`, then the workload (a size may be named `device` or `count_x`).
     names = _SsaNames()
@@ -277,7 +280,7 @@ def _export_view(kernel: Kernel, ordinal: int, spelling: Spelling) -> dict:
         # checks its own need against it, `_shared_memory_check`).
         "attributes": spelling.inherent(
             {"workgroup_size": "[" + ", ".join(f"{n} : index" for n in kernel.workgroup_size) + "]"},
-            {"workgroup_local_memory": kernel.dynamic_shared_memory} if kernel.dynamic_shared_memory else {},
+            {"workgroup_local_memory": shared} if (shared := kernel.shared_memory_for(arch)) else {},
         ),
     }
 

@@ -317,6 +317,39 @@ def test_dynamic_shared_memory_must_be_a_byte_count(tmp_path):
         build(root, BuildOptions.create("sm_80"), tmp_path / "out")
 
 
+PER_ARCH = SAMPLES.parent / "tests" / "data" / "shared_per_arch"
+
+
+def _variant_shared_memory(mlir: str) -> dict[str, int]:
+    import re
+
+    variants = re.split(r"hal.executable.variant public @", mlir)[1:]
+    return {v.split(" ", 1)[0]: int(re.search(r"workgroup_local_memory = (\d+)", v).group(1)) for v in variants}
+
+
+def test_shared_memory_per_arch_makes_a_fatbin_and_a_variant_per_arch(tmp_path):
+    """IREE launches an export with one size, so each size gets its own object and variant;
+    the objects are linked by iree-compile (the build runs it)."""
+    result = build(PER_ARCH, BuildOptions.create("sm_90a,sm_80"), tmp_path)
+    mlir = result.mlir.read_text()
+    assert [o.name for o in result.objects] == ["reserved.sm_90a.fatbin", "reserved.sm_80.fatbin"]
+    assert _variant_ranges(mlir) == [("sm_90a_fatbin", 90, 91), ("sm_80_fatbin", 80, 2**31 - 1)]
+    assert _variant_shared_memory(mlir) == {"sm_90a_fatbin": 200000, "sm_80_fatbin": 4096}
+    assert result.vmfb.is_file()
+
+
+def test_shared_memory_per_arch_that_agrees_keeps_one_fatbin(tmp_path):
+    """A build whose architectures all take the same size (here the default) is built as before."""
+    result = build(PER_ARCH, BuildOptions.create("sm_90,sm_80"), tmp_path)
+    assert [o.name for o in result.objects] == ["reserved.sm_90_sm_80.fatbin"]
+    assert "<workgroup_size = [64 : index, 1 : index, 1 : index], workgroup_local_memory = 4096>" in result.mlir.read_text()
+
+
+def test_shared_memory_per_arch_with_cubins_gives_each_variant_its_own(tmp_path):
+    result = build(PER_ARCH, BuildOptions.create("sm_90a,sm_80", format="cubin"), tmp_path)
+    assert _variant_shared_memory(result.mlir.read_text()) == {"sm_90a_cubin": 200000, "sm_80_cubin": 4096, "sm_80_ptx": 4096}
+
+
 def test_three_dimensional_grid(tmp_path):
     result = build(SAMPLES.parent / "tests" / "data" / "grid3d", BuildOptions.create("sm_80"), tmp_path)
     mlir = result.mlir.read_text()

@@ -79,6 +79,12 @@ def test_signature_of_inplace_kernel():
         (kernel_with(dynamic_shared_memory=-1), "dynamic_shared_memory -1 is not a byte count"),
         (kernel_with(dynamic_shared_memory="n * 4", dynamic_shared_memory_max=300000), "dynamic_shared_memory_max 300000 is not a byte count"),
         (kernel_with(dynamic_shared_memory=256, dynamic_shared_memory_max=1024), "dynamic_shared_memory_max is for"),
+        (kernel_with(dynamic_shared_memory={"sm_90a": 200000}), "has no 'default' entry"),
+        (kernel_with(dynamic_shared_memory={"default": 0, "hopper": 200000}), "names 'hopper', which is no architecture"),
+        (kernel_with(dynamic_shared_memory={"default": 0, "sm_86": 110000}), "110000 bytes is more than a block may have on sm_86 (101376)"),
+        (kernel_with(dynamic_shared_memory={"default": 0, "sm_90a": 300000}), "dynamic_shared_memory[sm_90a] 300000 is not a byte count"),
+        (kernel_with(dynamic_shared_memory={"default": "n * 4", "sm_90a": 1024}), "dynamic_shared_memory[default] 'n * 4' is not a byte count"),
+        (kernel_with(dynamic_shared_memory={"default": 0, "sm_90a": 1024}, dynamic_shared_memory_max=2048), "not for a table of architectures"),
         (kernel_with(defines=["A B"]), "defines must be a list of NAME or NAME=VALUE"),
         (kernel_with(defines="A"), "defines must be a list"),
         (kernel_with(include_dirs="inc"), "include_dirs must be a list"),
@@ -100,6 +106,14 @@ def test_manifest_errors_name_the_problem(tmp_path, data, message):
     assert message in str(err.value)
     assert "kitdispatch.toml" in str(err.value)
     assert "fix:" in str(err.value)
+
+
+def test_shared_memory_per_arch_from_toml_and_python_agree(tmp_path):
+    spec = load_manifest(SAMPLES.parent / "tests" / "data" / "shared_per_arch")
+    kernel = spec.kernels[0]
+    assert (kernel.shared_memory_for("sm_90a"), kernel.shared_memory_for("sm_90"), kernel.shared_memory_for("sm_80")) == (200000, 4096, 4096)
+    same = parse(kernel_with(dynamic_shared_memory={"sm_90a": 200000, "default": 4096}), tmp_path).kernels[0]
+    assert same.shared_memory_by_arch == kernel.shared_memory_by_arch and same.dynamic_shared_memory == 4096
 
 
 def test_toml_syntax_error_has_a_line(tmp_path):
