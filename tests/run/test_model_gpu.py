@@ -89,6 +89,27 @@ def test_out_copies_run_after_their_call(built):
         np.testing.assert_allclose(out.to_host(), expected(args), rtol=1e-5, atol=1e-6)
 
 
+def test_a_failed_call_leaves_the_order_whole_on_the_gpu(built, monkeypatch):
+    """A call IREE refuses passes its place on (Device.abandon: a fresh semaphore of the idle
+    timeline device at its point), and a round of the ring of calls after it runs on the GPU."""
+    from kitdispatch.run.device import RING
+
+    module = kd.load_module(built)
+    args = inputs(3)
+    on_device = [module.device.put(a) for a in args]
+
+    def fails(*a):
+        raise ValueError("injected: INVALID_ARGUMENT")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module.embed, "_invoke", fails)
+        with pytest.raises(kd.KitError, match="IREE refused the call: injected"):
+            module.embed(*on_device)
+    results = [module.embed(*on_device) for _ in range(RING + 1)]
+    for got in results:
+        np.testing.assert_allclose(np.asarray(got), expected(args), rtol=1e-5, atol=1e-6)
+
+
 def test_torch_tensors_in_and_out(built):
     torch = pytest.importorskip("torch")
     module = kd.load_module(built)
