@@ -23,6 +23,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -58,10 +59,37 @@ def dt(name):
     return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[name]
 
 
+def device_capability():
+    major, minor = torch.cuda.get_device_capability(0)
+    return major * 10 + minor
+
+
+def objects_for_this_gpu(paths, capability):
+    """Per source, the object IREE would pick on this GPU: a kit build writes one object per
+    architecture where its entries' shared memory differs (matmul_nt.sm_90a.fatbin beside
+    matmul_nt.sm_80.fatbin), and sm_90a code runs only on compute capability 9.0."""
+    best = {}
+    for path in paths:
+        stem, *middle = os.path.basename(path).split(".")[:-1]
+        archs = re.findall(r"sm_(\d+)([af]?)", middle[0]) if middle else []
+        usable = [int(c) for c, suffix in archs if (int(c) == capability if suffix else int(c) <= capability)]
+        if archs and not usable:
+            continue
+        rank = max(usable, default=0)
+        if stem not in best or rank > best[stem][0]:
+            best[stem] = (rank, path)
+    return sorted(path for _, path in best.values())
+
+
 class Kernels:
     def __init__(self, objdir):
-        self.mods = [cp.RawModule(path=p) for p in sorted(glob.glob(os.path.join(objdir, "*.cubin")) + glob.glob(os.path.join(objdir, "*.fatbin")))]
+        self.capability = device_capability()
+        paths = glob.glob(os.path.join(objdir, "*.cubin")) + glob.glob(os.path.join(objdir, "*.fatbin"))
+        self.mods = [cp.RawModule(path=p) for p in objects_for_this_gpu(paths, self.capability)]
         self.fns = {}
+
+    def smem(self, e):
+        return gen_manifest.launch_shared_memory(e, self.capability) if "smem" in e else SMEM
 
     def get(self, name):
         if name not in self.fns:
@@ -70,7 +98,7 @@ class Kernels:
                     f = m.get_function(name)
                 except Exception:  # noqa: BLE001
                     continue
-                f.max_dynamic_shared_size_bytes = SMEM
+                f.max_dynamic_shared_size_bytes = max(SMEM, gen_manifest.SMEM_SM90A if self.capability == 90 else SMEM)
                 self.fns[name] = f
                 break
             else:
@@ -106,7 +134,7 @@ def launcher(K, e, a, b, c, bias=None, res=None, scalar=None, batch=1, m=0, n=0,
     args += [np.int32(m), np.int32(n), np.int32(k)]
     args = tuple(args)
 
-    threads, smem = e.get("threads", 384), e.get("smem", SMEM)
+    threads, smem = e.get("threads", 384), K.smem(e)
 
     def run():
         f(grid, (threads, 1, 1), args, shared_mem=smem)

@@ -79,6 +79,20 @@ def test_persistent_entries_take_turns_unless_their_epilogue_is_costly():
         assert call.rstrip().endswith(expected), (e["name"], call)
 
 
+def test_the_manifest_gives_each_architecture_the_shared_memory_the_kernel_lays_out():
+    """gemm.cuh's kDynamicSmem per architecture is what the manifest's table reserves: a launch
+    with less traps (require_dynamic_smem), one with more wastes what deeper rings could use."""
+    import re
+
+    gen = _load("gen_manifest")
+    source = (MATMUL / "gemm.cuh").read_text()
+    hopper, other = re.search(
+        r"#if defined\(__CUDA_ARCH_FEAT_SM90_ALL\)\n#define KITGEMM_DYNAMIC_SMEM (\d+)\n#else\n#define KITGEMM_DYNAMIC_SMEM (\d+)", source
+    ).groups()
+    assert (int(hopper), int(other)) == (gen.SMEM_SM90A, gen.SMEM)
+    assert "require_dynamic_smem();" in source
+
+
 def test_manifest_launches_match_the_configs():
     from kitdispatch import load_manifest
 
@@ -89,6 +103,7 @@ def test_manifest_launches_match_the_configs():
     for e in gen.entries():
         kernel = by_name[e["name"]]
         assert list(kernel.workgroup_size)[0] == e["threads"]
+        assert (kernel.shared_memory_for("sm_80"), kernel.shared_memory_for("sm_90a")) == (e["smem"], e.get("smem_sm90a", e["smem"]))
         if e["ti"] != "f32":
             bn, s, _ = configs.CONFIGS[e["cfg"]]
             assert (bn, s) == (e["bn"], e["s"])

@@ -11,7 +11,7 @@ for c in "" _t128x128 _t128x128_k2 _t128x64_k4 _t128x128_p; do D="$D -DKITGEMM_E
 build() {  # name arch source-root flags...
   local name=$1 arch=$2 root=$3; shift 3
   mkdir -p "$OUT/$name"
-  nvcc -arch=$arch -cubin -O3 -std=c++17 $D "$@" "$root/kernels/matmul/matmul_nt.cu" -o "$OUT/$name/matmul_nt.cubin"
+  nvcc -arch=$arch -cubin -O3 -std=c++17 -DKITGEMM_DYNAMIC_SMEM=100352 $D "$@" "$root/kernels/matmul/matmul_nt.cu" -o "$OUT/$name/matmul_nt.cubin"
 }
 OLD=$(mktemp -d)
 git archive "$REV" kernels | tar -x -C "$OLD"

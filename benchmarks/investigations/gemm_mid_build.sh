@@ -16,8 +16,9 @@ done
 DB=""
 for c in @ _t128x128 _t128x128_p; do DB="$DB -DKITGEMM_ENTRY_matmul_nt_f16_none${c#@}"; done
 mkdir -p "$OUT/new" "$OUT/big"
-$NVCC $D kernels/matmul/matmul_nt.cu -o "$OUT/new/matmul_nt.cubin" & pids+=($!)
-$NVCC -DKITGEMM_ENTRY_bmm_nt_f16_none_t128x128_p -DKITGEMM_ENTRY_bmm_nn_f16_none_t128x128_p kernels/matmul/bmm.cu -o "$OUT/new/bmm.cubin" & pids+=($!)
+# new: as measured in round 32, at 100352 bytes (sm_90a builds of gemm.cuh take 183296 since round 35)
+$NVCC -DKITGEMM_DYNAMIC_SMEM=100352 $D kernels/matmul/matmul_nt.cu -o "$OUT/new/matmul_nt.cubin" & pids+=($!)
+$NVCC -DKITGEMM_DYNAMIC_SMEM=100352 -DKITGEMM_ENTRY_bmm_nt_f16_none_t128x128_p -DKITGEMM_ENTRY_bmm_nn_f16_none_t128x128_p kernels/matmul/bmm.cu -o "$OUT/new/bmm.cubin" & pids+=($!)
 $NVCC -DKITGEMM_DYNAMIC_SMEM=$BIG $DB kernels/matmul/matmul_nt.cu -o "$OUT/big/matmul_nt.cubin" & pids+=($!)
 for pid in "${pids[@]}"; do wait "$pid"; done; pids=()  # each job: a bare wait returns 0 when one failed
 ls -la "$OUT/new" "$OUT/big"
@@ -28,8 +29,8 @@ if [ "$2" = epilogues ]; then
 import sys; sys.path.insert(0, 'kernels/matmul'); import gen_manifest as g
 print(' '.join('-DKITGEMM_ENTRY_' + g.kernel_name('matmul', 'nt', 'f16', 'f16', ep, c) for ep in g.EPILOGUES + g.MODEL_EPILOGUES for c in ('', 't128x128', 't128x128_p')))")
   mkdir -p "$OUT/epi/lib" "$OUT/epi/coop"
-  $NVCC $DE kernels/matmul/matmul_nt.cu -o "$OUT/epi/lib/matmul_nt.cubin" & pids+=($!)
-  $NVCC -DKITGEMM_PERSISTENT_COOPERATIVE=1 $DE kernels/matmul/matmul_nt.cu -o "$OUT/epi/coop/matmul_nt.cubin" & pids+=($!)
+  $NVCC -DKITGEMM_DYNAMIC_SMEM=100352 $DE kernels/matmul/matmul_nt.cu -o "$OUT/epi/lib/matmul_nt.cubin" & pids+=($!)
+  $NVCC -DKITGEMM_DYNAMIC_SMEM=100352 -DKITGEMM_PERSISTENT_COOPERATIVE=1 $DE kernels/matmul/matmul_nt.cu -o "$OUT/epi/coop/matmul_nt.cubin" & pids+=($!)
   for pid in "${pids[@]}"; do wait "$pid"; done; pids=()  # each job: a bare wait returns 0 when one failed
   ls -la "$OUT/epi/lib" "$OUT/epi/coop"
 fi

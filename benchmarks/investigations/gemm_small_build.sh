@@ -15,7 +15,7 @@ build() {  # name source-root flags...
     D="$D -DKITGEMM_ENTRY_matmul_nt_f16_none${c#@}"
   done
   mkdir -p "$OUT/$name"
-  nvcc -arch=sm_90a -cubin -O3 -std=c++17 $D "$@" "$root/kernels/matmul/matmul_nt.cu" -o "$OUT/$name/matmul_nt.cubin"
+  nvcc -arch=sm_90a -cubin -O3 -std=c++17 -DKITGEMM_DYNAMIC_SMEM=100352 $D "$@" "$root/kernels/matmul/matmul_nt.cu" -o "$OUT/$name/matmul_nt.cubin"
 }
 OLD=$(mktemp -d)
 git archive "$REV" kernels | tar -x -C "$OLD"
@@ -34,7 +34,7 @@ if [ "$3" = check ]; then
     D=$(python3 -c "
 import sys; sys.path.insert(0, 'kernels/matmul'); import gen_manifest as g
 print(' '.join('-D' + g.guard(e) for e in g.entries() if e['src'] == '$src.cu' and e['epi'] in ('none', 'bias_gelu_tanh', 'bias_residual', 'scale')))")
-    nvcc -arch=sm_90a -cubin -O3 -std=c++17 $D kernels/matmul/$src.cu -o "$OUT/check/$src.cubin" & pids+=($!)
+    nvcc -arch=sm_90a -cubin -O3 -std=c++17 -DKITGEMM_DYNAMIC_SMEM=100352 $D kernels/matmul/$src.cu -o "$OUT/check/$src.cubin" & pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done; pids=()  # each job: a bare wait returns 0 when one failed
   ls -la "$OUT/check"

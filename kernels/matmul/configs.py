@@ -94,13 +94,17 @@ def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
          CTAs of 128 x 128 with half the k each, one partial to add (512x768x768 6.8 us against
          7.7; 128x4096x4096 15.2 against 19.9 for 128 x 128 split 2);
       3. few 128 x 128 tiles (<= 48) and k >= 2048: 128 x 128, K split 2 ways;
-      4. K up to 1024 and many tiles (> 2 x 132): the persistent 128 x 128 kernel, whose two
-         consumer warpgroups take turns (one's epilogue under the other's wgmmas) while the
-         producer loads ahead across tiles: attention's Q K^T, and BERT/GPT-2/ViT layers from
-         about 2048 tokens (H200, round 32: 8192x3072x768 72.6 us against 76.7 for 128 x 256,
-         bias 78.5 against 84.3; benchmarks/results/gemm-mid-h200-round32.txt). For the
-         TRANSCENDENTAL_EPILOGUES only at K <= 256 (they go to rules 5 and 6: t128x128 or
-         128 x 256 were the fastest at every K = 768 shape measured);
+      4. many tiles (> 2 x 132) and K up to 1024 or N up to 1024: the persistent 128 x 128
+         kernel, whose two consumer warpgroups take turns (one's epilogue under the other's
+         wgmmas) while the producer loads ahead across tiles: attention's Q K^T and P V, and
+         BERT/GPT-2/ViT layers from about 2048 tokens (H200, round 32: 8192x3072x768 72.6 us
+         against 76.7 for 128 x 256, bias 78.5 against 84.3; benchmarks/results/gemm-mid-h200-round32.txt).
+         Since sm_90a objects have 183296 bytes of dynamic shared memory (5 stages, was 3) it is
+         also the fastest at N = 768, K = 3072 (H100, round 35: 8192x768x3072 58.7 us against
+         75.0 for t128x128; b32 2048x128x2048 110.9 against 112.5;
+         benchmarks/results/gemm-h100-round35.txt). For the TRANSCENDENTAL_EPILOGUES only at
+         K <= 256 (they go to rules 5 and 6: t128x128 or 128 x 256 were the fastest at every
+         K = 768 shape measured);
       5. 128 x 128 tiles when they use the GPU's tile slots clearly better than 128 x 256 ones
          (wave quantization x column padding, 15% margin);
       6. otherwise the default 128 x 256.
@@ -118,7 +122,7 @@ def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
         return "t128x64_k2"
     if t128 <= 48 and k >= 2048:
         return "t128x128_k2"
-    if k <= (1024 if pingpong(epilogue) else 256) and t128 > 2 * SMS:
+    if t128 > 2 * SMS and (k <= 256 or pingpong(epilogue) and (k <= 1024 or n <= 1024)):
         return "t128x128_p"
     if _score(m, n, 128, batch) > 1.15 * _score(m, n, 256, batch):
         return "t128x128"
@@ -148,7 +152,7 @@ def config_conditions(batched, epilogue="none"):
         "t128x64_k4": f"{t128} <= 12 && k >= 768",
         "t128x64_k2": f"4 * {t128} <= {SMS} && k >= 512",
         "t128x128_k2": f"{t128} <= 48 && k >= 2048",
-        "t128x128_p": f"k <= {1024 if pingpong(epilogue) else 256} && {t128} > {2 * SMS}",
+        "t128x128_p": f"{t128} > {2 * SMS} && " + ("(k <= 1024 || n <= 1024)" if pingpong(epilogue) else "k <= 256"),
         "t128x128": narrow,
         "": None,
     }

@@ -7,7 +7,8 @@
 //   the plain matmuls are batch 1.
 //
 // Launch: 384 threads (288 for R = 2), grid (ceildiv(n, BN), ceildiv(m, TM), batch * S), the
-// manifest's 100352 bytes of dynamic shared memory. Template parameters:
+// manifest's dynamic shared memory (kDynamicSmem: 183296 bytes on sm_90a, 100352 elsewhere).
+// Template parameters:
 //   E     input element type (kit::F16 / kit::BF16)
 //   Out   result type (kit::F16 / kit::BF16 / kit::F32); bias and residual have this type too
 //   kNT   B layout
@@ -74,13 +75,30 @@ using kit::half_bits;
 
 constexpr int kThreads = 384;
 constexpr int BM = 128;
-// kitdispatch.toml's dynamic_shared_memory. A build macro for investigations only: the stage
-// counts follow it (benchmarks/investigations/gemm_mid.py builds the kernels for an sm_90-only
-// 179 KB, which the manifest cannot ask for while one entry also serves sm_80..sm_89).
+// kitdispatch.toml's dynamic_shared_memory, per architecture (its table: { default = 100352,
+// sm_90a = 183296 }). sm_90a objects take 183296 bytes: with the largest static stage (48 KB,
+// 128 x 256 tiles) the 227 KiB a Hopper block may have. The others take 100352 (sm_86 and sm_89
+// give a block 99 KiB). The stage counts follow it: on sm_90a 128 x 256 tiles get 4 stages (3 at
+// 100352), 128 x 128 6 (4), the persistent kernel 5 (3), 128 x 64 7 (5). Every entry checks at
+// launch that it got at least this much (require_dynamic_smem). Also a build macro for
+// investigations (benchmarks/investigations/gemm_mid.py).
 #ifndef KITGEMM_DYNAMIC_SMEM
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KITGEMM_DYNAMIC_SMEM 183296
+#else
 #define KITGEMM_DYNAMIC_SMEM 100352
 #endif
+#endif
 constexpr int kDynamicSmem = KITGEMM_DYNAMIC_SMEM;
+
+// A launch with less dynamic shared memory than the stages are laid out for (a manifest or a
+// direct launch that disagrees with kDynamicSmem for this architecture) would read and write
+// past its end: it traps instead, an error at the call rather than a wrong result.
+__device__ __forceinline__ void require_dynamic_smem() {
+  unsigned size;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(size));
+  if (size < kDynamicSmem) __trap();
+}
 // 1: every persistent entry with cooperative consumers, whatever it names (a build macro for
 // benchmarks/investigations/gemm_mid.py's comparison).
 #ifndef KITGEMM_PERSISTENT_COOPERATIVE
@@ -1044,6 +1062,7 @@ template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R = 1, int 
 __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typename Out::T* C, EpiArgs<Out> e,
                                      int batch, int m, int n, int k) {
   extern __shared__ __align__(1024) char dyn_smem[];
+  require_dynamic_smem();
   prepare_heads<kEpi, Out>(e);
   int tile_m, tile_n;
   block_tile(tile_m, tile_n);
@@ -1071,6 +1090,7 @@ template <class E, class Out, bool kNT, int BN, int kEpi, bool kPingPong>
 __device__ __forceinline__ void gemm_persistent(const half_bits* A, const half_bits* B, typename Out::T* C,
                                                 EpiArgs<Out> e, int batch, int m, int n, int k) {
   extern __shared__ __align__(1024) char dyn_smem[];
+  require_dynamic_smem();
   prepare_heads<kEpi, Out>(e);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ __align__(1024) char stage0[hopper::PCfg<BN>::kStageBytes];
