@@ -480,11 +480,11 @@ class Device:
         """A call that failed still passes its place in the order on. Whether IREE had queued
         its work when it failed cannot be told (a result's buffer view fails after a model
         function's final barrier was queued; most failures come before anything is), and such
-        work signals the call's point whenever it runs: signalling that point as well fails the
-        semaphore for every later call (CI saw it on IREE 3.13's CPU device, on a busy machine), and not
-        signalling it leaves the next call waiting forever. So once every call before it is
-        done, the point's semaphore is retired (a late signal lands on a semaphore no one
-        reads) and a fresh one stands in its place, already at the point."""
+        work signals the call's point whenever it runs: signalling that point as well fails
+        the semaphore for every later call (CI saw it on IREE 3.13's CPU device, on a busy
+        machine), and not signalling it leaves the next call waiting forever. So once every
+        call before it is done, the point's semaphore is retired (a late signal lands on a
+        semaphore no one reads) and a fresh one stands in its place, already at the point."""
         call = self._last + 1
         self.wait_for(call - 1)
         retired, value = self._point(call)
