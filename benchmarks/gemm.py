@@ -98,7 +98,7 @@ class Kernels:
                     f = m.get_function(name)
                 except Exception:  # noqa: BLE001
                     continue
-                f.max_dynamic_shared_size_bytes = max(SMEM, gen_manifest.SMEM_SM90A if self.capability == 90 else SMEM)
+                f.max_dynamic_shared_size_bytes = gen_manifest.SMEM_SM90A if self.capability == 90 else SMEM
                 self.fns[name] = f
                 break
             else:
