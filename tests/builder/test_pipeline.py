@@ -350,6 +350,30 @@ def test_shared_memory_per_arch_with_cubins_gives_each_variant_its_own(tmp_path)
     assert _variant_shared_memory(result.mlir.read_text()) == {"sm_90a_cubin": 200000, "sm_80_cubin": 4096, "sm_80_ptx": 4096}
 
 
+def test_a_users_file_named_like_a_per_arch_fatbin_is_never_overwritten(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "reserved.sm_90a.fatbin").write_text("my own work\n")
+    with pytest.raises(KitError, match="reserved.sm_90a.fatbin exists and was not written by kitdispatch"):
+        build(PER_ARCH, BuildOptions.create("sm_90a,sm_80"), out)
+    assert (out / "reserved.sm_90a.fatbin").read_text() == "my own work\n"
+    assert [p.name for p in out.iterdir()] == ["reserved.sm_90a.fatbin"]
+
+
+def test_a_rebuild_that_splits_the_fatbin_removes_only_the_kits_own_earlier_one(tmp_path):
+    """The folder held the kit's one fatbin (sm_90, sm_80) and a user's file; the build for
+    sm_90a, sm_80 writes a fatbin per architecture and removes the earlier fatbin, nothing else."""
+    out = tmp_path / "out"
+    build(PER_ARCH, BuildOptions.create("sm_90,sm_80"), out)
+    (out / "notes.txt").write_text("mine\n")
+    result = build(PER_ARCH, BuildOptions.create("sm_90a,sm_80"), out)
+    assert result.removed == ("reserved.sm_90_sm_80.fatbin",)
+    names = {p.name for p in out.iterdir()}
+    assert {"reserved.sm_90a.fatbin", "reserved.sm_80.fatbin", "notes.txt"} <= names
+    assert "reserved.sm_90_sm_80.fatbin" not in names
+    assert (out / "notes.txt").read_text() == "mine\n"
+
+
 def test_three_dimensional_grid(tmp_path):
     result = build(SAMPLES.parent / "tests" / "data" / "grid3d", BuildOptions.create("sm_80"), tmp_path)
     mlir = result.mlir.read_text()
