@@ -269,8 +269,10 @@ def tuned_entry(t: object) -> dict:
 def tune(folder: Path, inputs: Path, irpa: Path, tune_out: Path) -> dict:
     """`kitdispatch tune` on the model's inputs and weights; its record copied to `tune_out`."""
     import kitdispatch as kd
+    from kitdispatch.models.tune import format_tune
 
     result = kd.tune_model(folder, inputs=inputs, parameters=irpa)
+    print(format_tune(result), flush=True)
     tune_out.mkdir(parents=True, exist_ok=True)
     (tune_out / result.path.name).write_bytes(result.path.read_bytes())
     return json.loads(result.path.read_text())

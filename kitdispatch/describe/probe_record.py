@@ -56,6 +56,12 @@ class Probe:
     vmfb: str | None = None
     baseline_vmfb: str | None = None
     note: str = ""
+    # Kinds IREE fuses otherwise inside a model (OpKind.timed_in_model): the whole model built
+    # with every op of this probe, and of the other probes of its kind, kernel and shape, left
+    # to IREE, the rest as the model's build; tune times it against the model's build. None,
+    # with `heldout_note` saying why, where it was not built.
+    heldout_vmfb: str | None = None
+    heldout_note: str = ""
 
     def trace_keys(self) -> tuple[str, ...]:
         return tuple(trace_key(self.id, j) for j in range(len(self.arguments)))
@@ -66,6 +72,7 @@ class Probe:
             "kernel_entry": self.kernel_entry, "arithmetic": self.arithmetic, "arguments": [t.to_json() for t in self.arguments],
             "trace_keys": list(self.trace_keys()), "result": self.result.to_json(), "status": self.status, "mlir": self.mlir,
             "vmfb": self.vmfb, "baseline_vmfb": self.baseline_vmfb, "note": self.note,
+            "heldout_vmfb": self.heldout_vmfb, "heldout_note": self.heldout_note,
         }
 
 
@@ -151,7 +158,8 @@ def _probe(p: dict, files: Mapping[str, str], need: object) -> Probe:
     need(_is_list_of(p.get("locations"), str), f"{p['probe']}: 'locations' is not a list of strings")
     need(_is_list_of(p.get("arguments"), dict) and all(_is_tensor(t) for t in p["arguments"]), f"{p['probe']}: 'arguments'")
     need(_is_tensor(p.get("result")), f"{p['probe']}: 'result'")
-    for key in ("mlir", "vmfb", "baseline_vmfb"):
+    need(isinstance(p.get("heldout_note", ""), str), f"{p['probe']}: 'heldout_note' is not a string")
+    for key in ("mlir", "vmfb", "baseline_vmfb", "heldout_vmfb"):
         need(p.get(key) is None or (isinstance(p[key], str) and p[key] in files), f"{p['probe']}: {key!r} is not a file it lists")
     if p["status"] == "built":
         need(p.get("vmfb") is not None and p.get("baseline_vmfb") is not None, f"{p['probe']}: a built probe without its modules")
@@ -159,7 +167,8 @@ def _probe(p: dict, files: Mapping[str, str], need: object) -> Probe:
         id=p["probe"], digest=p["digest"], op=p["op"], locations=tuple(p["locations"]), kernel=p["kernel"],
         kernel_entry=p["kernel_entry"], arithmetic=p.get("arithmetic"), arguments=tuple(_tensor(t) for t in p["arguments"]),
         result=_tensor(p["result"]), status=p["status"], mlir=p.get("mlir"), vmfb=p.get("vmfb"),
-        baseline_vmfb=p.get("baseline_vmfb"), note=p["note"],
+        baseline_vmfb=p.get("baseline_vmfb"), note=p["note"], heldout_vmfb=p.get("heldout_vmfb"),
+        heldout_note=p.get("heldout_note", ""),
     )
 
 
@@ -183,12 +192,21 @@ class TuneEntry:
     agree: bool | None
     decision: str
     reason: str
+    # Where the probe has a held-out build: the whole model's device time a call with the
+    # kernel (the model's build) and without it (every op of the probe left to IREE).
+    model_us: float | None = None
+    heldout_us: float | None = None
+
+    @property
+    def timed_in_model(self) -> bool:
+        return self.model_us is not None and self.heldout_us is not None
 
     def to_json(self) -> dict:
         return {
             "probe": self.probe, "digest": self.digest, "op": self.op, "locations": list(self.locations), "kernel": self.kernel,
             "kit_us": self.kit_us, "iree_us": self.iree_us, "max_abs_error": self.max_abs_error, "tolerance": self.tolerance,
-            "agree": self.agree, "decision": self.decision, "reason": self.reason,
+            "agree": self.agree, "decision": self.decision, "reason": self.reason, "model_us": self.model_us,
+            "heldout_us": self.heldout_us,
         }
 
 
@@ -232,11 +250,12 @@ def read_tune_record(path: Path) -> TuneRecord:
         need(all(isinstance(e.get(k), str) for k in ("probe", "digest", "op", "kernel", "tolerance", "reason")), "a probe's names")
         need(e.get("decision") in ("replace", "keep"), f"{e.get('probe')}: decision {e.get('decision')!r}")
         need(_is_list_of(e.get("locations"), str), f"{e['probe']}: 'locations'")
-        need(all(_is_number_or_none(e.get(k)) for k in ("kit_us", "iree_us", "max_abs_error")), f"{e['probe']}: a time or error")
+        need(all(_is_number_or_none(e.get(k)) for k in ("kit_us", "iree_us", "max_abs_error", "model_us", "heldout_us")),
+             f"{e['probe']}: a time or error")
         need(e.get("agree") is None or isinstance(e["agree"], bool), f"{e['probe']}: 'agree'")
         out.append(TuneEntry(
             e["probe"], e["digest"], e["op"], tuple(e["locations"]), e["kernel"], e.get("kit_us"), e.get("iree_us"),
-            e.get("max_abs_error"), e["tolerance"], e.get("agree"), e["decision"], e["reason"],
+            e.get("max_abs_error"), e["tolerance"], e.get("agree"), e["decision"], e["reason"], e.get("model_us"), e.get("heldout_us"),
         ))
     return TuneRecord(
         **{k: data[k] for k in ("name", "model", "model_sha256", "probes_sha256", "function", "device", "timed", "inputs")},

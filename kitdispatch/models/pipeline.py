@@ -49,7 +49,7 @@ from kitdispatch.models.ops.base import OpFacts, Preparation
 from kitdispatch.models.projects import ModelProjects, Project, model_projects
 from kitdispatch.describe.model_record import ModelRecord, ReplacedOp, claimed_files, failed_record, model_record_name, read_model_record
 from kitdispatch.models.functions import model_functions
-from kitdispatch.models.probes import ProbeBuilder, ProbeBuilt, Tuning, apply_tune, chains, make_probes, same_kernel, tuning_of
+from kitdispatch.models.probes import HeldOutBuilder, ProbeBuilder, ProbeBuilt, Tuning, apply_tune, chains, hold_out, make_probes, same_kernel, tuning_of
 from kitdispatch.describe.probe_record import probes_record_name, read_tune_record
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, MARK_ATTRIBUTE, Decision, decide, read_ops, replacing_kernels, settle
 from kitdispatch.models.spec import SPEC_PIPELINE, check_all_replaced, spec_path_fits, check_symbols_free, kernel_symbols, parse_mlir, render_spec
@@ -125,11 +125,21 @@ def build_model(
     kernel or IREE failing) still writes its report, and raises ModelBuildFailed.
 
     With `probes`, also writes what `tune` needs (models/probes.py): per distinct replaced
-    chain of ops a probe module built with the kernel and by IREE alone, the capture module
-    and `<name>.probes.json`. With `tuned` (a `<name>.tune.json` written by tune on such a
+    chain of ops a probe module built with the kernel and by IREE alone, for kinds IREE fuses
+    otherwise inside a model (norms, softmax, generics) the model with that chain left to IREE,
+    the capture module and `<name>.probes.json`. With `tuned` (a `<name>.tune.json` written by tune on such a
     build of this model), the ops whose probe tune kept stay IREE's, with tune's reason; the
     others follow the rule. `untuned_reason`: why a build asked to tune did not (no GPU),
     for its report."""
+    builders = _probe_builders(project, model, options, library, tf32) if probes else (None, None)
+    tuning = _Tuning(Path(tuned) if tuned is not None else None, untuned_reason, *builders)
+    return _build(project, model, options, out_dir, library, with_baseline, name, tf32, tuning)
+
+
+def _build(
+    project: Project | Sequence[Project] | None, model: str | Path, options: BuildOptions, out_dir: str | Path, library: bool,
+    with_baseline: bool, name: str | None, tf32: bool, tuning: _Tuning,
+) -> ModelBuild:
     projects = model_projects(project, library=library)
     kernels = replacing_kernels(projects.module)
     model = not_an_option(Path(model))  # both reach IREE's tools as arguments
@@ -142,7 +152,6 @@ def build_model(
     try:
         protected = frozenset().union(*(project_files_in(p, out_dir) for p in projects.projects)) | _model_in(model, out_dir)
         folder = OutputFolder(out_dir, name, record=record_name, claims=claimed_files, protected=protected)
-        tuning = _Tuning(Path(tuned) if tuned is not None else None, untuned_reason, _probe_builder(project, options, library, tf32) if probes else None)
         target = _Target(model, name, out_dir, codegen, tuple(flags), tf32, tuning)
         return _build_model_in(projects, kernels, target, options, folder, with_baseline)
     except BaseException:
@@ -154,9 +163,12 @@ def build_model(
         raise
 
 
-def _probe_builder(project: Project | Sequence[Project] | None, options: BuildOptions, library: bool, tf32: bool) -> ProbeBuilder:
+def _probe_builders(
+    project: Project | Sequence[Project] | None, model: str | Path, options: BuildOptions, library: bool, tf32: bool,
+) -> tuple[ProbeBuilder, HeldOutBuilder]:
     """Builds one probe as the model was built (the same projects, library and options): with
-    its kernel and by IREE alone; no module where it does not replace the op as the model did."""
+    its kernel and by IREE alone; no module where it does not replace the op as the model did.
+    And the model itself with one probe's ops left to IREE (its held-out build)."""
     def build_probe(mlir: Path, folder: Path, pid: str, decision: Decision) -> ProbeBuilt:
         try:
             built = build_model(project, mlir, options, folder, library=library, with_baseline=True, name=pid, tf32=tf32)
@@ -167,7 +179,14 @@ def _probe_builder(project: Project | Sequence[Project] | None, options: BuildOp
             return ProbeBuilt(None, None, why)
         return ProbeBuilt(built.vmfb.read_bytes(), built.baseline_vmfb.read_bytes())
 
-    return build_probe
+    def build_held_out(folder: Path, digests: frozenset[str]) -> tuple[bytes | None, str]:
+        try:
+            built = _build(project, model, options, folder, library, False, "heldout", tf32, _Tuning(held_out=digests))
+        except KitError as exc:  # the model without it replaces nothing, say: tune then judges by the probe alone
+            return None, f"the model without it could not be built: {exc.what}"
+        return built.vmfb.read_bytes(), ""
+
+    return build_probe, build_held_out
 
 
 def _model_in(model: Path, out_dir: Path) -> frozenset[str]:
@@ -180,11 +199,15 @@ def _model_in(model: Path, out_dir: Path) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class _Tuning:
-    """What a model build does for tune: read a tune record (`tuned`), make probes (`probe_builder`)."""
+    """What a model build does for tune: read a tune record (`tuned`), make probes
+    (`probe_builder`, `held_out_builder`), or leave the ops of some probes to IREE (`held_out`:
+    their digests; a probe's held-out build)."""
 
     tuned: Path | None = None
     untuned_reason: str | None = None
     probe_builder: ProbeBuilder | None = None
+    held_out_builder: HeldOutBuilder | None = None
+    held_out: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -271,12 +294,15 @@ def _match(kernels: tuple[Kernel, ...], target: _Target, options: BuildOptions, 
     found = [(op, dataclasses.replace(f, location=f.location.replace(str(stage), str(target.out_dir)))) for op, f in found]
     decided = decide([facts for _, facts in found], kernels, tf32=target.tf32)
     decisions = settle(found, decided)
-    tuning = None
+    tuning, overrides = None, {}
     if target.tuning.tuned is not None:  # tune's measurements overrule the rule where they cover an op
         path = target.tuning.tuned
         overrides, tuned = apply_tune(read_tune_record(path), path, model, found, decisions, context)
         decisions = settle(found, [overrides.get(i, d) for i, d in enumerate(decided)])
         tuning = tuning_of(path, tuned, decisions)
+    if target.tuning.held_out:  # a probe's held-out build: its ops stay IREE's
+        overrides |= hold_out(target.tuning.held_out, found, decisions, context)
+        decisions = settle(found, [overrides.get(i, d) for i, d in enumerate(decided)])
     return _Matched(imported, context, module, tuple(op for op, _ in found), tuple(decisions), kinds, prepared, tuple(found), tuning)
 
 
@@ -403,7 +429,8 @@ def _probes(matched: _Matched, target: _Target, stage: Path) -> dict[str, bytes]
         return vmfb.read_bytes()
 
     found_chains = chains(matched.found, matched.decisions, matched.context)
-    return make_probes(target.name, target.model, matched.module, found_chains, stage, target.tuning.probe_builder, compile_capture)
+    return make_probes(target.name, target.model, matched.module, found_chains, stage, target.tuning.probe_builder, compile_capture,
+                       target.tuning.held_out_builder)
 
 
 def _tune_report(matched: _Matched, target: _Target) -> dict | None:

@@ -20,6 +20,7 @@ that stage: IREE's runtime hands each traced tensor to the HAL module's debug si
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -237,13 +238,20 @@ class ProbeBuilt:
 # pipeline.py's build_model, bound to the model build's projects and options.
 ProbeBuilder = Callable[[Path, Path, str, Decision], ProbeBuilt]
 
+# (folder to build into, probes' digests) -> (the model's module with those probes' ops left to
+# IREE, or None, and why not): pipeline.py's build of the model itself, bound as ProbeBuilder is.
+HeldOutBuilder = Callable[[Path, frozenset[str]], tuple[bytes | None, str]]
+
+HELD_OUT_REASON = "left to IREE in the build tune times the model's build against (the probe's held-out build)"
+
 
 def make_probes(
     name: str, model: Path, module: ir.Module, all_chains: Sequence[Chain], stage: Path, build_probe: ProbeBuilder,
-    compile_capture: Callable[[str], bytes],
+    compile_capture: Callable[[str], bytes], build_held_out: HeldOutBuilder,
 ) -> dict[str, bytes]:
     """The probe files of a model build ({name: bytes}, the probe record last): per distinct
-    chain its MLIR and both builds, the capture module, and the record."""
+    chain its MLIR and both builds, for kinds timed in the model the model without them
+    (held_out_builds), the capture module, and the record."""
     distinct: dict[str, list[Chain]] = {}
     for chain in all_chains:
         if not chain.why_not:
@@ -264,6 +272,7 @@ def make_probes(
             vmfb, baseline = f"{name}.{pid}.vmfb", f"{name}.{pid}.baseline.vmfb"
             files[vmfb], files[baseline] = built.vmfb, built.baseline_vmfb
         probes.append(_probe(pid, first, group, mlir, vmfb, baseline, status, built.note))
+    probes = held_out_builds(name, probes, stage, build_held_out, files)
     traces = insert_traces({p.id: firsts[p.id] for p in probes if p.status == "built"})
     try:
         text = module.operation.get_asm(enable_debug_info=True)
@@ -279,6 +288,28 @@ def make_probes(
     )
     files[probes_record_name(name)] = record.to_bytes()
     return files
+
+
+def held_out_builds(name: str, probes: list[Probe], stage: Path, build_held_out: HeldOutBuilder, files: dict[str, bytes]) -> list[Probe]:
+    """`probes` with their held-out builds: for the built probes of kinds timed in the model,
+    one build of the whole model per kind, kernel and shape (`NAME.heldout_K.vmfb`, added to
+    `files`) with every op of those probes left to IREE. A model's layers give such probes one
+    each (their norms' weights differ): one build stands for them all, and tune decides for them
+    together."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(probes):
+        if p.status == "built" and OP_KINDS[p.op].timed_in_model:
+            groups.setdefault((p.op, p.kernel_entry, p.arguments, p.result), []).append(i)
+    out = list(probes)
+    for k, members in enumerate(groups.values()):
+        module, note = build_held_out(stage / f"heldout_{k}", frozenset(probes[i].digest for i in members))
+        held_out = None
+        if module is not None:
+            held_out = f"{name}.heldout_{k}.vmfb"
+            files[held_out] = module
+        for i in members:
+            out[i] = dataclasses.replace(probes[i], heldout_vmfb=held_out, heldout_note=note)
+    return out
 
 
 def _probe(pid: str, first: Chain, group: list[Chain], mlir: str, vmfb: str | None, baseline: str | None, status: str, note: str) -> Probe:
@@ -333,6 +364,8 @@ def tune_reason(entry: object) -> str:
     """Why tune decided as it did, as the build report says it."""
     if entry.agree is False:
         return f"tune: outputs differ by {entry.max_abs_error:.3g} ({entry.tolerance}) on the model's activations"
+    if entry.timed_in_model:
+        return f"tune: the model {entry.model_us:.1f} us with the kit's kernel vs {entry.heldout_us:.1f} us without it (device time a call)"
     if entry.kit_us is not None and entry.iree_us is not None:
         return f"tune: kit {entry.kit_us:.1f} us vs IREE {entry.iree_us:.1f} us on the model's activations"
     return f"tune: {entry.reason}"
@@ -351,12 +384,7 @@ def apply_tune(
             where=str(path),
             fix="run kitdispatch tune on a build of this model (build --model M -o DIR --probes, then tune DIR)",
         )
-    by_digest: dict[str, list[tuple[int, Chain]]] = {}
-    for i, ((op, _), d) in enumerate(zip(found, settled)):
-        if d.kernel is not None:
-            chain = _chain(op, d, context)
-            if not chain.why_not:
-                by_digest.setdefault(chain.digest, []).append((i, chain))
+    by_digest = _chains_by_digest(found, settled, context)
     stray = [e.probe for e in record.entries if e.digest not in by_digest]
     if stray:
         raise UsageError(
@@ -374,6 +402,24 @@ def apply_tune(
     return overrides, tuple(tuned)
 
 
+def _chains_by_digest(found: Sequence[tuple[object, object]], settled: Sequence[Decision], context: ir.Context) -> dict[str, list[tuple[int, Chain]]]:
+    """The replaced ops' chains by their probe's digest: (index in found, chain)."""
+    by_digest: dict[str, list[tuple[int, Chain]]] = {}
+    for i, ((op, _), d) in enumerate(zip(found, settled)):
+        if d.kernel is not None:
+            chain = _chain(op, d, context)
+            if not chain.why_not:
+                by_digest.setdefault(chain.digest, []).append((i, chain))
+    return by_digest
+
+
+def hold_out(digests: frozenset[str], found: Sequence[tuple[object, object]], settled: Sequence[Decision], context: ir.Context) -> dict[int, Decision]:
+    """The decisions that leave every op of the probes `digests` to IREE ({index in found:
+    kept Decision}): the held-out build of those probes."""
+    by_digest = _chains_by_digest(found, settled, context)
+    return {i: Decision(chain.decision.op, None, reasons=(HELD_OUT_REASON,)) for d in digests for i, chain in by_digest.get(d, ())}
+
+
 def tuning_of(path: Path, tuned: Sequence[dict], decisions: Sequence[Decision]) -> Tuning:
     """The report's account of a tuned build: what tune decided, and the replaced ops (by the
     final decisions) it did not cover, which the rule decided."""
@@ -382,4 +428,7 @@ def tuning_of(path: Path, tuned: Sequence[dict], decisions: Sequence[Decision]) 
     return Tuning(str(path), tuple({k: v for k, v in t.items() if k != "index"} for t in tuned), untuned)
 
 
-__all__ = ["Chain", "ProbeBuilder", "ProbeBuilt", "Tuning", "apply_tune", "tuning_of", "chains", "make_probes", "model_sha256", "same_kernel"]
+__all__ = [
+    "Chain", "HeldOutBuilder", "ProbeBuilder", "ProbeBuilt", "Tuning", "apply_tune", "chains", "held_out_builds", "hold_out", "make_probes",
+    "model_sha256", "same_kernel", "tuning_of",
+]

@@ -10,8 +10,16 @@ sees finished values; `iree-compile --compile-to=hal` on a traced module shows i
 probe module with the kit's kernel and IREE's own build of it on those inputs: outputs are
 compared as compare does (check_agreement, with the kernel's arithmetic), and both are timed on
 the device (the sum of the spans of every kernel one call runs, CUPTI, median over the timed
-calls after warm-up calls). A probe is to replace only where the outputs agree and the kit's
-time is below IREE's. The record, `DIR/NAME.tune.json`, is what `build --tuned FILE` reads.
+calls after warm-up calls, the two taking turns call by call). A probe is to replace only where
+the outputs agree and the kit's time is below IREE's.
+
+A probe alone misjudges ops that IREE fuses with their neighbours inside the model: alone IREE
+compiles a norm into one dispatch, in a model it may split it over dispatches it shares with the
+residual add before and the cast after (OpKind.timed_in_model). For those the build also wrote
+the model with the ops of every probe of that kind, kernel and shape left to IREE (a held-out
+build), and tune times the whole model both ways, in turn: those probes replace only where the
+model is faster with the kernel.
+The record, `DIR/NAME.tune.json`, is what `build --tuned FILE` reads.
 """
 
 from __future__ import annotations
@@ -70,12 +78,13 @@ def tune_model(
     sig = model.function(function)
     args = load_inputs(inputs, sig) if inputs else random_inputs(sig, seed)
     captured = capture_activations(folder / record.capture_vmfb, sig.name, args, device=device, parameters=parameters)
+    in_model = ModelTimer(folder, model, sig.name, args, device=device, parameters=parameters, calls=calls)
     entries, untuned = [], [(loc, why) for loc, why in record.without_probe]
     for probe in record.probes:
         if probe.status != "built":
             untuned.append((probe.id, probe.note))
             continue
-        entries.append(_measure(probe, folder, captured, device=device, calls=calls))
+        entries.append(_measure(probe, folder, captured, device=device, calls=calls, in_model=in_model))
     tune = TuneRecord(
         name=record.name, model=record.model, model_sha256=record.model_sha256, probes_sha256=model.files[probes_name],
         function=sig.name, device=device, timed=timed_text(calls), inputs=str(inputs) if inputs else f"random (seed {seed})",
@@ -87,7 +96,8 @@ def tune_model(
 
 def timed_text(calls: int) -> str:
     return (f"device time of one probe call: the sum of the spans of every kernel it runs (CUPTI), median of {calls} calls "
-            f"after {WARMUP_CALLS} warm-up calls, inputs on the device")
+            f"after {WARMUP_CALLS} warm-up calls, inputs on the device, the kit's and IREE's in turn; for ops IREE fuses "
+            "otherwise in a model, the whole model's the same way, with the kernel and without it")
 
 
 def _probes_of(folder: Path, model: ModelRecord) -> str:
@@ -178,7 +188,29 @@ def _dtype_of(view: object) -> np.dtype:
 # ------------------------------------------------------------------------ measuring
 
 
-def _measure(probe: Probe, folder: Path, captured: dict[str, list[np.ndarray]], *, device: str, calls: int) -> TuneEntry:
+class ModelTimer:
+    """The whole model's device time a call, its build against a held-out build (the same
+    model with some probes' ops left to IREE), on the model's inputs, the two in turn; once per
+    held-out build, which the probes of one kind, kernel and shape share."""
+
+    def __init__(self, folder: Path, model: ModelRecord, function: str, args: list[np.ndarray], *, device: str,
+                 parameters: str | Path | None, calls: int):
+        self._load = lambda name: Module(folder / name, device=device, model=model, parameters=parameters)
+        self._built_name, self._function, self._args, self._calls = model.vmfb, function, args, calls
+        self._built: Module | None = None
+        self._times: dict[str, tuple[float, float]] = {}
+
+    def times(self, held_out: str) -> tuple[float, float]:
+        """(us with the kernels, us without them)."""
+        if held_out not in self._times:
+            if self._built is None:
+                self._built = self._load(self._built_name)
+            with_us, without_us = device_times([self._built, self._load(held_out)], self._function, self._args, calls=self._calls)
+            self._times[held_out] = (with_us, without_us)
+        return self._times[held_out]
+
+
+def _measure(probe: Probe, folder: Path, captured: dict[str, list[np.ndarray]], *, device: str, calls: int, in_model: ModelTimer) -> TuneEntry:
     def keep(reason: str, **measured: object) -> TuneEntry:
         return _entry(probe, "keep", reason, **measured)
 
@@ -193,50 +225,66 @@ def _measure(probe: Probe, folder: Path, captured: dict[str, list[np.ndarray]], 
     outputs = {k: _call(m, args) for k, m in modules.items()}
     sig = ModelFunction(PROBE_FUNCTION, probe.arguments, (probe.result,))
     agree, err, tolerance, _ = check_agreement([outputs["kit"]], [outputs["iree"]], sig, probe.arithmetic)
-    kit_us, iree_us = (device_us(modules[k], args, calls=calls) for k in ("kit", "iree"))
+    kit_us, iree_us = device_times([modules["kit"], modules["iree"]], PROBE_FUNCTION, args, calls=calls)
     measured = {"kit_us": kit_us, "iree_us": iree_us, "max_abs_error": err, "tolerance": tolerance, "agree": agree}
     if not agree:
         return keep(f"outputs differ by {err:.3g} ({tolerance})", **measured)
+    alone = f"alone, kit {kit_us:.1f} us vs IREE {iree_us:.1f} us"
+    if probe.heldout_vmfb is not None:
+        model_us, heldout_us = in_model.times(probe.heldout_vmfb)
+        measured |= {"model_us": model_us, "heldout_us": heldout_us}
+        in_the_model = f"the model {model_us:.1f} us with the kit's kernel vs {heldout_us:.1f} us without it ({alone})"
+        if model_us >= heldout_us:
+            return keep(f"in the model the kit's kernel is not faster: {in_the_model}", **measured)
+        return _entry(probe, "replace", f"outputs agree and the model is faster with the kit's kernel: {in_the_model}", **measured)
+    untimed = f"; {probe.heldout_note}, so only the probe was timed" if probe.heldout_note else ""
     if kit_us >= iree_us:
-        return keep(f"the kit's kernel is not faster: {kit_us:.1f} us vs IREE's {iree_us:.1f} us", **measured)
-    return _entry(probe, "replace", f"outputs agree and the kit's kernel is faster: {kit_us:.1f} us vs IREE's {iree_us:.1f} us", **measured)
+        return keep(f"the kit's kernel is not faster: {kit_us:.1f} us vs IREE's {iree_us:.1f} us{untimed}", **measured)
+    return _entry(probe, "replace", f"outputs agree and the kit's kernel is faster: {kit_us:.1f} us vs IREE's {iree_us:.1f} us{untimed}", **measured)
 
 
 def _entry(probe: Probe, decision: str, reason: str, *, kit_us: float | None = None, iree_us: float | None = None,
-           max_abs_error: float | None = None, tolerance: str = "", agree: bool | None = None) -> TuneEntry:
+           max_abs_error: float | None = None, tolerance: str = "", agree: bool | None = None, model_us: float | None = None,
+           heldout_us: float | None = None) -> TuneEntry:
     return TuneEntry(probe.id, probe.digest, probe.op, probe.locations, probe.kernel, kit_us, iree_us, max_abs_error, tolerance,
-                     agree, decision, reason)
+                     agree, decision, reason, model_us, heldout_us)
 
 
 def _call(module: Module, args: list[np.ndarray]) -> np.ndarray:
     return np.asarray(module.raw(PROBE_FUNCTION)(*args).to_host())
 
 
-def device_us(module: Module, args: list[np.ndarray], *, calls: int = TIMED_CALLS) -> float:
-    """The median over `calls` calls of the summed device time of the kernels one call runs."""
-    invoker = module.raw(PROBE_FUNCTION)
-    on_device = [module.device.put(a) for a in args]
+def device_times(modules: list[Module], function: str, args: list[np.ndarray], *, calls: int = TIMED_CALLS) -> list[float]:
+    """Per module (all on one device), the median over `calls` calls of the summed device time
+    of the kernels one call of `function` runs. The modules take turns call by call, so a
+    change of clocks during the measurement reaches each alike."""
+    device = modules[0].device
+    invokers = [m.raw(function) for m in modules]
+    on_device = [device.put(a) for a in args]
     for _ in range(WARMUP_CALLS):
-        invoker(*on_device)
-    module.device.synchronize()
-    timer, per_call = KernelTimer.get(), []
-    for _ in range(calls):
-        with timer.collect() as spans:
+        for invoker in invokers:
             invoker(*on_device)
-            module.device.synchronize()
-        per_call.append(sum(end - begin for begin, end in spans) / 1e3)
-    return statistics.median(per_call)
+    device.synchronize()
+    timer, per_call = KernelTimer.get(), [[] for _ in modules]
+    for _ in range(calls):
+        for invoker, times in zip(invokers, per_call):
+            with timer.collect() as spans:
+                invoker(*on_device)
+                device.synchronize()
+            times.append(sum(end - begin for begin, end in spans) / 1e3)
+    return [statistics.median(times) for times in per_call]
 
 
 # ------------------------------------------------------------------------ printing
 
 
 def format_tune(result: TuneResult) -> str:
-    rows = [("probe", "op", "kit us", "IREE us", "max err", "agree", "decision", "ops")]
+    rows = [("probe", "op", "kit us", "IREE us", "model us: with", "without", "max err", "agree", "decision", "ops")]
     for e in result.record.entries:
         num = lambda v: "-" if v is None else f"{v:.1f}"
-        rows.append((e.probe, e.op, num(e.kit_us), num(e.iree_us), "-" if e.max_abs_error is None else f"{e.max_abs_error:.2g}",
-                     "-" if e.agree is None else ("yes" if e.agree else "NO"), e.decision, str(len(e.locations))))
+        rows.append((e.probe, e.op, num(e.kit_us), num(e.iree_us), num(e.model_us), num(e.heldout_us),
+                     "-" if e.max_abs_error is None else f"{e.max_abs_error:.2g}", "-" if e.agree is None else ("yes" if e.agree else "NO"),
+                     e.decision, str(len(e.locations))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines += [f"{e.probe}: {e.decision}: {e.reason}" for e in result.record.entries]
@@ -245,4 +293,4 @@ def format_tune(result: TuneResult) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["TuneResult", "capture_activations", "device_us", "format_tune", "timed_text", "tune_model"]
+__all__ = ["ModelTimer", "TuneResult", "capture_activations", "device_times", "format_tune", "timed_text", "tune_model"]

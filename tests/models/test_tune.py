@@ -97,6 +97,52 @@ def test_each_probe_is_replaced_by_the_models_kernel_and_its_baseline_is_iree_al
         assert b"probe" in iree
 
 
+def test_kinds_iree_fuses_in_a_model_get_the_model_without_them_to_be_timed_against(probed):
+    """The layer norm's and the softmaxes' probes (OpKind.timed_in_model) each have a held-out
+    build: the whole model with that probe's ops left to IREE and every other op replaced as in
+    the model's build. The matmul's probe has none (a probe alone judges it)."""
+    _, _, out = probed
+    probes = probes_json(out)["probes"]
+    record = read_probe_record(out / "m.probes.json")
+    assert [p["heldout_vmfb"] for p in probes] == [None, "m.heldout_0.vmfb", "m.heldout_1.vmfb"]  # two kinds: two builds
+    assert probes[0]["heldout_note"] == "" and probes[1]["heldout_note"] == ""
+    entries = {p["probe"]: p["kernel_entry"].encode() for p in probes}
+    for p in probes[1:]:
+        assert p["heldout_vmfb"] in record.files
+        held_out = record.check_file(out, p["heldout_vmfb"]).read_bytes()
+        assert entries[p["probe"]] not in held_out
+        assert all(kernel in held_out for probe, kernel in entries.items() if probe != p["probe"])
+    assert not list(out.glob("*heldout.replace.json"))  # only the module is published
+
+
+def test_probes_of_one_kind_kernel_and_shape_share_one_held_out_build(tmp_path):
+    """A model's layers give one probe each (their norms' weights differ): one held-out build
+    leaves all of them to IREE. Another shape gets its own; kinds a probe alone judges, none; a
+    build that fails leaves its probes without one, with the reason."""
+    from kitdispatch.describe.model_record import ModelTensor
+    from kitdispatch.describe.probe_record import Probe
+    from kitdispatch.models.probes import held_out_builds
+
+    def probe(pid, op, shape, status="built"):
+        x = ModelTensor("f16", shape)
+        return Probe(pid, f"digest-{pid}", op, (f"loc-{pid}",), "k", f"{op}_entry", None, (x,), x, status)
+
+    probes = [probe("probe_0", "rms_norm", (512, 2048)), probe("probe_1", "linalg.matmul", (512, 2048)),
+              probe("probe_2", "rms_norm", (512, 2048)), probe("probe_3", "rms_norm", (1, 2048)),
+              probe("probe_4", "rms_norm", (512, 2048), status="unmatched")]
+    asked = []
+
+    def build(folder, digests):
+        asked.append(digests)
+        return (None, "the model without it could not be built: no op left") if len(asked) == 2 else (b"module", "")
+
+    files = {}
+    out = held_out_builds("m", probes, tmp_path, build, files)
+    assert asked == [frozenset({"digest-probe_0", "digest-probe_2"}), frozenset({"digest-probe_3"})]
+    assert [p.heldout_vmfb for p in out] == ["m.heldout_0.vmfb", None, "m.heldout_0.vmfb", None, None]
+    assert out[3].heldout_note == "the model without it could not be built: no op left" and files == {"m.heldout_0.vmfb": b"module"}
+
+
 def test_a_probe_takes_the_chains_inputs_and_clones_its_constants(probed):
     _, _, out = probed
     probes = probes_json(out)["probes"]
@@ -379,7 +425,9 @@ def test_tune_end_to_end_and_a_rebuild_follows_it(probed, tmp_path):
     assert [e.probe for e in record.entries] == ["probe_0", "probe_1", "probe_2"] and not result.untuned
     for e in record.entries:
         assert e.kit_us > 0 and e.iree_us > 0 and e.agree is not None
-        assert (e.decision == "replace") == (e.agree and e.kit_us < e.iree_us), e
+        assert e.timed_in_model == (e.op != "linalg.matmul"), e  # the norm and the softmaxes: the model both ways
+        faster = e.model_us < e.heldout_us if e.timed_in_model else e.kit_us < e.iree_us
+        assert (e.decision == "replace") == (e.agree and faster), e
     assert "CUPTI" in record.timed
     rebuilt = build_model(None, model, BuildOptions.create("sm_90"), tmp_path / "rebuilt", tuned=folder / "m.tune.json")
     line = lambda loc: loc.rsplit('"', 1)[-1]  # noqa: E731  (":24:11": the folder in the location differs)
@@ -407,11 +455,13 @@ def test_the_tune_table_says_what_was_timed_and_why_each_decision():
 
     entries = (
         TuneEntry("probe_0", "d0", "linalg.matmul", ("a", "b"), "mm", 20.0, 30.0, 1e-6, "rtol 1e-05", True, "replace", "faster"),
-        TuneEntry("probe_1", "d1", "linalg.softmax", ("c",), "sm", 12.3, 10.1, 1e-7, "rtol 1e-05", True, "keep", "not faster"),
+        TuneEntry("probe_1", "d1", "linalg.softmax", ("c",), "sm", 12.3, 10.1, 1e-7, "rtol 1e-05", True, "replace", "faster in the model",
+                  model_us=400.0, heldout_us=412.5),
     )
     record = TuneRecord("m", "m.onnx", "0", "1", "f", "cuda", timed_text(20), "random (seed 0)", entries)
     text = format_tune(TuneResult(Path("m.tune.json"), record, (("probe_2", "its own build failed"),)))
-    assert "probe_1  linalg.softmax  12.3    10.1" in text and "probe_1: keep: not faster" in text
+    assert "probe_1  linalg.softmax  12.3    10.1     400.0           412.5" in text and "probe_1: replace: faster in the model" in text
+    assert "probe_0  linalg.matmul   20.0    30.0     -               -" in text
     assert "probe_2: not tuned (its ops follow the rule): its own build failed" in text
     assert "CUPTI" in text and "median of 20 calls" in text
 

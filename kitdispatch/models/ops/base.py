@@ -193,6 +193,11 @@ class OpKind(ABC):
     # Other IREE ops it reads as the anchor of a form spanning several ops (decomposed attention
     # ends in a matmul); such an op is read by its own kind too, and `claims` settles which wins.
     reads: ClassVar[tuple[str, ...]] = ()
+    # Whether IREE fuses its ops with their neighbours inside a model otherwise than in a probe
+    # of the op alone (a norm's reductions with the residual add before it and the cast after),
+    # so that only the model itself tells whether the kernel saves time: tune then also times
+    # the whole model with and without the replacement (models/probes.py, models/tune.py).
+    timed_in_model: ClassVar[bool] = False
 
     def claims(self, op: ir.Operation) -> tuple:
         """The ops (ir.Operations, `op` among them) that a replacement of `op` removes: their

@@ -204,6 +204,7 @@ class Generic(OpKind):
     prepare = Preparation(FUSION_PIPELINE, FUSION_PASS, "IREE's elementwise fusion")
     suggested = False  # nearly every model has generics, which need a kernel with a pattern
     takes_pattern = True
+    timed_in_model = True  # elementwise ops are what IREE fuses into its neighbours' dispatches
 
     def facts(self, op: ir.Operation) -> OpFacts:
         return destination_facts(op, generic_structure(op))

@@ -573,6 +573,7 @@ class Norm(OpKind):
     op = GENERIC
     prepare = Preparation(FUSION_PIPELINE, FUSION_PASS, "IREE's elementwise fusion")
     suggested = False
+    timed_in_model = True  # IREE splits a norm in a model over dispatches shared with its neighbours
 
     def __init__(self, name: str, affine: tuple[str, ...]):
         self.name = name

@@ -36,6 +36,7 @@ class SoftmaxFacts:
 
 class Softmax(OpKind):
     name = "linalg.softmax"
+    timed_in_model = True  # its producer and consumer may share its dispatches in a model
 
     def facts(self, op: ir.Operation) -> OpFacts:
         from iree.compiler import ir
