@@ -402,10 +402,12 @@ def test_a_damaged_tune_record_is_refused(tmp_path):
 
     record, _ = _tune_folder(tmp_path, "a" * 64)
     data = json.loads((tmp_path / "m.tune.json").read_text())
-    data["probes"][0]["kit_us"] = "20"
-    (tmp_path / "m.tune.json").write_text(json.dumps(data))
-    with pytest.raises(DamagedRecord, match="a time or error"):
-        tune_of(tmp_path, record)
+    for key in ("kit_us", "heldout_us"):
+        damaged = json.loads(json.dumps(data))
+        damaged["probes"][0][key] = "20"
+        (tmp_path / "m.tune.json").write_text(json.dumps(damaged))
+        with pytest.raises(DamagedRecord, match="a time or error"):
+            tune_of(tmp_path, record)
     (tmp_path / "m.tune.json").unlink()
     (tmp_path / "real.json").write_text("{}")
     (tmp_path / "m.tune.json").symlink_to(tmp_path / "real.json")

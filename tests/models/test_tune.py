@@ -243,6 +243,11 @@ def test_a_probe_record_reaching_outside_its_folder_is_refused(probed, tmp_path)
     bad.write_text(json.dumps(data))
     with pytest.raises(DamagedRecord, match="probe name"):
         read_probe_record(bad)
+    data = probes_json(out)
+    data["probes"][1]["heldout_vmfb"] = "../m.heldout_0.vmfb"  # tune would load it: only files the record lists
+    bad.write_text(json.dumps(data))
+    with pytest.raises(DamagedRecord, match="probe_1: 'heldout_vmfb' is not a file it lists"):
+        read_probe_record(bad)
     for name in ("../escaped", str(tmp_path / "abs"), ""):  # tune would write NAME.tune.json there
         data = probes_json(out)
         data["name"] = name
