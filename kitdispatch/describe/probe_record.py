@@ -193,9 +193,11 @@ class TuneEntry:
     decision: str
     reason: str
     # Where the probe has a held-out build: the whole model's device time a call with the
-    # kernel (the model's build) and without it (every op of the probe left to IREE).
+    # kernels (the model's build) and without them (`heldout`: the build that leaves every op
+    # of the probes of its kind, kernel and shape to IREE; entries naming one build share these).
     model_us: float | None = None
     heldout_us: float | None = None
+    heldout: str | None = None
 
     @property
     def timed_in_model(self) -> bool:
@@ -206,7 +208,7 @@ class TuneEntry:
             "probe": self.probe, "digest": self.digest, "op": self.op, "locations": list(self.locations), "kernel": self.kernel,
             "kit_us": self.kit_us, "iree_us": self.iree_us, "max_abs_error": self.max_abs_error, "tolerance": self.tolerance,
             "agree": self.agree, "decision": self.decision, "reason": self.reason, "model_us": self.model_us,
-            "heldout_us": self.heldout_us,
+            "heldout_us": self.heldout_us, "heldout": self.heldout,
         }
 
 
@@ -253,9 +255,11 @@ def read_tune_record(path: Path) -> TuneRecord:
         need(all(_is_number_or_none(e.get(k)) for k in ("kit_us", "iree_us", "max_abs_error", "model_us", "heldout_us")),
              f"{e['probe']}: a time or error")
         need(e.get("agree") is None or isinstance(e["agree"], bool), f"{e['probe']}: 'agree'")
+        need(e.get("heldout") is None or isinstance(e["heldout"], str), f"{e['probe']}: 'heldout'")
         out.append(TuneEntry(
             e["probe"], e["digest"], e["op"], tuple(e["locations"]), e["kernel"], e.get("kit_us"), e.get("iree_us"),
             e.get("max_abs_error"), e["tolerance"], e.get("agree"), e["decision"], e["reason"], e.get("model_us"), e.get("heldout_us"),
+            e.get("heldout"),
         ))
     return TuneRecord(
         **{k: data[k] for k in ("name", "model", "model_sha256", "probes_sha256", "function", "device", "timed", "inputs")},

@@ -526,6 +526,11 @@ def _instances(
     (bytes where they have none)."""
     # A probe tune could not time (it failed, or its outputs differ) gives no saving.
     by_location = {loc: p for p in tune or () if p.kit_us is not None and p.iree_us is not None for loc in p.locations}
+    # A saving measured in the model is that of every op its held-out build left to IREE.
+    held_out_ops: dict[object, int] = {}
+    for p in tune or ():
+        if p.timed_in_model:
+            held_out_ops[_held_out_key(p)] = held_out_ops.get(_held_out_key(p), 0) + len(p.locations)
     replaced = [o for o in ops if o.kernel_entry]
     kit_time = {t.name: t.per_call_us for t in kit_rows if t.name in kernels}
     parsed = [(t, parse_dispatch(t.name, kernels)) for t in baseline_rows]
@@ -535,7 +540,7 @@ def _instances(
         if probe is not None:
             iree_us = probe.iree_us
             if probe.timed_in_model:  # IREE's time for it in the model: the kernel's plus the saving the model showed, per op
-                iree_us = probe.kit_us + (probe.heldout_us - probe.model_us) / len(probe.locations)
+                iree_us = probe.kit_us + (probe.heldout_us - probe.model_us) / held_out_ops[_held_out_key(probe)]
             out.append(_Instance(o, o.kernel_entry or probe.kernel, iree_us, probe.kit_us, "measured", probe.decision))
             continue
         if not o.kernel_entry:
@@ -552,6 +557,11 @@ def _instances(
         known = kit_us is not None and iree_us is not None
         out.append(_Instance(o, o.kernel_entry, iree_us, kit_us, "estimated" if known else None))
     return out
+
+
+def _held_out_key(entry: TuneEntry) -> object:
+    """The held-out build a tune entry's model times come from (its times, in records that do not name it)."""
+    return entry.heldout or (entry.model_us, entry.heldout_us)
 
 
 def _weight(o: ReportOp) -> float:

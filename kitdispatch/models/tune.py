@@ -232,7 +232,7 @@ def _measure(probe: Probe, folder: Path, captured: dict[str, list[np.ndarray]], 
     alone = f"alone, kit {kit_us:.1f} us vs IREE {iree_us:.1f} us"
     if probe.heldout_vmfb is not None:
         model_us, heldout_us = in_model.times(probe.heldout_vmfb)
-        measured |= {"model_us": model_us, "heldout_us": heldout_us}
+        measured |= {"model_us": model_us, "heldout_us": heldout_us, "heldout": probe.heldout_vmfb}
         in_the_model = f"the model {model_us:.1f} us with the kit's kernel vs {heldout_us:.1f} us without it ({alone})"
         if model_us >= heldout_us:
             return keep(f"in the model the kit's kernel is not faster: {in_the_model}", **measured)
@@ -245,9 +245,9 @@ def _measure(probe: Probe, folder: Path, captured: dict[str, list[np.ndarray]], 
 
 def _entry(probe: Probe, decision: str, reason: str, *, kit_us: float | None = None, iree_us: float | None = None,
            max_abs_error: float | None = None, tolerance: str = "", agree: bool | None = None, model_us: float | None = None,
-           heldout_us: float | None = None) -> TuneEntry:
+           heldout_us: float | None = None, heldout: str | None = None) -> TuneEntry:
     return TuneEntry(probe.id, probe.digest, probe.op, probe.locations, probe.kernel, kit_us, iree_us, max_abs_error, tolerance,
-                     agree, decision, reason, model_us, heldout_us)
+                     agree, decision, reason, model_us, heldout_us, heldout)
 
 
 def _call(module: Module, args: list[np.ndarray]) -> np.ndarray:

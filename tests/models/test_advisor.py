@@ -279,12 +279,21 @@ def test_measured_savings_from_the_tune_record_win_over_estimates():
 
 def test_a_saving_tune_measured_in_the_model_wins_over_its_probes_times():
     """A norm's probe alone: the kit 4.3 us against IREE's 2.5; in the model (its held-out
-    build) the model takes 50 us less with the kernel: that saving, per op, is the one shown."""
-    norm = TuneEntry("probe_1", "e" * 64, "layer_norm", (LN.location,), "layer_norm_f16", 4.3, 2.5, 0.001, "rtol 0.001", True,
-                     "replace", "in the model", model_us=900.0, heldout_us=950.0)
-    rows = advise(KIT, OPS, kit_build=True, other=BASELINE, tune=[norm], peaks=H100)
+    build) the model takes 50 us less with the kernel: that saving, per op, is the one shown.
+    Probes that share one held-out build share its saving (not each the whole of it)."""
+    def norm(probe, locations, heldout="m.heldout_0.vmfb"):
+        return TuneEntry(probe, "e" * 64, "layer_norm", locations, "layer_norm_f16", 4.3, 2.5, 0.001, "rtol 0.001", True,
+                         "replace", "in the model", model_us=900.0, heldout_us=950.0, heldout=heldout)
+
+    rows = advise(KIT, OPS, kit_build=True, other=BASELINE, tune=[norm("probe_1", (LN.location,))], peaks=H100)
     ln = row(rows, "layer_norm_f16")
     assert ln.stand_in.how == "measured" and ln.stand_in.saving_us == pytest.approx(50.0)
+    shared = [norm("probe_1", (LN.location,)), norm("probe_2", ("elsewhere:1:1",)), norm("probe_3", ("elsewhere:2:1",))]
+    rows = advise(KIT, OPS, kit_build=True, other=BASELINE, tune=shared, peaks=H100)
+    assert row(rows, "layer_norm_f16").stand_in.saving_us == pytest.approx(50.0 / 3)  # one of the three ops held out together
+    unnamed = [norm("probe_1", (LN.location,), None), norm("probe_2", ("elsewhere:1:1",), None)]  # a record without the field
+    rows = advise(KIT, OPS, kit_build=True, other=BASELINE, tune=unnamed, peaks=H100)
+    assert row(rows, "layer_norm_f16").stand_in.saving_us == pytest.approx(25.0)
 
 
 def test_without_the_other_build_or_a_tune_record_the_saving_is_unknown():

@@ -432,6 +432,7 @@ def test_tune_end_to_end_and_a_rebuild_follows_it(probed, tmp_path):
         assert e.kit_us > 0 and e.iree_us > 0 and e.agree is not None
         assert e.timed_in_model == (e.op != "linalg.matmul"), e  # the norm and the softmaxes: the model both ways
         faster = e.model_us < e.heldout_us if e.timed_in_model else e.kit_us < e.iree_us
+        assert e.heldout == ({"linalg.matmul": None, "layer_norm": "m.heldout_0.vmfb"}.get(e.op, "m.heldout_1.vmfb")), e
         assert (e.decision == "replace") == (e.agree and faster), e
     assert "CUPTI" in record.timed
     rebuilt = build_model(None, model, BuildOptions.create("sm_90"), tmp_path / "rebuilt", tuned=folder / "m.tune.json")
