@@ -126,8 +126,8 @@ def build_model(
 
     With `probes`, also writes what `tune` needs (models/probes.py): per distinct replaced
     chain of ops a probe module built with the kernel and by IREE alone, for kinds IREE fuses
-    otherwise inside a model (norms, softmax, generics) the model with that chain left to IREE,
-    the capture module and `<name>.probes.json`. With `tuned` (a `<name>.tune.json` written by tune on such a
+    otherwise inside a model (norms, softmax, generics) the model with the chains of one kind,
+    kernel and shape left to IREE (held-out builds), the capture module and `<name>.probes.json`. With `tuned` (a `<name>.tune.json` written by tune on such a
     build of this model), the ops whose probe tune kept stay IREE's, with tune's reason; the
     others follow the rule. `untuned_reason`: why a build asked to tune did not (no GPU),
     for its report."""
@@ -168,7 +168,7 @@ def _probe_builders(
 ) -> tuple[ProbeBuilder, HeldOutBuilder]:
     """Builds one probe as the model was built (the same projects, library and options): with
     its kernel and by IREE alone; no module where it does not replace the op as the model did.
-    And the model itself with one probe's ops left to IREE (its held-out build)."""
+    And the model itself with some probes' ops left to IREE (a held-out build)."""
     def build_probe(mlir: Path, folder: Path, pid: str, decision: Decision) -> ProbeBuilt:
         try:
             built = build_model(project, mlir, options, folder, library=library, with_baseline=True, name=pid, tf32=tf32)
