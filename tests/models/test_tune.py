@@ -327,16 +327,17 @@ def test_a_tune_file_of_another_model_or_another_build_is_refused_and_nothing_is
         read_tune_record(damaged)
 
 
-def test_probes_never_take_the_place_of_a_users_file(probed, tmp_path):
+@pytest.mark.parametrize("users", ["m.capture.vmfb", "m.heldout_0.vmfb"])
+def test_probes_never_take_the_place_of_a_users_file(probed, tmp_path, users):
     from kitdispatch.models.pipeline import build_model
 
     _, model, _ = probed
     out = tmp_path / "out"
     out.mkdir()
-    (out / "m.capture.vmfb").write_bytes(b"mine")
+    (out / users).write_bytes(b"mine")
     with pytest.raises(OutputError, match="was not written by kitdispatch"):
         build_model(None, model, BuildOptions.create("sm_90"), out, probes=True)
-    assert sorted(p.name for p in out.iterdir()) == ["m.capture.vmfb"] and (out / "m.capture.vmfb").read_bytes() == b"mine"
+    assert sorted(p.name for p in out.iterdir()) == [users] and (out / users).read_bytes() == b"mine"
 
 
 def test_a_build_with_probes_killed_midway_publishes_nothing_and_the_next_one_finishes(probed, tmp_path):
