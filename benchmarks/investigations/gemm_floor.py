@@ -37,9 +37,13 @@ class Variant:
     def get(self, name):
         if name not in self.fns:
             f = self.mod.get_function(name)
-            f.max_dynamic_shared_size_bytes = G.SMEM
+            f.max_dynamic_shared_size_bytes = self.smem({"smem": G.SMEM, "smem_sm90a": G.gen_manifest.SMEM_SM90A})
             self.fns[name] = f
         return self.fns[name]
+
+    def smem(self, e):
+        """The launch's dynamic shared memory, as the manifest gives entry `e` on this GPU (G.Kernels.smem)."""
+        return G.gen_manifest.launch_shared_memory(e, G.device_capability()) if "smem" in e else G.SMEM
 
 
 def variants(objdir):
@@ -134,18 +138,24 @@ def step_trace(objdir):
 def trace_summary(K, fn, cfg, m, n, k):
     """(CTAs, a line of median phase times) of one traced call `fn` of config `cfg`: the
     kitgemm_trace buffer of a _trace build (clock64 and globaltimer stamps per CTA)."""
+    e = G.parse(G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg))
+    tm = e.get("tm", 128)
+    nb = ((n + e["bn"] - 1) // e["bn"]) * ((m + tm - 1) // tm) * e["s"]
+    return nb, trace_line(K.mod, fn, nb)
+
+
+def trace_line(mod, fn, nb):
+    """A line of median phase times of one traced call `fn` of the first `nb` CTAs of a _trace
+    build's module `mod`."""
     torch = G.torch
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    buf = K.mod.get_global("_ZN7kitgemm13kitgemm_traceE")
+    buf = mod.get_global("_ZN7kitgemm13kitgemm_traceE")
     G.cp.cuda.runtime.memset(buf.ptr, 0, 4096 * 12 * 8)
     fn()
     torch.cuda.synchronize()
     tr = G.cp.ndarray((4096, 12), dtype=G.cp.uint64, memptr=buf).get().astype("int64")
-    e = G.parse(G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg))
-    tm = e.get("tm", 128)
-    nb = ((n + e["bn"] - 1) // e["bn"]) * ((m + tm - 1) // tm) * e["s"]
     tr = tr[:nb]
     rates = [(r[7] - r[0]) / (r[11] - r[10]) for r in tr if r[7] and r[0] and r[11] > r[10]]
     ghz = statistics.median(rates) if rates else 1.98
@@ -158,7 +168,7 @@ def trace_summary(K, fn, cfg, m, n, k):
     ends = [int(r[11]) for r in tr if r[11]]
     if starts and ends:
         parts.append(f"entry spread {max(starts) - min(starts)} ns, first entry to last exit {max(ends) - min(starts)} ns")
-    return nb, "; ".join(parts)
+    return "; ".join(parts)
 
 
 XP = {"xp_t128x128_k4": (128, 4), "xp_t128x128_k8": (128, 8), "xp_t128x64_k2": (64, 2), "xp_t128x64_k8": (64, 8),

@@ -1,7 +1,7 @@
 """The library GEMM against cuBLAS at small model shapes (issue 25 item 1, round 29), on the GPU
 machine. Objects from benchmarks/investigations/gemm_small_build.sh (compiled with nvcc here).
 
-    python benchmarks/investigations/gemm_small.py OBJDIR cublas|sweep|trace
+    python benchmarks/investigations/gemm_small.py OBJDIR cublas|sweep|trace|xpcheck|xptrace
 
 cublas: what torch.matmul launches at each shape (kernel names, grid, block, registers, shared
         memory, device time: the CUPTI records of torch.profiler).
@@ -10,6 +10,8 @@ sweep:  at each shape, every config of the new kernels (configs.py's and gemm_sm
         (one kernel name in two modules: separate passes); CUPTI device time, median of 30;
         each result checked against a float64 reference (rel L2 error <= 2e-3).
 trace:  the new_trace variant: per CTA, clock64 at each phase (KITGEMM_MARK in gemm.cuh).
+xpcheck: every xp_* config on odd shapes (the mma.sync path, partial tiles) against float64.
+xptrace: the xp_* configs' phases, from OBJDIR/xp_trace.cubin (gemm_small_configs.cu, -DKITGEMM_TRACE).
 """
 
 import json
@@ -27,7 +29,22 @@ import gemm_floor as F  # noqa: E402
 LINEAR = [(768, 768), (2304, 768), (3072, 768), (768, 3072), (4096, 4096), (11008, 4096), (4096, 11008)]
 SHAPES = [(m, n, k) for m in (128, 512) for n, k in LINEAR]
 XP = {"xp_t128x128_k4": (128, 128, 4), "xp_t128x64_k8": (128, 64, 8), "xp_t128x256_k2": (128, 256, 2),
-      "xp_t64x64_k2": (64, 64, 2), "xp_t64x128_k1": (64, 128, 1), "xp_t64x128_k2": (64, 128, 2)}
+      "xp_t64x64_k2": (64, 64, 2), "xp_t64x128_k1": (64, 128, 1), "xp_t64x128_k2": (64, 128, 2),
+      "xp_t64x32_k1": (64, 32, 1), "xp_t64x16_k1": (64, 16, 1)}
+# multicast clusters along n (gemm.cuh's MC): name -> (TM, BN, MC)
+XPM = {"xp_t64x64_mc2": (64, 64, 2), "xp_t64x64_mc4": (64, 64, 4), "xp_t64x64_mc8": (64, 64, 8),
+       "xp_t64x32_mc4": (64, 32, 4), "xp_t64x32_mc8": (64, 32, 8), "xp_t64x16_mc8": (64, 16, 8),
+       "xp_t128x128_mc2": (128, 128, 2), "xp_t128x128_mc4": (128, 128, 4), "xp_t128x64_mc4": (128, 64, 4)}
+
+
+def xp_launches():
+    """name -> (grid of (m, n), the config's (TM, BN)) of every xp_* kernel."""
+    out = {}
+    for name, (tm, bn, s) in XP.items():
+        out[name] = (lambda m, n, tm=tm, bn=bn, s=s: ((n + bn - 1) // bn, (m + tm - 1) // tm, s))
+    for name, (tm, bn, mc) in XPM.items():
+        out[name] = (lambda m, n, tm=tm, bn=bn, mc=mc: (((n + bn - 1) // bn + mc - 1) // mc * mc, (m + tm - 1) // tm, 1))
+    return out
 
 
 def operands(m, n, k):
@@ -76,6 +93,8 @@ def step_sweep(objdir):
         a, b, ref = operands(m, n, k)
         res = {}
         for vn in ("new", "old"):
+            if vn not in vs:  # a build of this tree alone (gemm_small_build.sh's `new` and xp.cubin)
+                continue
             K = vs[vn]
             calls, outs = [], {}
             for cfg in G.CONFIGS:
@@ -87,21 +106,22 @@ def step_sweep(objdir):
                 calls.append((cfg or "t128x256", F.call(K, cfg, a, b, c, m, n, k),
                               G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg)))
             if vn == "new":
-                for name, (tm, bn, s) in XP.items():
-                    if s > 1 and k < 128 * s:
-                        continue
+                for name, grid_of in xp_launches().items():
                     f = xp.get_function(name)
-                    f.max_dynamic_shared_size_bytes = G.SMEM
+                    smem = G.gen_manifest.launch_shared_memory({"smem": G.SMEM, "smem_sm90a": G.gen_manifest.SMEM_SM90A}, G.device_capability())
+                    f.max_dynamic_shared_size_bytes = smem
                     c = torch.empty(m, n, device="cuda", dtype=torch.half)
                     outs[name] = c
                     args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
-                    grid = ((n + bn - 1) // bn, (m + tm - 1) // tm, s)
-                    calls.append((name, lambda f=f, grid=grid, args=args: f(grid, (384, 1, 1), args, shared_mem=G.SMEM), name))
+                    grid = grid_of(m, n)
+                    calls.append((name, lambda f=f, grid=grid, args=args: f(grid, (384, 1, 1), args, shared_mem=smem), name))
             cublas, kit, best, bad = F.against_cublas(calls, outs, ref, a, b)
             res[vn] = (cublas, kit)
             G.log(f"SWEEP {vn} {m}x{n}x{k}: cublas {cublas:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
                   + f" | best {best} {cublas / kit[best]:.2f}x" + (f" BAD {list(bad)} {list(bad.values())}" if bad else ""))
         chosen = G.choose_config(m, n, k) or "t128x256"
+        if "old" not in res:
+            continue
         (cn, kn), (co, ko) = res["new"], res["old"]
         was = OLD_CHOICE.get((m, n, k), chosen)
         G.log(f"CHOSEN {m}x{n}x{k}: old {was} {ko[was]:.2f} (cublas {co:.2f}, {co / ko[was]:.2f}x) -> "
@@ -131,12 +151,55 @@ def step_trace(objdir):
         G.log(f"TRACE new_trace {m}x{n}x{k} {cfg} ({nb} CTAs): {summary}")
 
 
+XP_ODD_SHAPES = [(130, 333, 77), (130, 336, 200), (77, 48, 4096)]  # k = 77: the mma.sync path; n = 333, 48: partial tiles
+
+
+def step_xp_check(objdir):
+    """Every xp_* config on odd shapes (the mma.sync path at k = 77, partial tiles on TMA),
+    output poisoned with NaN first, against float64."""
+    torch = G.torch
+    xp = G.cp.RawModule(path=os.path.join(objdir, "xp.cubin"))
+    smem = G.gen_manifest.launch_shared_memory({"smem": G.SMEM, "smem_sm90a": G.gen_manifest.SMEM_SM90A}, G.device_capability())
+    for (m, n, k) in XP_ODD_SHAPES:
+        a, b, ref = operands(m, n, k)
+        for name, grid_of in xp_launches().items():
+            f = xp.get_function(name)
+            f.max_dynamic_shared_size_bytes = smem
+            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.half)
+            args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
+            f(grid_of(m, n), (384, 1, 1), args, shared_mem=smem)
+            torch.cuda.synchronize()
+            err = G.rel_err(c, ref)
+            G.log(f"XPCHECK {m}x{n}x{k} {name}: rel err {err:.2e} {'ok' if err <= 2e-3 else 'BAD'}")
+
+
+XP_TRACE = [(128, 768, 768), (512, 768, 768)]
+
+
+def step_xp_trace(objdir):
+    """The xp_* configs' phases (xp_trace.cubin: gemm_small_configs.cu with -DKITGEMM_TRACE)."""
+    torch = G.torch
+    xp = G.cp.RawModule(path=os.path.join(objdir, "xp_trace.cubin"))
+    smem = G.gen_manifest.launch_shared_memory({"smem": G.SMEM, "smem_sm90a": G.gen_manifest.SMEM_SM90A}, G.device_capability())
+    for (m, n, k) in XP_TRACE:
+        a, b, _ = operands(m, n, k)
+        for name, grid_of in xp_launches().items():
+            f = xp.get_function(name)
+            f.max_dynamic_shared_size_bytes = smem
+            c = torch.empty(m, n, device="cuda", dtype=torch.half)
+            args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
+            grid = grid_of(m, n)
+            nb = grid[0] * grid[1] * grid[2]
+            line = F.trace_line(xp, lambda f=f, grid=grid, args=args: f(grid, (384, 1, 1), args, shared_mem=smem), nb)
+            G.log(f"TRACE {m}x{n}x{k} {name} ({nb} CTAs): {line}")
+
+
 def main():
     objdir, mode = sys.argv[1], sys.argv[2]
     G.setup()
     p = G.torch.cuda.get_device_properties(0)
     G.log("ENV", p.name, "driver", G.cp.cuda.runtime.driverGetVersion(), "torch", G.torch.__version__)
-    {"cublas": step_cublas, "sweep": step_sweep, "trace": step_trace}[mode](objdir)
+    {"cublas": step_cublas, "sweep": step_sweep, "trace": step_trace, "xpcheck": step_xp_check, "xptrace": step_xp_trace}[mode](objdir)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ build() {  # name source-root flags...
     D="$D -DKITGEMM_ENTRY_matmul_nt_f16_none${c#@}"
   done
   mkdir -p "$OUT/$name"
-  nvcc -arch=sm_90a -cubin -O3 -std=c++17 -DKITGEMM_DYNAMIC_SMEM=100352 $D "$@" "$root/kernels/matmul/matmul_nt.cu" -o "$OUT/$name/matmul_nt.cubin"
+  nvcc -arch=sm_90a -cubin -O3 -std=c++17 $D "$@" "$root/kernels/matmul/matmul_nt.cu" -o "$OUT/$name/matmul_nt.cubin"
 }
 OLD=$(mktemp -d)
 git archive "$REV" kernels | tar -x -C "$OLD"
