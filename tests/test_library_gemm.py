@@ -57,6 +57,12 @@ def test_choose_config_classes():
     assert c(4096, 768, 3072) == ""  # deep K: 96 tiles of 128 x 256 in one wave
     assert c(512, 512, 64, "f16", 96) == "t128x128_p"  # attention Q K^T
     assert c(4096, 4096, 4096) == ""  # large: 128 x 256
+    # wide N, deep K, up to 1536 tiles: the persistent kernel (Llama's gate/up at 512 and 2048 tokens)
+    assert c(512, 11008, 4096) == "t128x128_p"
+    assert c(2048, 11008, 4096) == "t128x128_p"
+    assert c(8192, 11008, 4096) == ""  # 5504 tiles: 128 x 256
+    assert c(2048, 4096, 4096) == ""  # N = 4096: 128 x 256
+    assert c(512, 11008, 4096, "f16", 1, "silu_mul") == "t128x128"  # SwiGLU's gate: no ping-pong
     # GELU and SiLU epilogues: the persistent kernel only at shallow K (configs.TRANSCENDENTAL_EPILOGUES)
     assert c(2048, 3072, 768, "f16", 1, "bias_gelu_erf") == "t128x128"
     assert c(8192, 3072, 768, "f16", 1, "bias_silu") == ""

@@ -29,22 +29,15 @@ import gemm_floor as F  # noqa: E402
 LINEAR = [(768, 768), (2304, 768), (3072, 768), (768, 3072), (4096, 4096), (11008, 4096), (4096, 11008)]
 SHAPES = [(m, n, k) for m in (128, 512) for n, k in LINEAR]
 XP = {"xp_t128x128_k4": (128, 128, 4), "xp_t128x64_k8": (128, 64, 8), "xp_t128x256_k2": (128, 256, 2),
-      "xp_t64x64_k2": (64, 64, 2), "xp_t64x128_k1": (64, 128, 1), "xp_t64x128_k2": (64, 128, 2),
-      "xp_t64x32_k1": (64, 32, 1), "xp_t64x16_k1": (64, 16, 1)}
-# multicast clusters along n (gemm.cuh's MC): name -> (TM, BN, MC)
-XPM = {"xp_t64x64_mc2": (64, 64, 2), "xp_t64x64_mc4": (64, 64, 4), "xp_t64x64_mc8": (64, 64, 8),
-       "xp_t64x32_mc4": (64, 32, 4), "xp_t64x32_mc8": (64, 32, 8), "xp_t64x16_mc8": (64, 16, 8),
-       "xp_t128x128_mc2": (128, 128, 2), "xp_t128x128_mc4": (128, 128, 4), "xp_t128x64_mc4": (128, 64, 4)}
+      "xp_t64x64_k2": (64, 64, 2), "xp_t64x128_k1": (64, 128, 1), "xp_t64x128_k2": (64, 128, 2)}
+# Round 37's other experiments (narrow tiles xp_t64x32_k1, xp_t64x16_k1; A-tile multicast
+# clusters xp_t64x64_mc2 ...; benchmarks/results/gemm-small-h100-round37.txt) are in commit
+# a69ec39's gemm.cuh and gemm_small_configs.cu, not in this tree.
 
 
 def xp_launches():
-    """name -> (grid of (m, n), the config's (TM, BN)) of every xp_* kernel."""
-    out = {}
-    for name, (tm, bn, s) in XP.items():
-        out[name] = (lambda m, n, tm=tm, bn=bn, s=s: ((n + bn - 1) // bn, (m + tm - 1) // tm, s))
-    for name, (tm, bn, mc) in XPM.items():
-        out[name] = (lambda m, n, tm=tm, bn=bn, mc=mc: (((n + bn - 1) // bn + mc - 1) // mc * mc, (m + tm - 1) // tm, 1))
-    return out
+    """name -> its grid as a function of (m, n), for every xp_* kernel."""
+    return {name: (lambda m, n, tm=tm, bn=bn, s=s: ((n + bn - 1) // bn, (m + tm - 1) // tm, s)) for name, (tm, bn, s) in XP.items()}
 
 
 def operands(m, n, k):
@@ -114,7 +107,7 @@ def step_sweep(objdir):
                     outs[name] = c
                     args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
                     grid = grid_of(m, n)
-                    calls.append((name, lambda f=f, grid=grid, args=args: f(grid, (384, 1, 1), args, shared_mem=smem), name))
+                    calls.append((name, lambda f=f, grid=grid, args=args, smem=smem: f(grid, (384, 1, 1), args, shared_mem=smem), name))
             cublas, kit, best, bad = F.against_cublas(calls, outs, ref, a, b)
             res[vn] = (cublas, kit)
             G.log(f"SWEEP {vn} {m}x{n}x{k}: cublas {cublas:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())

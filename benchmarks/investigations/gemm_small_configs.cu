@@ -1,4 +1,4 @@
-// Configs the library does not generate, for benchmarks/investigations/gemm_small.py:
+// Split-K configs the library does not generate, for benchmarks/investigations/gemm_small.py:
 // f16 NT "none" entries of gemm.cuh with other (TM, BN, S). Grid (ceildiv(n, BN), ceildiv(m, TM), S).
 #include "../../kernels/matmul/gemm.cuh"
 
@@ -16,24 +16,3 @@ XP(128, 256, 2)
 XP(64, 64, 2)
 XP(64, 128, 1)
 XP(64, 128, 2)
-XP(64, 32, 1)
-XP(64, 16, 1)
-
-// A tile multicast over MC-CTA clusters along n (gemm.cuh's MC). Grid (ceildiv(ceildiv(n, BN), MC) * MC, ceildiv(m, TM), 1).
-#define XPM(TM, BN, MC)                                                                                     \
-  extern "C" __global__ void __launch_bounds__(384, 1) KIT_MULTICAST_N(MC)                                  \
-      xp_t##TM##x##BN##_mc##MC(const unsigned short* __restrict__ a, const unsigned short* __restrict__ w,  \
-                               unsigned short* __restrict__ c, int m, int n, int k) {                       \
-    kitgemm::gemm<kit::F16, kit::F16, true, BN, 1, kitgemm::kNone, 1, TM, MC>(                              \
-        a, w, c, kitgemm::EpiArgs<kit::F16>{nullptr, nullptr, 0.0f}, 1, m, n, k);                           \
-  }
-
-XPM(64, 64, 2)
-XPM(64, 64, 4)
-XPM(64, 64, 8)
-XPM(64, 32, 4)
-XPM(64, 32, 8)
-XPM(64, 16, 8)
-XPM(128, 128, 2)
-XPM(128, 128, 4)
-XPM(128, 64, 4)

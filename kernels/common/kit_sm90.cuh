@@ -141,26 +141,6 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const void* map, int c
       : "memory");
 }
 
-// The same box into the same shared-memory offset of every CTA of the cluster named in
-// `cta_mask` (bit i: cluster rank i), completing on the mbarrier at `bar`'s offset in each: the
-// CTAs of a cluster that share an operand tile read it from L2 once.
-__device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const void* map, int c0, int c1, int c2,
-                                                      unsigned long long* bar, unsigned short cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)), "h"(cta_mask)
-      : "memory");
-}
-
-// One arrival on the mbarrier at `bar`'s offset in the shared memory of cluster CTA `rank`
-// (CUTLASS's ClusterBarrier::arrive(cta_id)).
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-
 // ------------------------------------------------------------------ wgmma
 
 // Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address,
@@ -189,12 +169,9 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 #define KIT_D8(i)                                                                                           \
   "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
       "+f"(d[i + 7])
-#define KIT_D16(i) KIT_D8(i), KIT_D8(i + 8)
 #define KIT_D32(i) KIT_D8(i), KIT_D8(i + 8), KIT_D8(i + 16), KIT_D8(i + 24)
 #define KIT_D64(i) KIT_D32(i), KIT_D32(i + 32)
 #define KIT_D128 KIT_D64(0), KIT_D64(64)
-#define KIT_WGMMA_REGS_8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
-#define KIT_WGMMA_REGS_16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define KIT_WGMMA_REGS_32 \
   "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
@@ -236,16 +213,8 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <class E, int N, int kTransB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b,
                                          int accumulate = 1) {
-  static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 256, "shapes with code here");
-  if constexpr (N == 16 && E::kBf16) {
-    KIT_WGMMA_SS("m64n16k16", "bf16", KIT_WGMMA_REGS_8, "%8", "%9", "%10", "%11", KIT_D8(0));
-  } else if constexpr (N == 16) {
-    KIT_WGMMA_SS("m64n16k16", "f16", KIT_WGMMA_REGS_8, "%8", "%9", "%10", "%11", KIT_D8(0));
-  } else if constexpr (N == 32 && E::kBf16) {
-    KIT_WGMMA_SS("m64n32k16", "bf16", KIT_WGMMA_REGS_16, "%16", "%17", "%18", "%19", KIT_D16(0));
-  } else if constexpr (N == 32) {
-    KIT_WGMMA_SS("m64n32k16", "f16", KIT_WGMMA_REGS_16, "%16", "%17", "%18", "%19", KIT_D16(0));
-  } else if constexpr (N == 64 && E::kBf16) {
+  static_assert(N == 64 || N == 128 || N == 256, "shapes with code here");
+  if constexpr (N == 64 && E::kBf16) {
     KIT_WGMMA_SS("m64n64k16", "bf16", KIT_WGMMA_REGS_32, "%32", "%33", "%34", "%35", KIT_D32(0));
   } else if constexpr (N == 64) {
     KIT_WGMMA_SS("m64n64k16", "f16", KIT_WGMMA_REGS_32, "%32", "%33", "%34", "%35", KIT_D32(0));

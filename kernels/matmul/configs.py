@@ -104,7 +104,11 @@ def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
          75.0 for t128x128; b32 2048x128x2048 110.9 against 112.5;
          benchmarks/results/gemm-h100-round35.txt). For the TRANSCENDENTAL_EPILOGUES only at
          K <= 256 (they go to rules 5 and 6: t128x128 or 128 x 256 were the fastest at every
-         K = 768 shape measured);
+         K = 768 shape measured). Also for wide N (>= 8192) up to 1536 tiles, whatever K: Llama's
+         gate/up projection at 512 and 2048 tokens (H100, round 37: 512x11008x4096 76.1 us against
+         84.5 for t128x128, 2048x11008x4096 277.7 against 286.2 for 128 x 256; round 35 measured
+         the same; benchmarks/results/gemm-h100-round37.txt), not at 8192 tokens (5504 tiles:
+         1093 against 1047 for 128 x 256) nor at N = 4096 (2048x4096x4096: 102.8 against 96.1);
       5. 128 x 128 tiles when they use the GPU's tile slots clearly better than 128 x 256 ones
          (wave quantization x column padding, 15% margin);
       6. otherwise the default 128 x 256.
@@ -122,7 +126,7 @@ def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
         return "t128x64_k2"
     if t128 <= 48 and k >= 2048:
         return "t128x128_k2"
-    if t128 > 2 * SMS and (k <= 256 or pingpong(epilogue) and (k <= 1024 or n <= 1024)):
+    if t128 > 2 * SMS and (k <= 256 or pingpong(epilogue) and (k <= 1024 or n <= 1024 or n >= 8192 and t128 <= 1536)):
         return "t128x128_p"
     if _score(m, n, 128, batch) > 1.15 * _score(m, n, 256, batch):
         return "t128x128"
@@ -152,7 +156,8 @@ def config_conditions(batched, epilogue="none"):
         "t128x64_k4": f"{t128} <= 12 && k >= 768",
         "t128x64_k2": f"4 * {t128} <= {SMS} && k >= 512",
         "t128x128_k2": f"{t128} <= 48 && k >= 2048",
-        "t128x128_p": f"{t128} > {2 * SMS} && " + ("(k <= 1024 || n <= 1024)" if pingpong(epilogue) else "k <= 256"),
+        "t128x128_p": f"{t128} > {2 * SMS} && "
+        + (f"(k <= 1024 || n <= 1024 || n >= 8192 && {t128} <= 1536)" if pingpong(epilogue) else "k <= 256"),
         "t128x128": narrow,
         "": None,
     }

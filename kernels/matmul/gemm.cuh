@@ -12,7 +12,7 @@
 //   E     input element type (kit::F16 / kit::BF16)
 //   Out   result type (kit::F16 / kit::BF16 / kit::F32); bias and residual have this type too
 //   kNT   B layout
-//   BN    tile width: 256, 128, 64, or 32 and 16 for NT (the tile is TM x BN)
+//   BN    tile width: 256, 128 or 64 (the tile is TM x BN)
 //   S     split-K factor: 1, 2 or 4. On sm_90a the S CTAs of a K split are one thread-block
 //         cluster (__cluster_dims__(1, 1, S)): each computes a contiguous share of the k slices
 //         into its own f32 staging tile in shared memory; after a cluster barrier CTA r sums rows
@@ -30,10 +30,6 @@
 //         288 threads, consumers warpgroups 0-1, producer warp 8, all stages in dynamic memory,
 //         so one CTA's pipeline fill and epilogue overlap the other's main loop).
 //   TM    tile rows: 128, or 64 (R = 1; one consumer warpgroup): twice the CTAs at small m.
-//   MC    1, or the CTAs (2, 4, 8) of a thread-block cluster along n that share the A tile
-//         (__cluster_dims__(MC, 1, 1), grid x a multiple of MC, no split): on sm_90a each loads
-//         TM / MC of its rows into all of them (TMA multicast), so the L2 lines of the A tile
-//         that every CTA of a tile row reads are read once a cluster.
 // Persistent variant (gemm_persistent, config t128x128_p): 128 x 128 tiles, a fixed grid (132
 // CTAs) walking the tiles, the producer running ahead across tiles, its two consumer warpgroups
 // taking turns tile by tile (ping-pong) or sharing each tile (cooperative: kPingPong false, the
@@ -69,10 +65,8 @@
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KIT_SPLIT_K(S) __cluster_dims__(1, 1, S)
-#define KIT_MULTICAST_N(MC) __cluster_dims__(MC, 1, 1)
 #else
 #define KIT_SPLIT_K(S)
-#define KIT_MULTICAST_N(MC)
 #endif
 
 namespace kitgemm {
@@ -478,12 +472,8 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   const bool vec = k % 8 == 0 && (kNT || n % 8 == 0) && kit::aligned16(A) && kit::aligned16(B);
   const Sub p{A, B, m, n, k, vec};
   half_bits* mine = reinterpret_cast<half_bits*>(smem + group * kGroupBytes);
-  // Tiles narrower than a sub-tile (BN 16, 32): the CTA whose tile starts a 64-column band
-  // computes the whole band, its neighbours in the band nothing.
-  constexpr int kCols = BN < SUB ? SUB : BN;
-  if (BN < SUB && bn % SUB != 0) return;
-  for (int s = group; s < (TM / SUB) * (kCols / SUB); s += NG) {
-    const int sm = bm + s / (kCols / SUB) * SUB, sn = bn + s % (kCols / SUB) * SUB;
+  for (int s = group; s < (TM / SUB) * (BN / SUB); s += NG) {
+    const int sm = bm + s / (BN / SUB) * SUB, sn = bn + s % (BN / SUB) * SUB;
     if (sm < m && sn < n) sub_tile<E, Out, kNT, kEpi>(p, C, e, sm, sn, mine, 1 + group);
   }
 }
@@ -545,9 +535,6 @@ __device__ __forceinline__ void cluster_sync() {
 __device__ __forceinline__ void cluster_sync_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait;\n" ::: "memory");
 }
-// The two halves of cluster_sync, for a multicast cluster's last barrier.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -596,22 +583,17 @@ __host__ __device__ constexpr int epilogue_cols() {
 }
 
 // Warp 0 of the producer warpgroup: builds and publishes the maps, then lane 0 keeps the ring
-// full with k slices kt0 .. kt0 + nt - 1. MC > 1: the CTA of cluster rank `rank` loads the
-// rank-th TM / MC rows of the A tile into every CTA of the cluster (they share the tile row) and
-// its own B tile; a stage is refilled once every CTA's consumers have freed it.
-template <class E, bool kNT, int BN, int R, int TM, int MC = 1>
+// full with k slices kt0 .. kt0 + nt - 1.
+template <class E, bool kNT, int BN, int R, int TM>
 __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, int batch, int m, int n, int k, int bz,
                         int bm, int bn, int kt0, int nt, unsigned maps, void* slot) {
   using C = Cfg<BN, R, TM>;
-  constexpr int kARows = TM / MC;  // A rows this CTA loads
-  static_assert(kARows % 8 == 0, "whole 128-byte swizzle atoms per multicast part");
-  static_assert(kNT || BN % 64 == 0, "NN loads B in boxes of 64 columns");
   const int lane = threadIdx.x % 32;
   void* map_a = slot;
   void* map_b = static_cast<char*>(slot) + kTensorMapBytes;
   if (lane == 0) {
     KITGEMM_MARK(1);
-    tensor_map_3d<E>(maps, A, k, m, batch, C::BK, kARows);
+    tensor_map_3d<E>(maps, A, k, m, batch, C::BK, TM);
     if constexpr (kNT) {
       tensor_map_3d<E>(maps + kTensorMapBytes, B, k, n, batch, C::BK, BN);
     } else {
@@ -627,18 +609,12 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
     tensor_map_acquire(map_a);
     tensor_map_acquire(map_b);
     KITGEMM_MARK(4);
-    const int rank = MC > 1 ? int(cluster_rank()) : 0;
     for (int t = 0; t < nt; ++t) {
       const int s = t % C::kStages;
       const int k0 = (kt0 + t) * C::BK;
       mbar_wait(&sm.empty[s], ((t / C::kStages) & 1) ^ 1);
       mbar_arrive_expect_tx(&sm.full[s], C::kStageBytes);
-      if constexpr (MC > 1) {
-        tma_load_3d_multicast(sm.a(s) + rank * kARows * C::BK * 2, map_a, k0, bm + rank * kARows, bz, &sm.full[s],
-                              (1u << MC) - 1);
-      } else {
-        tma_load_3d(sm.a(s), map_a, k0, bm, bz, &sm.full[s]);
-      }
+      tma_load_3d(sm.a(s), map_a, k0, bm, bz, &sm.full[s]);
       if constexpr (kNT) {
         tma_load_3d(sm.b(s), map_b, k0, bn, bz, &sm.full[s]);
       } else {
@@ -653,7 +629,7 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
 // One k slice (64) of a 64-row band of the tile into d: four wgmmas of k16, A rows at `a` (K-major),
 // B at `b`: NT [BN rows of n][64 k], K-major like A; NN BN / 64 boxes of [64 k rows][64 n], N-major.
 // With a second accumulator `d2` (kChains 2) the odd k16 steps go there: two dependency chains
-// the tensor cores run side by side, where one chain waits out each wgmma's latency.
+// that the tensor cores run side by side.
 template <class E, bool kNT, int BN, int kChains = 1>
 __device__ __forceinline__ void slice_mma(float (&d)[BN / 2], float (&d2)[BN / 2], unsigned a, unsigned b) {
   constexpr int BK = 64;
@@ -673,9 +649,10 @@ __device__ __forceinline__ void slice_mma(float (&d)[BN / 2], unsigned a, unsign
 }
 
 // Accumulator chains of block()'s consumers: two where one consumer warpgroup takes the tile
-// (TM = 64; with two, their chains already run side by side). Measured on an H100 (round 37,
-// benchmarks/results/gemm-small-h100-round37.txt): the main loop of t64x64 at 128x768x768 2.36
-// -> 2.01 us, 3-5% of the call; none at t128x64. KITGEMM_CHAINS_TM: a build macro for investigations.
+// (TM = 64; with two warpgroups their chains already run side by side). On an H100 (round 37,
+// benchmarks/results/gemm-small-h100-round37.txt) the main loop of t64x64 at 128x768x768 took
+// 2.0 us against 2.36 with one chain, 3-4% of the call; a 128 x 64 tile gained nothing.
+// KITGEMM_CHAINS_TM: a build macro for investigations (0: one chain everywhere).
 #ifndef KITGEMM_CHAINS_TM
 #define KITGEMM_CHAINS_TM 64
 #endif
@@ -688,19 +665,7 @@ __host__ __device__ constexpr int accumulator_chains() {
 // g % kStages): per slice, wait until its stage is full, `mma(stage, t)` (the wgmmas of slice
 // g0 + t), and once they are issued free the stage before it, whose wgmmas are then done. At the
 // end every wgmma is done; `release_last` frees the last stage too (a producer that loads on).
-// Frees stage s for the producers: this CTA's (MC = 1) or every cluster CTA's (MC > 1: their
-// multicast copies write into it).
-template <int MC>
-__device__ __forceinline__ void release_stage(const Smem& sm, int s) {
-  if constexpr (MC == 1) {
-    mbar_arrive(&sm.empty[s]);
-  } else {
-#pragma unroll
-    for (int q = 0; q < MC; ++q) mbar_arrive_cluster(&sm.empty[s], q);
-  }
-}
-
-template <int kStages, int MC = 1, class Mma>
+template <int kStages, class Mma>
 __device__ __forceinline__ void consume_slices(const Smem& sm, int g0, int nt, bool release_last, Mma&& mma) {
   const bool leader = threadIdx.x % 128 == 0;
   for (int t = 0; t < nt; ++t) {
@@ -710,15 +675,15 @@ __device__ __forceinline__ void consume_slices(const Smem& sm, int g0, int nt, b
     mma(s, t);
     wgmma_commit();
     wgmma_wait<1>();
-    if (t > 0 && leader) release_stage<MC>(sm, (g - 1) % kStages);
+    if (t > 0 && leader) mbar_arrive(&sm.empty[(g - 1) % kStages]);
   }
   wgmma_wait<0>();
-  if (release_last && nt > 0 && leader) release_stage<MC>(sm, (g0 + nt - 1) % kStages);
+  if (release_last && nt > 0 && leader) mbar_arrive(&sm.empty[(g0 + nt - 1) % kStages]);
 }
 
 // Consumer warpgroup `wg` (0 or 1): rows 64 * wg .. + 64 of the tile, k slices 0 .. nt - 1 of
 // this CTA's share.
-template <class E, bool kNT, int BN, int R, int TM, int MC = 1>
+template <class E, bool kNT, int BN, int R, int TM>
 __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int nt, int wg) {
   using C = Cfg<BN, R, TM>;
   constexpr int kChains = accumulator_chains<TM>();
@@ -729,7 +694,7 @@ __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) d2[i] = 0.f;
   }
-  consume_slices<C::kStages, MC>(sm, 0, nt, false, [&](int s, int t) {
+  consume_slices<C::kStages>(sm, 0, nt, false, [&](int s, int t) {
     if (t == 0 && threadIdx.x == 128) KITGEMM_MARK(5);
     if constexpr (kChains == 2) {
       slice_mma<E, kNT, BN, 2>(d, d2, sm.a(s) + wg * 64 * C::BK * 2, sm.b(s));
@@ -768,12 +733,11 @@ __device__ __forceinline__ void stage_pass(int ch, float* tile, const float (&d)
   }
 }
 
-template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R, int TM, int MC = 1>
+template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R, int TM>
 __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C, const EpiArgs<Out>& e, int batch,
                       int m, int n, int k, int bz, int split, int bm, int bn, unsigned stage0, char* dyn_smem) {
   using Cf = Cfg<BN, R, TM>;
   constexpr int kConsumerWgs = TM / 64, kConsumers = 128 * kConsumerWgs;
-  static_assert(MC == 1 || (S == 1 && R == 1), "multicast clusters: no split, one CTA per SM");
   const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
   char* dyn_aligned = dyn_smem + (dyn - kit::smem_addr(dyn_smem));
   unsigned* slot_sel = reinterpret_cast<unsigned*>(dyn_aligned + Cf::kBarrierOffset + 120);
@@ -787,15 +751,11 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
     KITGEMM_MARK(0);
     for (int s = 0; s < Cf::kStages; ++s) {
       mbar_init(&sm.full[s], 1);
-      mbar_init(&sm.empty[s], kConsumerWgs * MC);
+      mbar_init(&sm.empty[s], kConsumerWgs);
     }
     mbar_init_fence();
   }
-  if constexpr (MC > 1) {
-    cluster_sync();  // every CTA's barriers are initialized before any multicast copy or remote arrival
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   // R = 1: warpgroup 0 produces (setmaxnreg moves its registers to the consumers), warpgroups
   // 1 and 2 consume (TM = 64: warpgroup 1; warpgroup 2 only joins the cluster barriers). R = 2
   // (288 threads, 112 registers each, two CTAs per SM): warpgroups 0 and 1 consume, warp 8 produces.
@@ -813,9 +773,8 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
         sel = __shfl_sync(0xffffffffu, sel, 0);
         slot = tensor_map_slots2[sm_id()][sel];
       }
-      produce<E, kNT, BN, R, TM, MC>(sm, A, B, batch, m, n, k, bz, bm, bn, kt0, nt, dyn + Cf::kMapOffset, slot);
+      produce<E, kNT, BN, R, TM>(sm, A, B, batch, m, n, k, bz, bm, bn, kt0, nt, dyn + Cf::kMapOffset, slot);
     }
-    if constexpr (MC > 1) cluster_sync();  // the consumers' cluster_arrive / cluster_wait
     if constexpr (S > 1) {
 #pragma unroll
       for (int ch = 0; ch < BN / epilogue_cols<BN, S, TM>(); ++ch) {
@@ -827,10 +786,7 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   }
   if constexpr (R == 1) setmaxnreg_inc<232>();
   float d[BN / 2];
-  mainloop<E, kNT, BN, R, TM, MC>(d, sm, nt, cw);
-  // Multicast: this CTA's last remote arrival is sent; it leaves only once every CTA of the
-  // cluster has sent theirs (cluster_wait below), as they arrive on its barriers.
-  if constexpr (MC > 1) cluster_arrive();
+  mainloop<E, kNT, BN, R, TM>(d, sm, nt, cw);
   if (threadIdx.x == 128) KITGEMM_MARK(6);
   const int ctid = threadIdx.x - (R == 1 ? 128 : 0);  // 0 .. kConsumers - 1
   if constexpr (R == 2) {
@@ -915,7 +871,6 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
     if (threadIdx.x == 128) KITGEMM_MARK(9);
     if constexpr (S > 1) cluster_sync_relaxed();  // the partials are read: the CTAs may reuse them or leave
   }
-  if constexpr (MC > 1) cluster_wait();
   if (threadIdx.x == 128) {
     KITGEMM_MARK(7);
     KITGEMM_MARK(11, true);
@@ -1137,18 +1092,14 @@ __device__ __forceinline__ bool takes_tma(const void* A, const void* B, bool nt,
 #endif
 
 // The kernel body of every entry. A, B, C, e.res: the first batch's (base) pointers.
-template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R = 1, int TM = BM, int MC = 1>
+template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R = 1, int TM = BM>
 __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typename Out::T* C, EpiArgs<Out> e,
                                      int batch, int m, int n, int k) {
   extern __shared__ __align__(1024) char dyn_smem[];
   require_dynamic_smem();
   prepare_heads<kEpi, Out>(e);
   int tile_m, tile_n;
-  if constexpr (MC > 1) {  // a cluster's CTAs: consecutive tiles of one tile row
-    tile_m = blockIdx.y, tile_n = blockIdx.x;
-  } else {
-    block_tile(tile_m, tile_n);
-  }
+  block_tile(tile_m, tile_n);
   const int bm = tile_m * TM, bn = tile_n * BN;
   const int bz = blockIdx.z / S, split = blockIdx.z % S;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1156,8 +1107,8 @@ __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typ
   const unsigned s0 = kit::smem_addr(stage0);
   if (hopper::takes_tma(A, B, kNT, n, k, s0)) {
     if constexpr (EpiTraits<kEpi>::kHasRes) e.res += (long long)bz * m * n;
-    hopper::block<E, Out, kNT, BN, S, kEpi, R, TM, MC>(A, B, C + (long long)bz * m * n, e, batch, m, n, k, bz, split, bm, bn,
-                                                s0, dyn_smem);
+    hopper::block<E, Out, kNT, BN, S, kEpi, R, TM>(A, B, C + (long long)bz * m * n, e, batch, m, n, k, bz, split, bm, bn, s0,
+                                            dyn_smem);
     return;
   }
 #endif
