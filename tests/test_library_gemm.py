@@ -49,7 +49,9 @@ def test_choose_config_classes():
     assert c(128, 768, 3072) == "t64x64_k4"  # small M, narrow N, deep K: 64 x 64 split 4 ways
     assert c(128, 768, 1536) == "t128x64_k4"  # 12 tiles of 128 x 128, 1024 < k < 2048
     assert c(128, 1536, 3072) == "t128x64_k4"  # 48 tiles of 64 x 64: split 4 ways, two waves
-    assert c(128, 4096, 4096) == "t128x64_k2"  # few tiles: 128 x 64, K split 2 ways (one wave)
+    assert c(128, 4096, 4096) == "t64x64"  # 128 tiles of 64 x 64: more than half a wave, k <= 4096
+    assert c(512, 768, 3072) == "t64x64"  # 96 tiles of 64 x 64, k <= 4096
+    assert c(128, 4096, 11008) == "t128x64_k2"  # few tiles, k > 4096: 128 x 64, K split 2 ways (one wave)
     assert c(512, 2304, 768) == "t128x128"  # 288 tiles of 64 x 64: more than a wave
     assert c(128, 5120, 4096) == "t128x128_k2"  # 40 tiles of 128 x 128 (> 132 / 4), deep K
     assert c(8192, 768, 768) == "t128x128_p"  # narrow N, shallow K, many tiles

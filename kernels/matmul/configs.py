@@ -78,11 +78,15 @@ def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
 
     Rules (from the H100 measurements in README.md / benchmarks/results/gemm-h100-*.txt,
     gemm-floor-h100.txt and gemm-small-h100-round29*.txt); t64 = batch * ceil(m/64) * ceil(n/64):
-      0a. 64 x 64 tiles fill at most one wave (t64 <= 132) and k <= 1024: t64x64, no split. Small
-         shapes are bound by the prologue (~1.2 us), the intake of each SM and the split-K sum;
-         64-row tiles give twice the CTAs of 128-row ones with no sum to do (128x768x768 5.2 us
-         against 5.8 for t128x64_k4, 128x3072x768 5.4 against 6.9 for t128x64_k2, 512x768x768
-         5.3 against 6.9);
+      0a. 64 x 64 tiles fill at most one wave (t64 <= 132) and k <= 1024, or k <= 4096 where they
+         fill more than half of it (2 t64 > 132): t64x64, no split. Small shapes are
+         bound by the prologue (~1.2 us), the rounds of the ring and the split-K sum; 64-row tiles
+         give twice the CTAs of 128-row ones with no sum to do (128x768x768 5.2 us against 5.8 for
+         t128x64_k4, 128x3072x768 5.4 against 6.9 for t128x64_k2, 512x768x768 5.3 against 6.9).
+         Since its stages hold k 128 (round 37) also at deeper K: 128x4096x4096 13.5-13.8 us
+         against 14.6-14.8 for t128x64_k2, 512x768x3072 10.1-10.4 against 11.4-11.5 (two runs in
+         one lease, benchmarks/results/gemm-small-h100-round37.txt), but not at 128x4096x11008
+         (38.3 against 37.6);
       0b. 64 x 64 tiles with K split 4 ways fill at most one wave (4 t64 <= 132) and k >= 2048:
          t64x64_k4 (128x768x3072: 7.2 us against 7.8 for t128x64_k4);
       1. very few 128 x 128 tiles (<= 12) and k >= 768: 128 x 64 tiles, K split 4 ways
@@ -115,7 +119,7 @@ def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
     At every shape of benchmarks/gemm.py this picks the fastest measured config or one within 2%.
     """
     t64 = batch * _ceil(m, 64) * _ceil(n, 64)
-    if t64 <= SMS and k <= 1024:
+    if t64 <= SMS and (k <= 1024 or k <= 4096 and 2 * t64 > SMS):
         return "t64x64"
     if 4 * t64 <= SMS and k >= 2048:
         return "t64x64_k4"
@@ -151,7 +155,7 @@ def config_conditions(batched, epilogue="none"):
     t256 = f"{b}ceildiv(m, 128) * ceildiv(n, 256)"
     narrow = f"40 * ceildiv({t256}, {SMS}) > 23 * ceildiv({t128}, {SMS})"
     return {
-        "t64x64": f"{t64} <= {SMS} && k <= 1024",
+        "t64x64": f"{t64} <= {SMS} && (k <= 1024 || k <= 4096 && 2 * {t64} > {SMS})",
         "t64x64_k4": f"4 * {t64} <= {SMS} && k >= 2048",
         "t128x64_k4": f"{t128} <= 12 && k >= 768",
         "t128x64_k2": f"4 * {t128} <= {SMS} && k >= 512",

@@ -495,10 +495,15 @@ using namespace kit::sm90;
 // R = 2: every stage in the dynamic memory (no static stage), at most two CTAs per SM, each
 // takes one of the SM's two slots under a lock word (acquired before the maps are written,
 // released once every copy has landed).
-template <int BN, int R = 1, int TM = BM>
+// kSub: boxes of k 64 per operand a stage (a stage holds k 64 x kSub). Each stage costs its
+// consumer a barrier round (wait, wgmmas, commit, wait for the one before, free it): at k 64 a
+// 64-row tile spent about 165 ns a stage at any slice size; with k 128 its main loop at
+// 128x768x768 took 1.34 us against 1.98 (H100, round 37; stage_boxes).
+template <int BN, int R = 1, int TM = BM, int kSubBoxes = 1>
 struct Cfg {
-  static constexpr int BK = 64;
-  static constexpr int kABytes = TM * BK * 2, kBBytes = BN * BK * 2, kStageBytes = kABytes + kBBytes;
+  static constexpr int BK = 64;  // k of one box (128 bytes: the 128-byte swizzle's row)
+  static constexpr int kSub = kSubBoxes, KS = BK * kSub;  // boxes per operand, k of a stage
+  static constexpr int kABytes = TM * KS * 2, kBBytes = BN * KS * 2, kStageBytes = kABytes + kBBytes;
   static constexpr int kStatic = R == 1 ? 1 : 0;
   static constexpr int kFit = kStatic + (kDynamicSmem - 1023 - 128 - 2 * kTensorMapBytes) / kStageBytes;
   static constexpr int kStages = kFit < kMaxStages ? kFit : kMaxStages;
@@ -514,6 +519,15 @@ struct Cfg {
 __device__ __align__(128) unsigned char tensor_map_slots[kTensorMapSlots][2][kTensorMapBytes];
 __device__ __align__(128) unsigned char tensor_map_slots2[kTensorMapSlots][2][2][kTensorMapBytes];
 __device__ unsigned tensor_map_locks[kTensorMapSlots][2];
+
+// Boxes per operand a stage: 2 for the 64-row tiles without a split (t64x64: 4.77 against 5.28 us
+// at 128x768x768, 5.10 against 5.38 at 512x768x768; k 192 measured within 2% of it), 1 elsewhere
+// (t64x64_k4 7.39 against 7.18 us at 128x768x3072; 128-row tiles' stages would not fit the static
+// stage). benchmarks/results/gemm-small-h100-round37.txt.
+template <int TM, int S>
+__host__ __device__ constexpr int stage_boxes() {
+  return TM == 64 && S == 1 ? 2 : 1;
+}
 
 struct Smem {
   unsigned stage0, dyn;
@@ -584,10 +598,10 @@ __host__ __device__ constexpr int epilogue_cols() {
 
 // Warp 0 of the producer warpgroup: builds and publishes the maps, then lane 0 keeps the ring
 // full with k slices kt0 .. kt0 + nt - 1.
-template <class E, bool kNT, int BN, int R, int TM>
+template <class E, bool kNT, int BN, int R, int TM, int kSub>
 __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, int batch, int m, int n, int k, int bz,
                         int bm, int bn, int kt0, int nt, unsigned maps, void* slot) {
-  using C = Cfg<BN, R, TM>;
+  using C = Cfg<BN, R, TM, kSub>;
   const int lane = threadIdx.x % 32;
   void* map_a = slot;
   void* map_b = static_cast<char*>(slot) + kTensorMapBytes;
@@ -611,15 +625,19 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
     KITGEMM_MARK(4);
     for (int t = 0; t < nt; ++t) {
       const int s = t % C::kStages;
-      const int k0 = (kt0 + t) * C::BK;
       mbar_wait(&sm.empty[s], ((t / C::kStages) & 1) ^ 1);
       mbar_arrive_expect_tx(&sm.full[s], C::kStageBytes);
-      tma_load_3d(sm.a(s), map_a, k0, bm, bz, &sm.full[s]);
-      if constexpr (kNT) {
-        tma_load_3d(sm.b(s), map_b, k0, bn, bz, &sm.full[s]);
-      } else {
 #pragma unroll
-        for (int j = 0; j < BN / 64; ++j) tma_load_3d(sm.b(s) + j * 64 * C::BK * 2, map_b, bn + j * 64, k0, bz, &sm.full[s]);
+      for (int h = 0; h < C::kSub; ++h) {
+        const int k0 = (kt0 + t) * C::KS + h * C::BK;
+        const unsigned a = sm.a(s) + h * TM * C::BK * 2, b = sm.b(s) + h * BN * C::BK * 2;
+        tma_load_3d(a, map_a, k0, bm, bz, &sm.full[s]);
+        if constexpr (kNT) {
+          tma_load_3d(b, map_b, k0, bn, bz, &sm.full[s]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j) tma_load_3d(b + j * 64 * C::BK * 2, map_b, bn + j * 64, k0, bz, &sm.full[s]);
+        }
       }
     }
   }
@@ -683,9 +701,9 @@ __device__ __forceinline__ void consume_slices(const Smem& sm, int g0, int nt, b
 
 // Consumer warpgroup `wg` (0 or 1): rows 64 * wg .. + 64 of the tile, k slices 0 .. nt - 1 of
 // this CTA's share.
-template <class E, bool kNT, int BN, int R, int TM>
+template <class E, bool kNT, int BN, int R, int TM, int kSub>
 __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int nt, int wg) {
-  using C = Cfg<BN, R, TM>;
+  using C = Cfg<BN, R, TM, kSub>;
   constexpr int kChains = accumulator_chains<TM>();
   float d2[kChains == 2 ? BN / 2 : 1];
 #pragma unroll
@@ -696,10 +714,14 @@ __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int
   }
   consume_slices<C::kStages>(sm, 0, nt, false, [&](int s, int t) {
     if (t == 0 && threadIdx.x == 128) KITGEMM_MARK(5);
-    if constexpr (kChains == 2) {
-      slice_mma<E, kNT, BN, 2>(d, d2, sm.a(s) + wg * 64 * C::BK * 2, sm.b(s));
-    } else {
-      slice_mma<E, kNT, BN>(d, sm.a(s) + wg * 64 * C::BK * 2, sm.b(s));
+#pragma unroll
+    for (int h = 0; h < C::kSub; ++h) {
+      const unsigned a = sm.a(s) + h * TM * C::BK * 2 + wg * 64 * C::BK * 2, b = sm.b(s) + h * BN * C::BK * 2;
+      if constexpr (kChains == 2) {
+        slice_mma<E, kNT, BN, 2>(d, d2, a, b);
+      } else {
+        slice_mma<E, kNT, BN>(d, a, b);
+      }
     }
   });
   if constexpr (kChains == 2) {  // the two partial sums over k, added once
@@ -736,7 +758,8 @@ __device__ __forceinline__ void stage_pass(int ch, float* tile, const float (&d)
 template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R, int TM>
 __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C, const EpiArgs<Out>& e, int batch,
                       int m, int n, int k, int bz, int split, int bm, int bn, unsigned stage0, char* dyn_smem) {
-  using Cf = Cfg<BN, R, TM>;
+  constexpr int kSub = stage_boxes<TM, S>();
+  using Cf = Cfg<BN, R, TM, kSub>;
   constexpr int kConsumerWgs = TM / 64, kConsumers = 128 * kConsumerWgs;
   const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
   char* dyn_aligned = dyn_smem + (dyn - kit::smem_addr(dyn_smem));
@@ -744,7 +767,7 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   Smem sm{stage0, dyn, Cf::kStageBytes, Cf::kABytes, Cf::kStatic,
           reinterpret_cast<unsigned long long*>(dyn_aligned + Cf::kBarrierOffset),
           reinterpret_cast<unsigned long long*>(dyn_aligned + Cf::kBarrierOffset) + Cf::kStages};
-  const int ktiles = (k + Cf::BK - 1) / Cf::BK;
+  const int ktiles = (k + Cf::KS - 1) / Cf::KS;
   const int kt0 = ktiles * split / S, nt = ktiles * (split + 1) / S - kt0;
   if (threadIdx.x == 0) {
     KITGEMM_MARK(10, true);
@@ -773,7 +796,7 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
         sel = __shfl_sync(0xffffffffu, sel, 0);
         slot = tensor_map_slots2[sm_id()][sel];
       }
-      produce<E, kNT, BN, R, TM>(sm, A, B, batch, m, n, k, bz, bm, bn, kt0, nt, dyn + Cf::kMapOffset, slot);
+      produce<E, kNT, BN, R, TM, kSub>(sm, A, B, batch, m, n, k, bz, bm, bn, kt0, nt, dyn + Cf::kMapOffset, slot);
     }
     if constexpr (S > 1) {
 #pragma unroll
@@ -786,7 +809,7 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   }
   if constexpr (R == 1) setmaxnreg_inc<232>();
   float d[BN / 2];
-  mainloop<E, kNT, BN, R, TM>(d, sm, nt, cw);
+  mainloop<E, kNT, BN, R, TM, kSub>(d, sm, nt, cw);
   if (threadIdx.x == 128) KITGEMM_MARK(6);
   const int ctid = threadIdx.x - (R == 1 ? 128 : 0);  // 0 .. kConsumers - 1
   if constexpr (R == 2) {
@@ -1103,7 +1126,7 @@ __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typ
   const int bm = tile_m * TM, bn = tile_n * BN;
   const int bz = blockIdx.z / S, split = blockIdx.z % S;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ __align__(1024) char stage0[hopper::Cfg<BN, R, TM>::kStaticBytes];
+  __shared__ __align__(1024) char stage0[hopper::Cfg<BN, R, TM, hopper::stage_boxes<TM, S>()>::kStaticBytes];
   const unsigned s0 = kit::smem_addr(stage0);
   if (hopper::takes_tma(A, B, kNT, n, k, s0)) {
     if constexpr (EpiTraits<kEpi>::kHasRes) e.res += (long long)bz * m * n;
