@@ -42,7 +42,10 @@ class Variant:
         return self.fns[name]
 
     def smem(self, e):
-        """The launch's dynamic shared memory, as the manifest gives entry `e` on this GPU (G.Kernels.smem)."""
+        """The launch's dynamic shared memory, as the manifest gives entry `e` on this GPU (G.Kernels.smem),
+        or $KITGEMM_LAUNCH_SMEM (a build with another KITGEMM_DYNAMIC_SMEM)."""
+        if os.environ.get("KITGEMM_LAUNCH_SMEM"):
+            return int(os.environ["KITGEMM_LAUNCH_SMEM"])
         return G.gen_manifest.launch_shared_memory(e, G.device_capability()) if "smem" in e else G.SMEM
 
 

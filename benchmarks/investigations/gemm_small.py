@@ -27,7 +27,8 @@ import gemm as G  # noqa: E402
 import gemm_floor as F  # noqa: E402
 
 LINEAR = [(768, 768), (2304, 768), (3072, 768), (768, 3072), (4096, 4096), (11008, 4096), (4096, 11008)]
-SHAPES = [(m, n, k) for m in (128, 512) for n, k in LINEAR]
+# $GEMM_SMALL_M: other token counts (comma separated) for the sweep
+SHAPES = [(m, n, k) for m in map(int, os.environ.get("GEMM_SMALL_M", "128,512").split(",")) for n, k in LINEAR]
 XP = {"xp_t128x128_k4": (128, 128, 4), "xp_t128x64_k8": (128, 64, 8), "xp_t128x256_k2": (128, 256, 2),
       "xp_t64x64_k2": (64, 64, 2), "xp_t64x128_k1": (64, 128, 1), "xp_t64x128_k2": (64, 128, 2)}
 # Round 37's other experiments (narrow tiles xp_t64x32_k1, xp_t64x16_k1; A-tile multicast

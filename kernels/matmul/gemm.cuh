@@ -504,12 +504,16 @@ struct Cfg {
   static constexpr int BK = 64;  // k of one box (128 bytes: the 128-byte swizzle's row)
   static constexpr int kSub = kSubBoxes, KS = BK * kSub;  // boxes per operand, k of a stage
   static constexpr int kABytes = TM * KS * 2, kBBytes = BN * KS * 2, kStageBytes = kABytes + kBBytes;
+#ifdef KITGEMM_NO_STATIC_STAGE  // investigations: every stage in the dynamic memory (with a larger KITGEMM_DYNAMIC_SMEM)
+  static constexpr int kStatic = 0;
+#else
   static constexpr int kStatic = R == 1 ? 1 : 0;
+#endif
   static constexpr int kFit = kStatic + (kDynamicSmem - 1023 - 128 - 2 * kTensorMapBytes) / kStageBytes;
   static constexpr int kStages = kFit < kMaxStages ? kFit : kMaxStages;
   static constexpr int kBarrierOffset = (kStages - kStatic) * kStageBytes;
   static constexpr int kMapOffset = kBarrierOffset + 128;
-  static constexpr int kStaticBytes = R == 1 ? kStageBytes : 16;
+  static constexpr int kStaticBytes = kStatic == 1 ? kStageBytes : 16;
   static_assert(kStages >= 3, "pipeline depth");
   static_assert(1023 + kMapOffset + 2 * kTensorMapBytes <= kDynamicSmem, "dynamic shared memory layout");
   static_assert(R == 2 || kDynamicSmem + kStageBytes > 227 * 1024 / 2, "one block per SM (the tensor-map slots rely on it)");
@@ -526,7 +530,11 @@ __device__ unsigned tensor_map_locks[kTensorMapSlots][2];
 // stage). benchmarks/results/gemm-small-h100-round37.txt.
 template <int TM, int S>
 __host__ __device__ constexpr int stage_boxes() {
+#ifdef KITGEMM_STAGE_BOXES  // investigations: every config
+  return KITGEMM_STAGE_BOXES;
+#else
   return TM == 64 && S == 1 ? 2 : 1;
+#endif
 }
 
 struct Smem {
