@@ -37,16 +37,24 @@ class Variant:
     def get(self, name):
         if name not in self.fns:
             f = self.mod.get_function(name)
-            f.max_dynamic_shared_size_bytes = self.smem({"smem": G.SMEM, "smem_sm90a": G.gen_manifest.SMEM_SM90A})
+            f.max_dynamic_shared_size_bytes = launch_smem()
             self.fns[name] = f
         return self.fns[name]
 
     def smem(self, e):
-        """The launch's dynamic shared memory, as the manifest gives entry `e` on this GPU (G.Kernels.smem),
-        or $KITGEMM_LAUNCH_SMEM (a build with another KITGEMM_DYNAMIC_SMEM)."""
-        if os.environ.get("KITGEMM_LAUNCH_SMEM"):
-            return int(os.environ["KITGEMM_LAUNCH_SMEM"])
-        return G.gen_manifest.launch_shared_memory(e, G.device_capability()) if "smem" in e else G.SMEM
+        """The launch's dynamic shared memory for entry `e` (G.Kernels.smem's answer, or $KITGEMM_LAUNCH_SMEM)."""
+        return launch_smem(e)
+
+
+LIBRARY_SMEM = {"smem": G.SMEM, "smem_sm90a": G.gen_manifest.SMEM_SM90A}  # the manifest's table of every generated entry
+
+
+def launch_smem(e=LIBRARY_SMEM):
+    """The dynamic shared memory entry `e` gets on this GPU (the manifest's table), or
+    $KITGEMM_LAUNCH_SMEM (a build with another KITGEMM_DYNAMIC_SMEM)."""
+    if os.environ.get("KITGEMM_LAUNCH_SMEM"):
+        return int(os.environ["KITGEMM_LAUNCH_SMEM"])
+    return G.gen_manifest.launch_shared_memory(e, G.device_capability()) if "smem" in e else G.SMEM
 
 
 def variants(objdir):

@@ -36,9 +36,14 @@ XP = {"xp_t128x128_k4": (128, 128, 4), "xp_t128x64_k8": (128, 64, 8), "xp_t128x2
 # a69ec39's gemm.cuh and gemm_small_configs.cu, not in this tree.
 
 
-def xp_launches():
-    """name -> its grid as a function of (m, n), for every xp_* kernel."""
-    return {name: (lambda m, n, tm=tm, bn=bn, s=s: ((n + bn - 1) // bn, (m + tm - 1) // tm, s)) for name, (tm, bn, s) in XP.items()}
+def xp_call(xp, name, a, b, c, m, n, k):
+    """(a call of xp_* kernel `name` of module `xp`: c = a @ b^T, its grid)."""
+    tm, bn, s = XP[name]
+    f, smem = xp.get_function(name), F.launch_smem()
+    f.max_dynamic_shared_size_bytes = smem
+    args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
+    grid = ((n + bn - 1) // bn, (m + tm - 1) // tm, s)
+    return (lambda: f(grid, (384, 1, 1), args, shared_mem=smem)), grid
 
 
 def operands(m, n, k):
@@ -101,15 +106,9 @@ def step_sweep(objdir):
                 calls.append((cfg or "t128x256", F.call(K, cfg, a, b, c, m, n, k),
                               G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg)))
             if vn == "new" and xp is not None:
-                for name, grid_of in xp_launches().items():
-                    f = xp.get_function(name)
-                    smem = G.gen_manifest.launch_shared_memory({"smem": G.SMEM, "smem_sm90a": G.gen_manifest.SMEM_SM90A}, G.device_capability())
-                    f.max_dynamic_shared_size_bytes = smem
-                    c = torch.empty(m, n, device="cuda", dtype=torch.half)
-                    outs[name] = c
-                    args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
-                    grid = grid_of(m, n)
-                    calls.append((name, lambda f=f, grid=grid, args=args, smem=smem: f(grid, (384, 1, 1), args, shared_mem=smem), name))
+                for name in XP:
+                    c = outs[name] = torch.empty(m, n, device="cuda", dtype=torch.half)
+                    calls.append((name, xp_call(xp, name, a, b, c, m, n, k)[0], name))
             cublas, kit, best, bad = F.against_cublas(calls, outs, ref, a, b)
             res[vn] = (cublas, kit)
             G.log(f"SWEEP {vn} {m}x{n}x{k}: cublas {cublas:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
@@ -154,15 +153,11 @@ def step_xp_check(objdir):
     output poisoned with NaN first, against float64."""
     torch = G.torch
     xp = G.cp.RawModule(path=os.path.join(objdir, "xp.cubin"))
-    smem = G.gen_manifest.launch_shared_memory({"smem": G.SMEM, "smem_sm90a": G.gen_manifest.SMEM_SM90A}, G.device_capability())
     for (m, n, k) in XP_ODD_SHAPES:
         a, b, ref = operands(m, n, k)
-        for name, grid_of in xp_launches().items():
-            f = xp.get_function(name)
-            f.max_dynamic_shared_size_bytes = smem
+        for name in XP:
             c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.half)
-            args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
-            f(grid_of(m, n), (384, 1, 1), args, shared_mem=smem)
+            xp_call(xp, name, a, b, c, m, n, k)[0]()
             torch.cuda.synchronize()
             err = G.rel_err(c, ref)
             G.log(f"XPCHECK {m}x{n}x{k} {name}: rel err {err:.2e} {'ok' if err <= 2e-3 else 'BAD'}")
@@ -175,17 +170,13 @@ def step_xp_trace(objdir):
     """The xp_* configs' phases (xp_trace.cubin: gemm_small_configs.cu with -DKITGEMM_TRACE)."""
     torch = G.torch
     xp = G.cp.RawModule(path=os.path.join(objdir, "xp_trace.cubin"))
-    smem = G.gen_manifest.launch_shared_memory({"smem": G.SMEM, "smem_sm90a": G.gen_manifest.SMEM_SM90A}, G.device_capability())
     for (m, n, k) in XP_TRACE:
         a, b, _ = operands(m, n, k)
-        for name, grid_of in xp_launches().items():
-            f = xp.get_function(name)
-            f.max_dynamic_shared_size_bytes = smem
+        for name in XP:
             c = torch.empty(m, n, device="cuda", dtype=torch.half)
-            args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
-            grid = grid_of(m, n)
+            call, grid = xp_call(xp, name, a, b, c, m, n, k)
             nb = grid[0] * grid[1] * grid[2]
-            line = F.trace_line(xp, lambda f=f, grid=grid, args=args: f(grid, (384, 1, 1), args, shared_mem=smem), nb)
+            line = F.trace_line(xp, call, nb)
             G.log(f"TRACE {m}x{n}x{k} {name} ({nb} CTAs): {line}")
 
 

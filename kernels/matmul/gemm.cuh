@@ -503,7 +503,8 @@ template <int BN, int R = 1, int TM = BM, int kSubBoxes = 1>
 struct Cfg {
   static constexpr int BK = 64;  // k of one box (128 bytes: the 128-byte swizzle's row)
   static constexpr int kSub = kSubBoxes, KS = BK * kSub;  // boxes per operand, k of a stage
-  static constexpr int kABytes = TM * KS * 2, kBBytes = BN * KS * 2, kStageBytes = kABytes + kBBytes;
+  static constexpr int kABox = TM * BK * 2, kBBox = BN * BK * 2;  // bytes of one box: box h at a(s) + h * kABox
+  static constexpr int kABytes = kABox * kSub, kBBytes = kBBox * kSub, kStageBytes = kABytes + kBBytes;
 #ifdef KITGEMM_NO_STATIC_STAGE  // investigations: every stage in the dynamic memory (with a larger KITGEMM_DYNAMIC_SMEM)
   static constexpr int kStatic = 0;
 #else
@@ -638,7 +639,7 @@ __device__ void produce(const Smem& sm, const half_bits* A, const half_bits* B, 
 #pragma unroll
       for (int h = 0; h < C::kSub; ++h) {
         const int k0 = (kt0 + t) * C::KS + h * C::BK;
-        const unsigned a = sm.a(s) + h * TM * C::BK * 2, b = sm.b(s) + h * BN * C::BK * 2;
+        const unsigned a = sm.a(s) + h * C::kABox, b = sm.b(s) + h * C::kBBox;
         tma_load_3d(a, map_a, k0, bm, bz, &sm.full[s]);
         if constexpr (kNT) {
           tma_load_3d(b, map_b, k0, bn, bz, &sm.full[s]);
@@ -724,7 +725,7 @@ __device__ __forceinline__ void mainloop(float (&d)[BN / 2], const Smem& sm, int
     if (t == 0 && threadIdx.x == 128) KITGEMM_MARK(5);
 #pragma unroll
     for (int h = 0; h < C::kSub; ++h) {
-      const unsigned a = sm.a(s) + h * TM * C::BK * 2 + wg * 64 * C::BK * 2, b = sm.b(s) + h * BN * C::BK * 2;
+      const unsigned a = sm.a(s) + h * C::kABox + wg * 64 * C::BK * 2, b = sm.b(s) + h * C::kBBox;
       if constexpr (kChains == 2) {
         slice_mma<E, kNT, BN, 2>(d, d2, a, b);
       } else {
