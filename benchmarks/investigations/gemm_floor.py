@@ -244,12 +244,17 @@ def ncu_target(objdir):
     torch.cuda.synchronize()
 
 
-def main():
+def investigation_main(steps):
+    """`script OBJDIR MODE`: set up, log the device, run steps[MODE](OBJDIR)."""
     objdir, mode = sys.argv[1], sys.argv[2]
     G.setup()
     p = G.torch.cuda.get_device_properties(0)
     G.log("ENV", p.name, "driver", G.cp.cuda.runtime.driverGetVersion(), "torch", G.torch.__version__)
-    {"time": step_time, "trace": step_trace, "configs": step_configs, "ncu-target": ncu_target}[mode](objdir)
+    steps[mode](objdir)
+
+
+def main():
+    investigation_main({"time": step_time, "trace": step_trace, "configs": step_configs, "ncu-target": ncu_target})
 
 
 if __name__ == "__main__":

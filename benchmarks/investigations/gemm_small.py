@@ -30,16 +30,17 @@ LINEAR = [(768, 768), (2304, 768), (3072, 768), (768, 3072), (4096, 4096), (1100
 # $GEMM_SMALL_M: other token counts (comma separated) for the sweep
 SHAPES = [(m, n, k) for m in map(int, os.environ.get("GEMM_SMALL_M", "128,512").split(",")) for n, k in LINEAR]
 XP = {"xp_t128x128_k4": (128, 128, 4), "xp_t128x64_k8": (128, 64, 8), "xp_t128x256_k2": (128, 256, 2),
-      "xp_t64x64_k2": (64, 64, 2), "xp_t64x128_k1": (64, 128, 1), "xp_t64x128_k2": (64, 128, 2)}
+      "xp_t64x64_k2": (64, 64, 2), "xp_t64x128_k1": (64, 128, 1), "xp_t64x128_k2": (64, 128, 2),
+      "xp_t64x192_k1": (64, 192, 1), "xp_t128x192_k1": (128, 192, 1)}
 # Round 37's other experiments (narrow tiles xp_t64x32_k1, xp_t64x16_k1; A-tile multicast
 # clusters xp_t64x64_mc2 ...; benchmarks/results/gemm-small-h100-round37.txt) are in commit
 # a69ec39's gemm.cuh and gemm_small_configs.cu, not in this tree.
 
 
-def xp_call(xp, name, a, b, c, m, n, k):
-    """(a call of xp_* kernel `name` of module `xp`: c = a @ b^T, its grid)."""
+def xp_call(xp, name, a, b, c, m, n, k, symbol=None):
+    """(a call of xp_* kernel `name` of module `xp` (its `symbol` there, if another): c = a @ b^T, its grid)."""
     tm, bn, s = XP[name]
-    f, smem = xp.get_function(name), F.launch_smem()
+    f, smem = xp.get_function(symbol or name), F.launch_smem()
     f.max_dynamic_shared_size_bytes = smem
     args = (G.cp.asarray(a), G.cp.asarray(b), G.cp.asarray(c), G.np.int32(m), G.np.int32(n), G.np.int32(k))
     grid = ((n + bn - 1) // bn, (m + tm - 1) // tm, s)
@@ -87,8 +88,10 @@ def step_cublas(objdir):
 def step_sweep(objdir):
     torch = G.torch
     vs = F.variants(objdir)
-    xp_path = os.path.join(objdir, "xp.cubin")
-    xp = G.cp.RawModule(path=xp_path) if os.path.exists(xp_path) else None
+    # xp.cubin, and xp<tag>.cubin: the same configs built with other flags and -DXP_PREFIX=xp<tag>
+    # (kernels xp<tag>_t64x64_k2 ...: CUPTI tells kernels apart by name)
+    xps = {f[2:-6]: G.cp.RawModule(path=os.path.join(objdir, f))
+           for f in sorted(os.listdir(objdir)) if f.startswith("xp") and f.endswith(".cubin") and "trace" not in f}
     for (m, n, k) in SHAPES:
         a, b, ref = operands(m, n, k)
         res = {}
@@ -105,10 +108,11 @@ def step_sweep(objdir):
                 outs[cfg or "t128x256"] = c
                 calls.append((cfg or "t128x256", F.call(K, cfg, a, b, c, m, n, k),
                               G.gen_manifest.kernel_name("matmul", "nt", "f16", "f16", "none", cfg)))
-            if vn == "new" and xp is not None:
+            for tag, xp in xps.items() if vn == "new" else ():
                 for name in XP:
-                    c = outs[name] = torch.empty(m, n, device="cuda", dtype=torch.half)
-                    calls.append((name, xp_call(xp, name, a, b, c, m, n, k)[0], name))
+                    key = "xp" + tag + name[2:]
+                    c = outs[key] = torch.empty(m, n, device="cuda", dtype=torch.half)
+                    calls.append((key, xp_call(xp, name, a, b, c, m, n, k, key)[0], key))
             cublas, kit, best, bad = F.against_cublas(calls, outs, ref, a, b)
             res[vn] = (cublas, kit)
             G.log(f"SWEEP {vn} {m}x{n}x{k}: cublas {cublas:.2f} | " + " ".join(f"{key}={v:.2f}" for key, v in kit.items())
@@ -181,11 +185,8 @@ def step_xp_trace(objdir):
 
 
 def main():
-    objdir, mode = sys.argv[1], sys.argv[2]
-    G.setup()
-    p = G.torch.cuda.get_device_properties(0)
-    G.log("ENV", p.name, "driver", G.cp.cuda.runtime.driverGetVersion(), "torch", G.torch.__version__)
-    {"cublas": step_cublas, "sweep": step_sweep, "trace": step_trace, "xpcheck": step_xp_check, "xptrace": step_xp_trace}[mode](objdir)
+    F.investigation_main({"cublas": step_cublas, "sweep": step_sweep, "trace": step_trace, "xpcheck": step_xp_check,
+                          "xptrace": step_xp_trace})
 
 
 if __name__ == "__main__":

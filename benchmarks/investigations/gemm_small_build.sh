@@ -8,14 +8,14 @@ pids=()
 OUT=${1:-.gpu/small}
 REV=${2:-main}
 mkdir -p "$OUT"
+source "$(dirname "$0")/gemm_build_lib.sh"
 build() {  # name source-root flags...
   local name=$1 root=$2; shift 2
   local D=""
   for c in $(python3 -c "import sys; sys.path.insert(0, '$root/kernels/matmul'); import configs; print(' '.join('_' + c if c else '@' for c in configs.CONFIGS))"); do
     D="$D -DKITGEMM_ENTRY_matmul_nt_f16_none${c#@}"
   done
-  mkdir -p "$OUT/$name"
-  nvcc -arch=sm_90a -cubin -O3 -std=c++17 $D "$@" "$root/kernels/matmul/matmul_nt.cu" -o "$OUT/$name/matmul_nt.cubin"
+  build_matmul_nt "$OUT" "$name" "$root" "$D" "$@"
 }
 OLD=$(mktemp -d)
 git archive "$REV" kernels | tar -x -C "$OLD"

@@ -171,6 +171,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
       "+f"(d[i + 7])
 #define KIT_D32(i) KIT_D8(i), KIT_D8(i + 8), KIT_D8(i + 16), KIT_D8(i + 24)
 #define KIT_D64(i) KIT_D32(i), KIT_D32(i + 32)
+#define KIT_D96 KIT_D64(0), KIT_D32(64)
 #define KIT_D128 KIT_D64(0), KIT_D64(64)
 #define KIT_WGMMA_REGS_32 \
   "{" \
@@ -182,6 +183,13 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, " \
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
   "%62, %63}"
+#define KIT_WGMMA_REGS_96 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, " \
+  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, " \
+  "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, " \
+  "%88, %89, %90, %91, %92, %93, %94, %95}"
 #define KIT_WGMMA_REGS_128 \
   "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
@@ -213,7 +221,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <class E, int N, int kTransB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b,
                                          int accumulate = 1) {
-  static_assert(N == 64 || N == 128 || N == 256, "shapes with code here");
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "shapes with code here");
   if constexpr (N == 64 && E::kBf16) {
     KIT_WGMMA_SS("m64n64k16", "bf16", KIT_WGMMA_REGS_32, "%32", "%33", "%34", "%35", KIT_D32(0));
   } else if constexpr (N == 64) {
@@ -222,6 +230,10 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long d
     KIT_WGMMA_SS("m64n128k16", "bf16", KIT_WGMMA_REGS_64, "%64", "%65", "%66", "%67", KIT_D64(0));
   } else if constexpr (N == 128) {
     KIT_WGMMA_SS("m64n128k16", "f16", KIT_WGMMA_REGS_64, "%64", "%65", "%66", "%67", KIT_D64(0));
+  } else if constexpr (N == 192 && E::kBf16) {
+    KIT_WGMMA_SS("m64n192k16", "bf16", KIT_WGMMA_REGS_96, "%96", "%97", "%98", "%99", KIT_D96);
+  } else if constexpr (N == 192) {
+    KIT_WGMMA_SS("m64n192k16", "f16", KIT_WGMMA_REGS_96, "%96", "%97", "%98", "%99", KIT_D96);
   } else if constexpr (E::kBf16) {
     KIT_WGMMA_SS("m64n256k16", "bf16", KIT_WGMMA_REGS_128, "%128", "%129", "%130", "%131", KIT_D128);
   } else {

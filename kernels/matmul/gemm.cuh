@@ -516,6 +516,7 @@ struct Cfg {
   static constexpr int kMapOffset = kBarrierOffset + 128;
   static constexpr int kStaticBytes = kStatic == 1 ? kStageBytes : 16;
   static_assert(kStages >= 3, "pipeline depth");
+  static_assert(kStatic * kStageBytes + kDynamicSmem <= 227 * 1024, "a block's shared memory");
   static_assert(1023 + kMapOffset + 2 * kTensorMapBytes <= kDynamicSmem, "dynamic shared memory layout");
   static_assert(R == 2 || kDynamicSmem + kStageBytes > 227 * 1024 / 2, "one block per SM (the tensor-map slots rely on it)");
   static_assert(R == 1 || (R == 2 && kDynamicSmem > 228 * 1024 / 3), "at most two blocks per SM (two slots per SM)");
@@ -529,12 +530,12 @@ __device__ unsigned tensor_map_locks[kTensorMapSlots][2];
 // at 128x768x768, 5.10 against 5.38 at 512x768x768; k 192 measured within 2% of it), 1 elsewhere
 // (t64x64_k4 7.39 against 7.18 us at 128x768x3072; 128-row tiles' stages would not fit the static
 // stage). benchmarks/results/gemm-small-h100-round37.txt.
-template <int TM, int S>
+template <int TM, int S, int BN>
 __host__ __device__ constexpr int stage_boxes() {
 #ifdef KITGEMM_STAGE_BOXES  // investigations: every config
   return KITGEMM_STAGE_BOXES;
 #else
-  return TM == 64 && S == 1 ? 2 : 1;
+  return TM == 64 && S == 1 && BN == 64 ? 2 : 1;
 #endif
 }
 
@@ -601,7 +602,7 @@ __host__ __device__ constexpr bool uses_slots() {
 // through the slots narrow enough that the other CTAs' rows fit a slot.
 template <int BN, int S, int TM>
 __host__ __device__ constexpr int epilogue_cols() {
-  constexpr int cw = BN < 128 ? BN : 128;
+  constexpr int cw = BN < 128 ? BN : BN % 128 == 0 ? 128 : BN / 2;  // 192: two passes of 96
   return uses_slots<S>() && (TM - TM / S) * cw > kSplitSlotFloats ? 64 : cw;
 }
 
@@ -767,7 +768,7 @@ __device__ __forceinline__ void stage_pass(int ch, float* tile, const float (&d)
 template <class E, class Out, bool kNT, int BN, int S, int kEpi, int R, int TM>
 __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C, const EpiArgs<Out>& e, int batch,
                       int m, int n, int k, int bz, int split, int bm, int bn, unsigned stage0, char* dyn_smem) {
-  constexpr int kSub = stage_boxes<TM, S>();
+  constexpr int kSub = stage_boxes<TM, S, BN>();
   using Cf = Cfg<BN, R, TM, kSub>;
   constexpr int kConsumerWgs = TM / 64, kConsumers = 128 * kConsumerWgs;
   const unsigned dyn = (kit::smem_addr(dyn_smem) + 1023) & ~1023u;
@@ -932,6 +933,7 @@ struct PCfg {
   static constexpr int kBarrierOffset = kStagingOffset + kStagingBytes;
   static constexpr int kMapOffset = kBarrierOffset + 128;
   static_assert(kStages >= 3, "pipeline depth");
+  static_assert(kStageBytes + kDynamicSmem <= 227 * 1024, "a block's shared memory");
   static_assert(1023 + kMapOffset + 2 * kTensorMapBytes <= kDynamicSmem, "dynamic shared memory layout");
   static_assert(kDynamicSmem + kStageBytes > 227 * 1024 / 2, "one block per SM (the tensor-map slots rely on it)");
 };
@@ -1135,7 +1137,7 @@ __device__ __forceinline__ void gemm(const half_bits* A, const half_bits* B, typ
   const int bm = tile_m * TM, bn = tile_n * BN;
   const int bz = blockIdx.z / S, split = blockIdx.z % S;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ __align__(1024) char stage0[hopper::Cfg<BN, R, TM, hopper::stage_boxes<TM, S>()>::kStaticBytes];
+  __shared__ __align__(1024) char stage0[hopper::Cfg<BN, R, TM, hopper::stage_boxes<TM, S, BN>()>::kStaticBytes];
   const unsigned s0 = kit::smem_addr(stage0);
   if (hopper::takes_tma(A, B, kNT, n, k, s0)) {
     if constexpr (EpiTraits<kEpi>::kHasRes) e.res += (long long)bz * m * n;
