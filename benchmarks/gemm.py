@@ -468,7 +468,7 @@ def time_epilogues(K, m, n, k, reps=20):
     calls, configs = [], {}
     case = None
     for epi in ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_silu", "bias_residual", "scale"):
-        configs[epi] = choose_config(m, n, k, "f16", 1, epi)
+        configs[epi] = choose_config(m, n, k, "f16", 1)
         e = parse(gen_manifest.kernel_name("matmul", "nt", "f16", "f16", epi, configs[epi]))
         a, b, bias, res, scalar, c = make_case(e, 1, m, n, k, seed=7)
         if case is None:

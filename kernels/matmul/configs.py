@@ -34,13 +34,13 @@ EPILOGUES = ["none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_relu", "bi
 
 SMS = 132  # H100 SXM; an H200 has 132 as well
 
-# Epilogues with erff, tanhf or expf (and SiLU's IEEE division) per element. Where the persistent
-# kernel's consumers take turns (ping-pong), one warpgroup runs a tile's whole epilogue alone,
-# and with these that costs more than the other's main loop hides: on an H200 at K = 768,
-# bias_gelu_erf took 49.7 us at 2048x3072x768 with ping-pong against 39.0 with both warpgroups
-# on each tile and 34.1 for t128x128, while bias took 25.7 against 29.5 and 27.6
-# (benchmarks/results/gemm-mid-h200-round32.txt). So their persistent entries keep cooperative
-# consumers, and choose_config gives them the persistent kernel only at shallow K (rule 4).
+# Epilogues with erff or expf per element. Where the persistent kernel's consumers take turns
+# (ping-pong), one warpgroup runs a tile's whole epilogue alone, and with these that costs more
+# than the other's main loop hides: on an H200 at K = 768, bias_gelu_erf took 49.7 us at
+# 2048x3072x768 with ping-pong against 39.0 with both warpgroups on each tile
+# (benchmarks/results/gemm-mid-h200-round32.txt); on an H100 in round 38, 48.7 against 33.9
+# (benchmarks/results/gemm-epilogue-h100-round38.txt). So their persistent entries keep
+# cooperative consumers.
 TRANSCENDENTAL_EPILOGUES = {"bias_gelu_erf", "bias_gelu_tanh", "bias_silu", "gelu_erf", "gelu_tanh", "silu_mul"}
 
 
@@ -71,10 +71,10 @@ def _score(m, n, bn, batch, slots=SMS):
     return tiles / (waves * slots) * n / (_ceil(n, bn) * bn)
 
 
-def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
+def choose_config(m, n, k, dtype="f16", batch=1):
     """The config suffix for C[m, n] = A[m, k] B[k, n] (either layout; `batch` matmuls of that
-    shape; dtype f16 or bf16: both measured alike) followed by `epilogue` (an entry's epilogue
-    name: rule 4 depends on it). The f32 kernels have one config.
+    shape; dtype f16 or bf16: both measured alike), whatever the epilogue (since round 38). The
+    f32 kernels have one config.
 
     Rules (from the H100 measurements in README.md / benchmarks/results/gemm-h100-*.txt,
     gemm-floor-h100.txt and gemm-small-h100-round29*.txt); t64 = batch * ceil(m/64) * ceil(n/64):
@@ -106,9 +106,19 @@ def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
          Since sm_90a objects have 183296 bytes of dynamic shared memory (5 stages, was 3) it is
          also the fastest at N = 768, K = 3072 (H100, round 35: 8192x768x3072 58.7 us against
          75.0 for t128x128; b32 2048x128x2048 110.9 against 112.5;
-         benchmarks/results/gemm-h100-round35.txt). For the TRANSCENDENTAL_EPILOGUES only at
-         K <= 256 (they go to rules 5 and 6: t128x128 or 128 x 256 were the fastest at every
-         K = 768 shape measured). Also for wide N (>= 8192) up to 1536 tiles, whatever K: Llama's
+         benchmarks/results/gemm-h100-round35.txt). Every epilogue alike since round 38 (the
+         TRANSCENDENTAL_EPILOGUES with cooperative consumers had gone to rules 5 and 6 at K > 256):
+         with gemm.cuh's sigmoid forms of SiLU and tanh-GELU and the epilogue's loads issued ahead,
+         on an H100 the cooperative persistent kernel against the best of t128x128 and 128 x 256
+         took, for GELU erf / GELU tanh / SiLU / silu_mul, 33.3 / 28.2 / 26.7 / 32.3 us against
+         36.9 / 34.6 / 34.1 / 35.9 at 2048x3072x768, 113.0 / 100.3 / 94.0 / 114.6 against
+         113.6 / 105.5 / 102.3 / 133.5 at 8192x3072x768, 72.8 / 67.3 / 66.3 / 70.6 against
+         84.4 / 82.4 / 82.1 / 82.6 at 8192x768x3072, 88.6 / 84.0 / 83.6 / 86.9 against
+         96.4 / 94.5 / 94.0 / 93.9 at 512x11008x4096; GELU erf is 3% behind at 4096x3072x768
+         (60.5 against 58.9), and at 2048x11008x4096 128 x 256 was 2-5% ahead for every epilogue
+         in that run, "none" included, where round 37 had the persistent kernel 3% ahead
+         (benchmarks/results/gemm-epilogue-h100-round38.txt, run E).
+         Also for wide N (>= 8192) up to 1536 tiles, whatever K: Llama's
          gate/up projection at 512 and 2048 tokens (H100, round 37: 512x11008x4096 76.1 us against
          84.5 for t128x128, 2048x11008x4096 277.7 against 286.2 for 128 x 256; round 35 measured
          the same; benchmarks/results/gemm-h100-round37.txt), not at 8192 tokens (5504 tiles:
@@ -130,7 +140,7 @@ def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
         return "t128x64_k2"
     if t128 <= 48 and k >= 2048:
         return "t128x128_k2"
-    if t128 > 2 * SMS and (k <= 256 or pingpong(epilogue) and (k <= 1024 or n <= 1024 or n >= 8192 and t128 <= 1536)):
+    if t128 > 2 * SMS and (k <= 1024 or n <= 1024 or n >= 8192 and t128 <= 1536):
         return "t128x128_p"
     if _score(m, n, 128, batch) > 1.15 * _score(m, n, 256, batch):
         return "t128x128"
@@ -143,9 +153,9 @@ def choose_config(m, n, k, dtype="f16", batch=1, epilogue="none"):
 CONFIG_ORDER = ["t64x64", "t64x64_k4", "t128x64_k4", "t128x64_k2", "t128x128_k2", "t128x128_p", "t128x128", ""]
 
 
-def config_conditions(batched, epilogue="none"):
+def config_conditions(batched):
     """{config: the manifest condition (replace_when.when) of choose_config's rule for it}, for
-    the entries of `epilogue`, over the kernel's sizes m, n, k (and batch). Rule 5 compares shares of the tile slots:
+    every epilogue's entries, over the kernel's sizes m, n, k (and batch). Rule 5 compares shares of the tile slots:
     tiles / (waves * SMS) * n / (ceil(n, BN) * BN), where tiles = batch * ceil(m, 128) *
     ceil(n, BN); the ratio of the 128- and 256-wide scores is 2 * waves256 / waves128, so
     "better than 1.15x" is 40 * waves256 > 23 * waves128 in integers."""
@@ -160,8 +170,7 @@ def config_conditions(batched, epilogue="none"):
         "t128x64_k4": f"{t128} <= 12 && k >= 768",
         "t128x64_k2": f"4 * {t128} <= {SMS} && k >= 512",
         "t128x128_k2": f"{t128} <= 48 && k >= 2048",
-        "t128x128_p": f"{t128} > {2 * SMS} && "
-        + (f"(k <= 1024 || n <= 1024 || n >= 8192 && {t128} <= 1536)" if pingpong(epilogue) else "k <= 256"),
+        "t128x128_p": f"{t128} > {2 * SMS} && (k <= 1024 || n <= 1024 || n >= 8192 && {t128} <= 1536)",
         "t128x128": narrow,
         "": None,
     }
