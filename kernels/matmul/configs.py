@@ -126,7 +126,9 @@ def choose_config(m, n, k, dtype="f16", batch=1):
       5. 128 x 128 tiles when they use the GPU's tile slots clearly better than 128 x 256 ones
          (wave quantization x column padding, 15% margin);
       6. otherwise the default 128 x 256.
-    At every shape of benchmarks/gemm.py this picks the fastest measured config or one within 2%.
+    At every shape of benchmarks/gemm.py this picks the fastest measured config or one within 2%,
+    but 128x11008x4096 in round 38's run (t128x128 38.6 us against 37.5 for t128x128_p, 1.4%
+    apart in round 37's; benchmarks/results/gemm-h100-round38.txt).
     """
     t64 = batch * _ceil(m, 64) * _ceil(n, 64)
     if t64 <= SMS and (k <= 1024 or k <= 4096 and 2 * t64 > SMS):
