@@ -31,7 +31,7 @@ LINEAR = [(768, 768), (2304, 768), (3072, 768), (768, 3072), (4096, 4096), (1100
 SHAPES = [(m, n, k) for m in map(int, os.environ.get("GEMM_SMALL_M", "128,512").split(",")) for n, k in LINEAR]
 XP = {"xp_t128x128_k4": (128, 128, 4), "xp_t128x64_k8": (128, 64, 8), "xp_t128x256_k2": (128, 256, 2),
       "xp_t64x64_k2": (64, 64, 2), "xp_t64x128_k1": (64, 128, 1), "xp_t64x128_k2": (64, 128, 2),
-      "xp_t64x192_k1": (64, 192, 1), "xp_t128x192_k1": (128, 192, 1)}
+      "xp_t64x192_k1": (64, 192, 1), "xp_t128x192_k1": (128, 192, 1), "xp_t128x96_k1": (128, 96, 1)}
 # Round 37's other experiments (narrow tiles xp_t64x32_k1, xp_t64x16_k1; A-tile multicast
 # clusters xp_t64x64_mc2 ...; benchmarks/results/gemm-small-h100-round37.txt) are in commit
 # a69ec39's gemm.cuh and gemm_small_configs.cu, not in this tree.

@@ -171,6 +171,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
       "+f"(d[i + 7])
 #define KIT_D32(i) KIT_D8(i), KIT_D8(i + 8), KIT_D8(i + 16), KIT_D8(i + 24)
 #define KIT_D64(i) KIT_D32(i), KIT_D32(i + 32)
+#define KIT_D48 KIT_D32(0), KIT_D8(32), KIT_D8(40)
 #define KIT_D96 KIT_D64(0), KIT_D32(64)
 #define KIT_D128 KIT_D64(0), KIT_D64(64)
 #define KIT_WGMMA_REGS_32 \
@@ -183,6 +184,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, " \
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
   "%62, %63}"
+#define KIT_WGMMA_REGS_48 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, " \
+  "%44, %45, %46, %47}"
 #define KIT_WGMMA_REGS_96 \
   "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
@@ -221,8 +227,12 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <class E, int N, int kTransB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b,
                                          int accumulate = 1) {
-  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "shapes with code here");
-  if constexpr (N == 64 && E::kBf16) {
+  static_assert(N == 64 || N == 96 || N == 128 || N == 192 || N == 256, "shapes with code here");
+  if constexpr (N == 96 && E::kBf16) {
+    KIT_WGMMA_SS("m64n96k16", "bf16", KIT_WGMMA_REGS_48, "%48", "%49", "%50", "%51", KIT_D48);
+  } else if constexpr (N == 96) {
+    KIT_WGMMA_SS("m64n96k16", "f16", KIT_WGMMA_REGS_48, "%48", "%49", "%50", "%51", KIT_D48);
+  } else if constexpr (N == 64 && E::kBf16) {
     KIT_WGMMA_SS("m64n64k16", "bf16", KIT_WGMMA_REGS_32, "%32", "%33", "%34", "%35", KIT_D32(0));
   } else if constexpr (N == 64) {
     KIT_WGMMA_SS("m64n64k16", "f16", KIT_WGMMA_REGS_32, "%32", "%33", "%34", "%35", KIT_D32(0));

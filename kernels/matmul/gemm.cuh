@@ -557,8 +557,11 @@ __device__ void block(const half_bits* A, const half_bits* B, typename Out::T* C
   const bool vec = k % 8 == 0 && (kNT || n % 8 == 0) && kit::aligned16(A) && kit::aligned16(B);
   const Sub p{A, B, m, n, k, vec};
   half_bits* mine = reinterpret_cast<half_bits*>(smem + group * kGroupBytes);
-  for (int s = group; s < (TM / SUB) * (BN / SUB); s += NG) {
-    const int sm = bm + s / (BN / SUB) * SUB, sn = bn + s % (BN / SUB) * SUB;
+  // SUB x SUB sub-tiles covering the tile; where BN is not a multiple of SUB (an investigation's
+  // BN 96) the last reaches into the next tile's columns and writes the same values there
+  constexpr int kCols = (BN + SUB - 1) / SUB;
+  for (int s = group; s < (TM / SUB) * kCols; s += NG) {
+    const int sm = bm + s / kCols * SUB, sn = bn + s % kCols * SUB;
     if (sm < m && sn < n) sub_tile<E, Out, kNT, kEpi>(p, C, e, sm, sn, mine, 1 + group);
   }
 }
