@@ -464,12 +464,13 @@ def step_time(K, quick=False, f32_only=False):
 
 
 def time_epilogues(K, m, n, k, reps=20):
-    """Each epilogue's entry of the config choose_config picks for it (rule 4 depends on it)."""
+    """Each epilogue's entry of the config choose_config picks for the shape (any epilogue's)."""
     calls, configs = [], {}
     case = None
+    config = choose_config(m, n, k, "f16", 1)
     for epi in ("none", "bias", "bias_gelu_erf", "bias_gelu_tanh", "bias_silu", "bias_residual", "scale"):
-        configs[epi] = choose_config(m, n, k, "f16", 1)
-        e = parse(gen_manifest.kernel_name("matmul", "nt", "f16", "f16", epi, configs[epi]))
+        configs[epi] = config
+        e = parse(gen_manifest.kernel_name("matmul", "nt", "f16", "f16", epi, config))
         a, b, bias, res, scalar, c = make_case(e, 1, m, n, k, seed=7)
         if case is None:
             case = (a, b)

@@ -250,6 +250,30 @@ __device__ __forceinline__ float epilogue(float v, const EpiArgs<Out>& e, long l
   return epilogue_of<kEpi>(v, bias, res, e.scalar);
 }
 
+// 8 consecutive elements at p (16-byte aligned), as they are: one or two 16-byte loads.
+template <class Out>
+__device__ __forceinline__ void load_words8(const typename Out::T* p, uint4 (&words)[sizeof(typename Out::T) / 2]) {
+#pragma unroll
+  for (int w = 0; w < int(sizeof(typename Out::T) / 2); ++w) words[w] = reinterpret_cast<const uint4*>(p)[w];
+}
+
+// 8 elements of type Out in 16-byte words -> floats.
+template <class Out>
+__device__ __forceinline__ void unpack8(const uint4* words, float (&v)[8]) {
+  if constexpr (sizeof(typename Out::T) == 4) {
+    const float* f = reinterpret_cast<const float*>(words);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = f[i];
+  } else {
+    const unsigned u[4] = {words[0].x, words[0].y, words[0].z, words[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = kit::to_float<Out>(half_bits(u[i] & 0xffff));
+      v[2 * i + 1] = kit::to_float<Out>(half_bits(u[i] >> 16));
+    }
+  }
+}
+
 // The bias and residual of one store8 (8 columns from c of row r) in their 16-byte words, loaded
 // ahead of the epilogue's stores: the compiler may not move a load above an earlier store to C
 // (they may alias), so store8's own loads left each iteration waiting its full global latency
@@ -272,52 +296,24 @@ __device__ __forceinline__ bool ahead_applies(const EpiArgs<Out>& e, int m, int 
 template <int kEpi, class Out>
 __device__ __forceinline__ void load_ahead(const EpiArgs<Out>& e, int m, int n, int r, int c, bool vec,
                                            Ahead<kEpi, Out>& a, bool with_bias = true) {
-  constexpr int W = Ahead<kEpi, Out>::kWords;
   a.valid = ahead_applies<kEpi, Out>(e, m, n, r, c, vec);
   if (!a.valid) return;
   if constexpr (EpiTraits<kEpi>::kHasBias) {
-    if (with_bias) {
-#pragma unroll
-      for (int w = 0; w < W; ++w) a.bias[w] = reinterpret_cast<const uint4*>(e.bias + c)[w];
-    }
+    if (with_bias) load_words8<Out>(e.bias + c, a.bias);
   }
-  if constexpr (EpiTraits<kEpi>::kHasRes) {
-#pragma unroll
-    for (int w = 0; w < W; ++w) a.res[w] = reinterpret_cast<const uint4*>(e.res + (long long)r * n + c)[w];
-  }
-}
-
-// 8 elements of type Out in 16-byte words -> floats.
-template <class Out>
-__device__ __forceinline__ void unpack8(const uint4* words, float (&v)[8]) {
-  if constexpr (sizeof(typename Out::T) == 4) {
-    const float* f = reinterpret_cast<const float*>(words);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = f[i];
-  } else {
-    const unsigned u[4] = {words[0].x, words[0].y, words[0].z, words[0].w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[2 * i] = kit::to_float<Out>(half_bits(u[i] & 0xffff));
-      v[2 * i + 1] = kit::to_float<Out>(half_bits(u[i] >> 16));
-    }
-  }
+  if constexpr (EpiTraits<kEpi>::kHasRes) load_words8<Out>(e.res + (long long)r * n + c, a.res);
 }
 
 // 8 consecutive elements at p (16-byte aligned) as floats: one or two 16-byte loads.
 template <class Out>
 __device__ __forceinline__ void load8(const typename Out::T* p, float (&v)[8]) {
-  if constexpr (sizeof(typename Out::T) == 4) {
+  if constexpr (sizeof(typename Out::T) == 4) {  // as float4s (the words' path compiles differently)
     const float4 x = reinterpret_cast<const float4*>(p)[0], y = reinterpret_cast<const float4*>(p)[1];
     v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
   } else {
-    const uint4 w = *reinterpret_cast<const uint4*>(p);
-    const unsigned u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[2 * i] = kit::to_float<Out>(half_bits(u[i] & 0xffff));
-      v[2 * i + 1] = kit::to_float<Out>(half_bits(u[i] >> 16));
-    }
+    uint4 words[1];
+    load_words8<Out>(p, words);
+    unpack8<Out>(words, v);
   }
 }
 
