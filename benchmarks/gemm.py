@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "kernels", "matmul"))
 import gen_manifest  # noqa: E402
-from configs import CONFIGS, choose_config  # noqa: E402
+from configs import CONFIGS, F32_CONFIG_ORDER, F32_SHAPES, F32_SMEM, choose_config, choose_config_f32  # noqa: E402
 from gemm_shapes import attention_shapes, model_shapes, square_shapes  # noqa: E402
 from kernels import event_times_us  # noqa: E402  (benchmarks/kernels.py: this folder is first on the path)
 
@@ -90,6 +90,13 @@ class Kernels:
 
     def smem(self, e):
         return gen_manifest.launch_shared_memory(e, self.capability) if "smem" in e else SMEM
+
+    def has(self, name):
+        try:
+            self.get(name)
+        except KeyError:
+            return False
+        return True
 
     def get(self, name):
         if name not in self.fns:
@@ -400,18 +407,32 @@ def host(x):
 IREE = None
 
 
+# f32 configs gemm_f32.cuh takes and the library has no entries for (configs.F32_CONFIGS says
+# why): suffix -> (TM, S), timed where a build has them (round 39's investigation build,
+# benchmarks/results/gemm-f32-h100-round39.txt, generated them as library entries).
+F32_EXTRA = {"t64x128": (64, 1), "t128x128_k2": (128, 2), "t128x128_k4": (128, 4)}
+
+
+def f32_extra_entry(name, tm, split):
+    return dict(name=name, kind="matmul", bn=128, tm=tm, s=split, threads=2 * tm, smem=F32_SMEM[tm])
+
+
 def time_f32(K, label, layout, m, n, k, reps=10):
-    """3xTF32 and TF32 kit kernels against cuBLAS f32 (SGEMM, TF32 off) and cuBLAS TF32."""
+    """Every f32 config of the kit in 3xTF32 and TF32 against cuBLAS f32 (SGEMM, TF32 off) and
+    cuBLAS TF32, interleaved; results checked against float64."""
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
     a = torch.randn(m, k, device="cuda", generator=g)
     b = torch.randn(*((n, k) if layout == "nt" else (k, n)), device="cuda", generator=g)
     bt = b.t() if layout == "nt" else b
     outs, calls = {}, []
-    for prec, name in (("3xtf32", f"matmul_{layout}_f32_none"), ("tf32", f"matmul_{layout}_f32_tf32_none")):
-        e = parse(name)
-        c = torch.empty(m, n, device="cuda")
-        outs[prec] = c
-        calls.append((prec, launcher(K, e, a, b, c, None, None, None, 1, m, n, k), name))
+    configs = F32_CONFIG_ORDER + [cfg for cfg in F32_EXTRA if K.has(f"matmul_{layout}_f32_none_{cfg}")]
+    for prec, ti in (("3xtf32", "f32"), ("tf32", "f32_tf32")):
+        for cfg in configs:
+            name = f"matmul_{layout}_{ti}_none" + (f"_{cfg}" if cfg else "")
+            e = parse(name) if cfg in F32_CONFIG_ORDER else f32_extra_entry(name, *F32_EXTRA[cfg])
+            c = torch.full((m, n), float("nan"), device="cuda")
+            outs[(prec, cfg)] = c
+            calls.append(((prec, cfg), launcher(K, e, a, b, c, None, None, None, 1, m, n, k), name))
 
     def cublas_f32():
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -422,28 +443,37 @@ def time_f32(K, label, layout, m, n, k, reps=10):
         torch.matmul(a, bt)
         torch.backends.cuda.matmul.allow_tf32 = False
 
-    t = {}
-    t.update(kernel_times(calls + [("cublas_f32", cublas_f32, None)], reps))
-    t.update({k2: v for k2, v in kernel_times(calls[:0] + [("cublas_tf32", cublas_tf32, None)], reps).items()})
+    t = kernel_times(calls + [("cublas_f32", cublas_f32, None)], reps)
+    t.update(kernel_times([("cublas_tf32", cublas_tf32, None)], reps))
     torch.backends.cuda.matmul.allow_tf32 = False
     ref = torch.matmul(a.double(), bt.double())
-    errs = {p: rel_err(c, ref) for p, c in outs.items()}
-    torch.backends.cuda.matmul.allow_tf32 = False
+    errs = {key: rel_err(c, ref) for key, c in outs.items()}
     errs["cublas_f32"] = rel_err(torch.matmul(a, bt), ref)
     flop = 2.0 * m * n * k
-    row = dict(label=label, kind="matmul", layout=layout, dtype="f32", batch=1, m=m, n=n, k=k, kit_us={p: t[p] for p in outs},
-               cublas_us=t["cublas_f32"], cublas_tf32_us=t["cublas_tf32"], rel_err=errs, flop=flop,
-               ratio_3xtf32_vs_sgemm=t["cublas_f32"] / t["3xtf32"], ratio_tf32_vs_cublas_tf32=t["cublas_tf32"] / t["tf32"])
-    log(f"f32 {layout} {m:5d}x{n:5d}x{k:5d} | 3xTF32 {t['3xtf32']:.1f} us ({flop / t['3xtf32'] / 1e6:.0f} TF/s, err {errs['3xtf32']:.1e}) "
-        f"vs cuBLAS SGEMM {t['cublas_f32']:.1f} us (err {errs['cublas_f32']:.1e}): {row['ratio_3xtf32_vs_sgemm']:.2f}x | TF32 {t['tf32']:.1f} us (err {errs['tf32']:.1e}) "
-        f"vs cuBLAS TF32 {t['cublas_tf32']:.1f} us: {row['ratio_tf32_vs_cublas_tf32']:.2f}x")
+    chosen = choose_config_f32(m, n, k)
+    row = dict(label=label, kind="matmul", layout=layout, dtype="f32", batch=1, m=m, n=n, k=k, flop=flop, chosen=chosen,
+               kit_us={f"{p}:{c}": t[(p, c)] for p, c in outs},
+               rel_err={f"{key[0]}:{key[1]}" if isinstance(key, tuple) else key: v for key, v in errs.items()},
+               cublas_us=t["cublas_f32"], cublas_tf32_us=t["cublas_tf32"])
+    parts = []
+    for prec, base in (("3xtf32", "cublas_f32"), ("tf32", "cublas_tf32")):
+        times = {cfg: t[(prec, cfg)] for cfg in configs}
+        best = min(times, key=times.get)
+        row[f"ratio_{prec}_best"] = t[base] / times[best]
+        row[f"ratio_{prec}_chosen"] = t[base] / times[chosen]
+        worst_err = max(errs[(prec, cfg)] for cfg in configs)
+        parts.append(f"{prec} " + " ".join(f"{cfg or 't128x128'}={v:.1f}" for cfg, v in times.items())
+                     + f" (err <= {worst_err:.1e}) | best {best or 't128x128'} {row[f'ratio_{prec}_best']:.2f}x"
+                     f" chosen {chosen or 't128x128'} {row[f'ratio_{prec}_chosen']:.2f}x")
+    log(f"f32 {layout} {m:5d}x{n:5d}x{k:5d} | cuBLAS SGEMM {t['cublas_f32']:.1f} us (err {errs['cublas_f32']:.1e}), "
+        f"TF32 {t['cublas_tf32']:.1f} us\n    " + "\n    ".join(parts))
     return row
 
 
 def step_time(K, quick=False, f32_only=False):
     rows = []
-    for (m, n, k) in ((4096, 4096, 4096), (2048, 3072, 768), (8192, 768, 3072), (512, 768, 768)):
-        for layout in ("nt", "nn"):
+    for (m, n, k) in F32_SHAPES:
+        for layout in ("nn", "nt") if (m, n, k) in ((4096, 4096, 4096), (512, 768, 768)) else ("nn",):
             rows.append(time_f32(K, "f32", layout, m, n, k))
     if f32_only:
         return rows

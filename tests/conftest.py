@@ -567,14 +567,32 @@ def library_matmul_kernels():
     return replacing_kernels(load_manifest(REPO / "kernels" / "matmul"))
 
 
-def choose_config(*shape):
-    """kernels/matmul/configs.py's choose_config(m, n, k, dtype, batch)."""
+def _matmul_configs():
+    """kernels/matmul/configs.py, loaded from the checkout."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("kernels_matmul_configs", REPO / "kernels" / "matmul" / "configs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.choose_config(*shape)
+    return module
+
+
+def choose_config(*shape):
+    """kernels/matmul/configs.py's choose_config(m, n, k, dtype, batch)."""
+    return _matmul_configs().choose_config(*shape)
+
+
+def report_sizes(record: dict) -> tuple[int, int, int]:
+    """(m, n, k) of a matmul the build report lists: a [.., m, k], result [.., m, n]."""
+    m, k = record["inputs"][0]["shape"][-2:]
+    return m, record["result"]["shape"][-1], k
+
+
+def f32_matmul_entry(family: str, m: int, n: int, k: int) -> str:
+    """The library's f32 entry of `family` (e.g. matmul_nn_f32_none) for C[m, n] = A[m, k] B:
+    the config configs.choose_config_f32 picks."""
+    config = _matmul_configs().choose_config_f32(m, n, k)
+    return family + (f"_{config}" if config else "")
 
 
 # kernels/matmul's 342 entries take about 3 minutes to build for sm_80 on 2 cores (NVRTC 4 min of
@@ -588,7 +606,8 @@ MATMUL_SUBSET = (
     "matmul_nt_f16_f32_none_t128x64_k4", "matmul_nt_f16_f32_none_t128x128_p", "matmul_nn_bf16_bias_gelu_tanh_t128x128",
     "matmul_nn_f16_bias_residual_t128x128_p", "matmul_nt_bf16_bias_gelu_erf_t128x128_p",  # ping-pong, cooperative
     "bmm_nn_f16_f32_none_t128x128", "bmm_nt_bf16_scale_t128x64_k4",
-    "matmul_nn_f32_none", "matmul_nt_f32_tf32_bias_gelu_erf",
+    "matmul_nn_f32_none", "matmul_nt_f32_tf32_bias_gelu_erf", "matmul_nn_f32_bias_residual_t64x128_k4",
+    "matmul_nt_f32_tf32_none_t64x128_k2",
     "matmul_nt_f16_silu_mul_t128x128_k2", "matmul_nn_bf16_gelu_tanh_t128x64_k4", "matmul_nn_f16_gelu_erf",
     "matmul_nt_f16_f32_none_t128x64_k2", "matmul_nn_bf16_bias_residual_t128x64_k2",
     "matmul_nt_f16_f32_none_t64x64", "matmul_nn_bf16_bias_residual_t64x64_k4", "bmm_nt_f16_scale_t64x64",

@@ -178,11 +178,76 @@ def config_conditions(batched):
     }
 
 
+# The f32 kernels' configs (gemm_f32.cuh): suffix -> (tile rows TM, split-K S). Tiles of TM x 128,
+# 2 * TM threads; S > 1: the K split over a cluster of S CTAs on sm_90a (elsewhere split 0
+# computes the whole k). Grid (ceildiv(n, 128), ceildiv(m, TM), S). gemm_f32.cuh takes any TM in
+# {64, 128} with any S in {1, 2, 4, 8}; the others were measured and not generated
+# (benchmarks/results/gemm-f32-h100-round39.txt): 64 x 128 with no split was within 2% of
+# 128 x 128 in 3xTF32 where no split pays and 20-30% slower in TF32 (two 128 x 128 CTAs fit an
+# SM at TF32's 114 registers); 128 x 128 with a split never beat 64 x 128 with the same CTA count.
+F32_CONFIGS = {
+    "": (128, 1),
+    "t64x128_k2": (64, 2),
+    "t64x128_k4": (64, 4),
+    "t64x128_k8": (64, 8),
+}
+F32_SMEM = {128: 81920, 64: 61440}  # gemm_f32.cuh's smem_bytes<TM>()
+# In manifest order: the first whose f32_config_conditions() holds is choose_config_f32's.
+F32_CONFIG_ORDER = ["t64x128_k8", "t64x128_k4", "t64x128_k2", ""]
+# choose_config_f32's rules: (config, most 64 x 128 tiles, least k)
+F32_RULES = [("t64x128_k8", 24, 512), ("t64x128_k4", 160, 256), ("t64x128_k2", 640, 128)]
+
+
+def choose_config_f32(m, n, k):
+    """The f32 config suffix for C[m, n] = A[m, k] B[k, n] (either layout, 3xTF32 or TF32).
+
+    A 3xTF32 CTA of 128 x 128 takes 211 registers a thread, so one fits an SM; one of 64 x 128
+    (213 registers, 128 threads) two. Where the 128 x 128 tiles leave SMs idle, 64 x 128 tiles
+    with K split S ways over a cluster fill them. With t64 = ceil(m/64) ceil(n/128), the tiles of
+    64 x 128, the first rule that holds (F32_RULES), keeping at least 4 k slices (64 of k) a split:
+      1. t64 <= 24 and k >= 512: split 8 (BERT/GPT-2 at 128 tokens, N = 768: 12.0 us against
+         86.3 for 128 x 128 at 128x768x768, 33.3 against 332.2 at 128x768x3072; cuBLAS SGEMM
+         11.0 and 22.3);
+      2. t64 <= 160 and k >= 256: split 4 (128x3072x768 25.0 us against 92.6; 512x2304x768 64.5
+         against 84.6, where split 2 took 77.5 and split 8 69.5);
+      3. t64 <= 640 and k >= 128: split 2 (512x3072x768 and 2048x768x768 75.4 against 84.5 for 64
+         x 128 unsplit and 86.1 for split 4; 2048x2304x768 201.3 against 258.6);
+      4. otherwise 128 x 128, no split (2048x3072x768 253.1 us, the best 250.9; 8192x768x3072 987.7,
+         the best 952.3, split 2).
+    H100 figures: 3xTF32, benchmarks/results/gemm-f32-h100-round39.txt. At every shape of
+    F32_SHAPES this picks the fastest measured config or one within 4%."""
+    t64 = _ceil(m, 64) * _ceil(n, 128)
+    for config, most_tiles, least_k in F32_RULES:
+        if t64 <= most_tiles and k >= least_k:
+            return config
+    return ""
+
+
+def f32_config_conditions():
+    """{config: the manifest condition (replace_when.when) of choose_config_f32's rule for it}:
+    the first in F32_CONFIG_ORDER that holds is the config choose_config_f32 picks."""
+    t64 = "ceildiv(m, 64) * ceildiv(n, 128)"
+    conditions = {config: f"{t64} <= {most_tiles} && k >= {least_k}" for config, most_tiles, least_k in F32_RULES}
+    conditions[""] = None
+    return conditions
+
+
+def f32_grid(cfg, m, n):
+    tm, s = F32_CONFIGS[cfg]
+    return (_ceil(n, 128), _ceil(m, tm), s)
+
+
 # Shapes of the measured model layers (README.md's table): (m, n, k) or (m, n, k, dtype, batch).
 SHAPES = [(128, 768, 768), (512, 512, 64, "f16", 96), (512, 64, 512, "f16", 96), (2048, 2048, 128, "f16", 32),
           (128, 3072, 768), (128, 768, 3072), (128, 4096, 4096), (128, 11008, 4096), (128, 4096, 11008),
           (512, 768, 768), (2048, 768, 3072), (2048, 3072, 768), (8192, 768, 768), (8192, 2304, 768),
           (4096, 4096, 4096), (8192, 8192, 8192)]
+
+# f32 matmuls of BERT-base / GPT-2 small layers at 128-8192 tokens (f32 ONNX exports: B [k, n]),
+# and a square: benchmarks/gemm.py times every f32 config at these.
+F32_SHAPES = [(128, 768, 768), (128, 2304, 768), (128, 3072, 768), (128, 768, 3072), (512, 768, 768), (512, 2304, 768),
+              (512, 3072, 768), (512, 768, 3072), (2048, 768, 768), (2048, 2304, 768), (2048, 3072, 768),
+              (2048, 768, 3072), (8192, 768, 3072), (4096, 4096, 4096)]
 
 
 if __name__ == "__main__":

@@ -9,10 +9,16 @@
 //
 // A [m, k], B [k, n] (nn) or W [n, k] (nt), C [m, n], bias [n], residual [m, n]: all f32, row-major.
 // The epilogues are gemm.cuh's (the same formulas, in f32). Any m, n, k.
-// Launch: 256 threads, grid (ceildiv(n, 128), ceildiv(m, 128)), 81920 bytes of dynamic shared
-// memory (every GPU from sm_80 on). mma.sync.m16n8k8 on every architecture; 8 warps each compute
-// 64 x 32 of the 128 x 128 tile, a 4-stage cp.async pipeline of 16-deep k slices (element-wise
-// loads when rows are not 16-byte aligned: k % 4 != 0, or NN n % 4 != 0).
+// Configs (template TM, S; configs.F32_CONFIGS): tiles of TM x 128 (TM = 128: 8 warps, TM = 64:
+// 4 warps; each warp computes 64 x 32), K split S ways. Launch: 2 * TM threads, grid
+// (ceildiv(n, 128), ceildiv(m, TM), S), smem_bytes<TM>() of dynamic shared memory (81920 and
+// 61440: every GPU from sm_80 on). mma.sync.m16n8k8 on every architecture, a 4-stage cp.async
+// pipeline of 16-deep k slices (element-wise loads when rows are not 16-byte aligned: k % 4 != 0,
+// or NN n % 4 != 0). On sm_90a the S CTAs of a split are one cluster (__cluster_dims__(1, 1, S)):
+// each computes a contiguous share of the k slices into its shared memory, and after a cluster
+// barrier CTA r sums rows [r TM / S, (r + 1) TM / S) of every partial through distributed shared
+// memory (in rank order: the result does not depend on timing) and stores them through the
+// epilogue. Elsewhere split 0 computes the whole k and the others exit.
 #pragma once
 
 #include "gemm.cuh"
@@ -20,14 +26,19 @@
 namespace kitgemm {
 namespace f32mm {
 
-constexpr int BM = 128, BN = 128, BK = 16, kStages = 4, kThreads = 256;
-constexpr int A_LD = BK + 4;    // [BM][20]: fragment reads (row g, col t) hit 32 distinct banks
+constexpr int BN = 128, BK = 16, kStages = 4;
+constexpr int A_LD = BK + 4;    // [TM][20]: fragment reads (row g, col t) hit 32 distinct banks
 constexpr int BNN_LD = BN + 8;  // NN: [BK][136]
-constexpr int kAFloats = BM * A_LD;
 constexpr int kBFloats = BN * A_LD > BK * BNN_LD ? BN * A_LD : BK * BNN_LD;
-constexpr int kStageFloats = kAFloats + kBFloats;
-constexpr int kSmemBytes = kStages * kStageFloats * 4;  // 81920
-static_assert(kSmemBytes == 81920, "kitdispatch.toml's dynamic_shared_memory for the f32 entries");
+constexpr int P_LD = BN + 4;    // a split's partial tile [TM][132], in the stages' memory
+template <int TM>
+__host__ __device__ constexpr int stage_floats() { return TM * A_LD + kBFloats; }
+template <int TM>
+__host__ __device__ constexpr int smem_bytes() { return kStages * stage_floats<TM>() * 4; }
+static_assert(smem_bytes<128>() == 81920 && smem_bytes<64>() == 61440,
+              "kitdispatch.toml's dynamic_shared_memory for the f32 entries (gen_manifest.F32_SMEM)");
+static_assert(128 * P_LD <= kStages * stage_floats<128>() && 64 * P_LD <= kStages * stage_floats<64>(),
+              "a partial tile fits the stages' memory");
 
 __device__ __forceinline__ unsigned tf32(float x) {
   unsigned r;
@@ -43,7 +54,7 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
 }
 
 // rows [r0, r0 + R) x cols [c0, c0 + 16) of a row-major [rows, cols] f32 matrix -> dst (pitch A_LD).
-template <int R>
+template <int R, int kThreads>
 __device__ __forceinline__ void load_rows16(float* dst0, const float* src, int rows, int cols, int r0, int c0, bool vec) {
   for (int i = threadIdx.x; i < R * BK / 4; i += kThreads) {
     const int r = i / (BK / 4), c = i % (BK / 4) * 4;
@@ -59,12 +70,13 @@ __device__ __forceinline__ void load_rows16(float* dst0, const float* src, int r
   }
 }
 
-template <bool kNT>
+template <bool kNT, int TM>
 __device__ __forceinline__ void load_stage(float* As, float* Bs, const float* A, const float* B, int m, int n, int k,
                                            int bm, int bn, int k0, bool vec) {
-  load_rows16<BM>(As, A, m, k, bm, k0, vec);
+  constexpr int kThreads = 2 * TM;
+  load_rows16<TM, kThreads>(As, A, m, k, bm, k0, vec);
   if constexpr (kNT) {
-    load_rows16<BN>(Bs, B, n, k, bn, k0, vec);
+    load_rows16<BN, kThreads>(Bs, B, n, k, bn, k0, vec);
   } else {  // [BK rows of k][BN columns]
     for (int i = threadIdx.x; i < BK * BN / 4; i += kThreads) {
       const int r = i / (BN / 4), c = i % (BN / 4) * 4;
@@ -81,17 +93,53 @@ __device__ __forceinline__ void load_stage(float* As, float* Bs, const float* A,
   }
 }
 
-template <bool kNT, bool k3x, class Out, int kEpi>
+// Split `split`'s partial tile (acc) summed with the cluster's others, rows [rank TM / S, ...)
+// of each, through the epilogue to C (see the header). sm_90a only: the clusters' shared memory.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int TM, int S, int kEpi, class Out>
+__device__ __forceinline__ void sum_splits(float* smem, const float (&acc)[4][4][4], float* C, const EpiArgs<Out>& e,
+                                           int m, int n, int bm, int bn, int wm, int wn, int g, int t) {
+  __syncthreads();  // every warp is done with the stages: the partial takes their memory
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float* p = smem + (wm + 16 * i + g) * P_LD + wn + 8 * j + 2 * t;
+      *reinterpret_cast<float2*>(p) = make_float2(acc[i][j][0], acc[i][j][1]);
+      *reinterpret_cast<float2*>(p + 8 * P_LD) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+  hopper::cluster_sync();  // release: the partials are visible to the cluster
+  constexpr int kRows = TM / S, kGroups = BN / 4;
+  const int r0 = hopper::cluster_rank() * kRows;
+  const bool paired = pairs_aligned<Out>(C, n);
+  for (int i = threadIdx.x; i < kRows * kGroups; i += 2 * TM) {
+    const int r = r0 + i / kGroups, c = i % kGroups * 4;
+    const unsigned addr = kit::smem_addr(smem + r * P_LD + c);
+    float4 sum = hopper::ld_cluster_v4(addr, 0);
+#pragma unroll
+    for (int q = 1; q < S; ++q) {
+      const float4 v = hopper::ld_cluster_v4(addr, q);
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    store2<kEpi, Out>(C, e, m, n, bm + r, bn + c, sum.x, sum.y, paired);
+    store2<kEpi, Out>(C, e, m, n, bm + r, bn + c + 2, sum.z, sum.w, paired);
+  }
+  hopper::cluster_sync_relaxed();  // every CTA has read the partials: they may leave
+}
+#endif
+
+template <bool kNT, bool k3x, class Out, int kEpi, int TM = 128, int S = 1>
 __device__ __forceinline__ void matmul(const float* A, const float* B, float* C, EpiArgs<Out> e, int m, int n, int k) {
+  static_assert((TM == 64 || TM == 128) && (S == 1 || S == 2 || S == 4 || S == 8), "f32 configs");
   extern __shared__ __align__(16) float smem[];
   int tile_m, tile_n;
   block_tile(tile_m, tile_n);
-  const int bm = tile_m * BM, bn = tile_n * BN;
+  const int bm = tile_m * TM, bn = tile_n * BN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int wm = warp / 4 * 64, wn = warp % 4 * 32;
   const bool vec = k % 4 == 0 && (kNT || n % 4 == 0) && kit::aligned16(A) && kit::aligned16(B);
-  auto As = [&](int s) { return smem + s * kStageFloats; };
-  auto Bs = [&](int s) { return smem + s * kStageFloats + kAFloats; };
+  auto As = [&](int s) { return smem + s * stage_floats<TM>(); };
+  auto Bs = [&](int s) { return smem + s * stage_floats<TM>() + TM * A_LD; };
   float acc[4][4][4] = {};
   // 3xTF32: the tensor cores add into their accumulator without rounding to nearest; over a long
   // k that drifts (measured 2.9e-5 relative at k = 4096 with one accumulator, cuBLAS SGEMM
@@ -101,30 +149,40 @@ __device__ __forceinline__ void matmul(const float* A, const float* B, float* C,
   constexpr int kFlush = 4;
   float part[4][4][4] = {};
   const int ktiles = (k + BK - 1) / BK;
+  // This CTA's k slices [kt0, kt0 + nt): a contiguous share of a split, or all of them.
+  int kt0 = 0, nt = ktiles;
+  if constexpr (S > 1) {
+    const int split = blockIdx.z % S;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    kt0 = ktiles * split / S, nt = ktiles * (split + 1) / S - kt0;
+#else
+    if (split != 0) return;  // no clusters: split 0 computes the whole k
+#endif
+  }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ktiles) load_stage<kNT>(As(s), Bs(s), A, B, m, n, k, bm, bn, s * BK, vec);
+    if (s < nt) load_stage<kNT, TM>(As(s), Bs(s), A, B, m, n, k, bm, bn, (kt0 + s) * BK, vec);
     kit::cp_async_commit();
   }
-  for (int kt = 0; kt < ktiles; ++kt) {
+  for (int i = 0; i < nt; ++i) {
     kit::cp_async_wait<kStages - 2>();
     __syncthreads();
-    const int next = kt + kStages - 1;
-    if (next < ktiles) load_stage<kNT>(As(next % kStages), Bs(next % kStages), A, B, m, n, k, bm, bn, next * BK, vec);
+    const int next = i + kStages - 1;
+    if (next < nt) load_stage<kNT, TM>(As(next % kStages), Bs(next % kStages), A, B, m, n, k, bm, bn, (kt0 + next) * BK, vec);
     kit::cp_async_commit();
-    const float* as = As(kt % kStages);
-    const float* bs = Bs(kt % kStages);
+    const float* as = As(i % kStages);
+    const float* bs = Bs(i % kStages);
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 8) {
       unsigned ah[4][4], al[4][4], bh[4][2], bl[4][2];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float* p = as + (wm + 16 * i + g) * A_LD + kk + t;
+      for (int r = 0; r < 4; ++r) {
+        const float* p = as + (wm + 16 * r + g) * A_LD + kk + t;
         const float x[4] = {p[0], p[8 * A_LD], p[4], p[8 * A_LD + 4]};
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          ah[i][q] = tf32(x[q]);
-          if constexpr (k3x) al[i][q] = tf32(x[q] - __uint_as_float(ah[i][q]));
+          ah[r][q] = tf32(x[q]);
+          if constexpr (k3x) al[r][q] = tf32(x[q] - __uint_as_float(ah[r][q]));
         }
       }
 #pragma unroll
@@ -144,31 +202,37 @@ __device__ __forceinline__ void matmul(const float* A, const float* B, float* C,
         }
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int r = 0; r < 4; ++r)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           if constexpr (k3x) {
-            mma_tf32(part[i][j], al[i], bh[j][0], bh[j][1]);
-            mma_tf32(part[i][j], ah[i], bl[j][0], bl[j][1]);
-            mma_tf32(part[i][j], ah[i], bh[j][0], bh[j][1]);
+            mma_tf32(part[r][j], al[r], bh[j][0], bh[j][1]);
+            mma_tf32(part[r][j], ah[r], bl[j][0], bl[j][1]);
+            mma_tf32(part[r][j], ah[r], bh[j][0], bh[j][1]);
           } else {
-            mma_tf32(acc[i][j], ah[i], bh[j][0], bh[j][1]);
+            mma_tf32(acc[r][j], ah[r], bh[j][0], bh[j][1]);
           }
         }
     }
     if constexpr (k3x) {
-      if (kt % kFlush == kFlush - 1 || kt == ktiles - 1) {
+      if (i % kFlush == kFlush - 1 || i == nt - 1) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int r = 0; r < 4; ++r)
 #pragma unroll
           for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int q = 0; q < 4; ++q) acc[i][j][q] += part[i][j][q], part[i][j][q] = 0.f;
+            for (int q = 0; q < 4; ++q) acc[r][j][q] += part[r][j][q], part[r][j][q] = 0.f;
       }
     }
   }
   kit::cp_async_wait<0>();
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (S > 1) {
+    sum_splits<TM, S, kEpi, Out>(smem, acc, C, e, m, n, bm, bn, wm, wn, g, t);
+    return;
+  }
+#endif
   const bool paired = pairs_aligned<Out>(C, n);
 #pragma unroll
   for (int i = 0; i < 4; ++i)

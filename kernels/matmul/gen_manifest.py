@@ -25,7 +25,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from configs import CONFIG_ORDER, CONFIGS, EPILOGUES, PERSISTENT, SMS, config_conditions, pingpong, tile_rows  # noqa: E402
+from configs import (CONFIG_ORDER, CONFIGS, EPILOGUES, F32_CONFIG_ORDER, F32_CONFIGS, F32_SMEM, PERSISTENT, SMS,  # noqa: E402
+                     config_conditions, f32_config_conditions, pingpong, tile_rows)
 
 # Epilogues exported models have beyond EPILOGUES (f16/bf16 matmuls only): GELU where the
 # exporter folded a zero bias away (GPT-2's c_fc), and SwiGLU's silu(x Wg) * (x Wu) (Llama's MLP,
@@ -76,10 +77,12 @@ def entries():
     for layout in ("nn", "nt"):
         for prec in ("tf32", ""):  # plain TF32 first: with --tf32 it wins where both fit
             for epi in EPILOGUES:
-                ti = "f32_tf32" if prec else "f32"
-                yield dict(kind="matmul", layout=layout, src="matmul_f32.cu", ti="f32", to="f32", epi=epi, cfg="", bn=128,
-                           s=1, r=1, prec=prec or "3xtf32", threads=256, smem=81920,
-                           name=f"matmul_{layout}_{ti}_{epi}")
+                for cfg in F32_CONFIG_ORDER:
+                    tm, s = F32_CONFIGS[cfg]
+                    ti = "f32_tf32" if prec else "f32"
+                    yield dict(kind="matmul", layout=layout, src="matmul_f32.cu", ti="f32", to="f32", epi=epi, cfg=cfg,
+                               bn=128, tm=tm, s=s, r=1, prec=prec or "3xtf32", threads=2 * tm, smem=F32_SMEM[tm],
+                               name=f"matmul_{layout}_{ti}_{epi}" + (f"_{cfg}" if cfg else ""))
     for kind, layout, src, types, epis in FAMILIES:
         for ti, to in types:
             for epi in epis:
@@ -183,8 +186,8 @@ def _c_function(e):
     if e["ti"] == "f32":
         k3x = "true" if e["prec"] == "3xtf32" else "false"
         return (
-            f'extern "C" __global__ void __launch_bounds__({e["threads"]})\n{e["name"]}({decl}) {{\n'
-            f"  kitgemm::f32mm::matmul<{nt}, {k3x}, kit::F32, kitgemm::{EPI_ENUM[e['epi']]}>(a, {b}, c, "
+            f'extern "C" __global__ void __launch_bounds__({e["threads"]}){cluster}\n{e["name"]}({decl}) {{\n'
+            f"  kitgemm::f32mm::matmul<{nt}, {k3x}, kit::F32, kitgemm::{EPI_ENUM[e['epi']]}, {e['tm']}, {e['s']}>(a, {b}, c, "
             f"kitgemm::EpiArgs<kit::F32>{{{bias}, {res}, {scalar}}}, m, n, k);\n}}\n"
         )
     return (
@@ -230,7 +233,8 @@ def replaces(e):
     if patch_conv(e):
         ops = '["linalg.matmul", "linalg.batch_matmul", "patch_conv"]  # batch_matmul: batch 1; patch_conv: its patch rows'
     if e["ti"] == "f32":
-        keys = [key for key in (epilogue_key(e), f'arithmetic = "{e["prec"]}"') if key]
+        when = f32_config_conditions()[e["cfg"]]
+        keys = [key for key in (epilogue_key(e), f'arithmetic = "{e["prec"]}"', f'when = "{when}"' if when else None) if key]
         return [f"replaces = {ops}", f"replace_when = {{ {', '.join(keys)} }}"]
     bmm = e["kind"] == "bmm"
     ops = '["linalg.batch_matmul"]' if bmm else ops

@@ -9,6 +9,7 @@ from conftest import (
     HAVE_IREE_COMPILE,
     REPO,
     choose_config,
+    f32_matmul_entry,
     iree_dispatches,
     library_matmul_kernels,
     make_matmul_form,
@@ -76,9 +77,9 @@ def test_each_f16_form_gets_its_entry(tmp_path, form, op, kernel, marked):
 @pytest.mark.parametrize(
     "form, kernel, tf32_kernel",
     [
-        ("plain", "matmul_nn_f32_none", "matmul_nn_f32_tf32_none"),
-        ("gemm_tb", "matmul_nt_f32_none", "matmul_nt_f32_tf32_none"),
-        ("batch1", "matmul_nn_f32_none", "matmul_nn_f32_tf32_none"),
+        ("plain", f32_matmul_entry("matmul_nn_f32_none", M, N, K), f32_matmul_entry("matmul_nn_f32_tf32_none", M, N, K)),
+        ("gemm_tb", f32_matmul_entry("matmul_nt_f32_none", M, N, K), f32_matmul_entry("matmul_nt_f32_tf32_none", M, N, K)),
+        ("batch1", f32_matmul_entry("matmul_nn_f32_none", M, N, K), f32_matmul_entry("matmul_nn_f32_tf32_none", M, N, K)),
     ],
 )
 def test_f32_forms_get_3xtf32_and_tf32_only_when_asked(tmp_path, form, kernel, tf32_kernel):
@@ -93,7 +94,7 @@ def test_an_f32_batch_matmul_is_kept_with_the_reasons(tmp_path):
     """The library has no batched f32 kernel: the 2-D ones take batch 1 only, the bmm ones f16/bf16."""
     d = _decision(tmp_path, "bmm", "f32")
     assert d.kernel is None
-    assert any(r.startswith("matmul_nn_f32_none, ") and r.endswith(f"batch: the op's batch is {BATCH}; the kernel is 2-D (it takes batch 1 only)")
+    assert any(r.startswith("matmul_nn_f32_none_t64x128_k8, ") and r.endswith(f"batch: the op's batch is {BATCH}; the kernel is 2-D (it takes batch 1 only)")
                for r in d.reasons), d.reasons
     assert any("bmm_nn_f16_f32_none" in r and "element type: the op's input 0 is 6x128x256xf32" in r for r in d.reasons), d.reasons
 
@@ -109,7 +110,7 @@ def test_nn_linear_as_torch_mlir_writes_it(tmp_path):
     2-D nt entry (the transpose is not run)."""
     linear, batch1 = decide(ops_at_matching_stage(LINEAR_TORCH, tmp_path), library_matmul_kernels())
     assert linear.kernel.name == "matmul_nt_f16_none" + _suffix(128, N, K) and linear.call.marked == 2  # the expand, the truncf
-    assert batch1.op.kind == "linalg.batch_matmul" and batch1.kernel.name == "matmul_nt_f32_none"
+    assert batch1.op.kind == "linalg.batch_matmul" and batch1.kernel.name == f32_matmul_entry("matmul_nt_f32_none", 128, N, K)
     assert batch1.call.operands == (Operand((0,), DROP_BATCH), Operand((1, 0), Reshape(((0,), (1, 2)))))
     assert batch1.op.inputs[1].shape == (N, 1, K) and batch1.call.variant == "_batch1"
 
@@ -122,8 +123,8 @@ BUILDS = {
     "batch1": ("batch1", "f16", False, "matmul_nn_f16_none" + _suffix(M, N, K)),
     "bmm": ("bmm", "f16", False, "bmm_nn_f16_none" + _suffix(M, N, K, "f16", BATCH)),
     "qkt": ("qkt", "f16", False, "bmm_nt_f16_none" + _suffix(M, N, K, "f16", BATCH)),
-    "f32": ("gemm_tb", "f32", False, "matmul_nt_f32_none"),
-    "tf32": ("gemm_tb", "f32", True, "matmul_nt_f32_tf32_none"),
+    "f32": ("gemm_tb", "f32", False, f32_matmul_entry("matmul_nt_f32_none", M, N, K)),
+    "tf32": ("gemm_tb", "f32", True, f32_matmul_entry("matmul_nt_f32_tf32_none", M, N, K)),
 }
 
 
@@ -131,7 +132,7 @@ BUILDS = {
 def test_build_model_of_torch_linear_runs_no_iree_matmul_or_transpose(tmp_path):
     built = build_model(None, LINEAR_TORCH, BuildOptions.create("sm_90"), tmp_path / "out")
     kernels = sorted(d.kernel.name for d in built.decisions if d.kernel is not None)
-    assert kernels == sorted(["matmul_nt_f16_none" + _suffix(128, N, K), "matmul_nt_f32_none"])
+    assert kernels == sorted(["matmul_nt_f16_none" + _suffix(128, N, K), f32_matmul_entry("matmul_nt_f32_none", 128, N, K)])
     left = {kind: iree_dispatches(built.vmfb, kind) for kind in ("matmul", "batch_matmul", "transpose")}
     assert not any(left.values()), left
 

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 from conftest import (
-    HAVE_IREE_COMPILE, iree_own_dispatches, library_matmul_kernels, library_onnx_build, only, ops_of, prebuilt_or_fixture, replaced_ops,
+    HAVE_IREE_COMPILE, f32_matmul_entry, iree_own_dispatches, library_matmul_kernels, library_onnx_build, only, ops_of, prebuilt_or_fixture, replaced_ops,
 )
 
 needs_iree = pytest.mark.skipif(not HAVE_IREE_COMPILE, reason="iree-compile is not installed")
@@ -229,7 +229,8 @@ def patch_f32_build(tmp_path_factory):
 def test_an_f32_patch_embedding_at_batch_1_takes_the_3xtf32_entry(patch_f32_build):
     """Batch 1 (IREE folds the unit batch dim: six loops): the f32 bias entry, 3xTF32."""
     [conv] = [r for r in replaced_ops(patch_f32_build) if r["op"] == "patch_conv"]
-    assert conv["kernel"] == "matmul_nt_f32_bias" and conv["inputs"][0]["shape"] == [3, 64, 64]
+    # 16 patches of 3 x 16 x 16 against 128 filters: C [16, 128], k 768
+    assert conv["kernel"] == f32_matmul_entry("matmul_nt_f32_bias", 16, 128, 768) and conv["inputs"][0]["shape"] == [3, 64, 64]
     assert "conv" not in iree_own_dispatches(patch_f32_build.vmfb)
 
 

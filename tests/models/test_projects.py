@@ -12,9 +12,11 @@ from conftest import (
     MATMUL_CU,
     REPO,
     SOFTMAX_CU,
+    f32_matmul_entry,
     make_sample_model,
     matmul_model,
     needs_iree_compile,
+    report_sizes,
     run_cli,
     softmax_model,
 )
@@ -140,7 +142,7 @@ def test_the_library_replaces_an_onnx_softmax_with_no_project(tmp_path):
     rc, out, err = cli("--model", str(model), "-o", str(tmp_path / "out"))
     assert rc == 0, err
     matmul, replaced = json.loads(out)["replaced"]  # its f32 MatMul too: the library's 3xTF32 entry
-    assert matmul["kernel"] == "matmul_nn_f32_none"
+    assert matmul["kernel"] == f32_matmul_entry("matmul_nn_f32_none", *report_sizes(matmul))
     assert replaced["op"] == "linalg.softmax" and replaced["kernel"] == "row_softmax"
     report = json.loads((tmp_path / "out" / "model.replace.json").read_text())
     assert report["library"] and "softmax" in report["projects"]

@@ -16,10 +16,12 @@ from conftest import (
     cli_build,
     dispatch_calls,
     dump_module,
+    f32_matmul_entry,
     iree_dispatches,
     make_llama_layer,
     make_sample_model,
     needs_iree_compile,
+    report_sizes,
 )
 
 from kitdispatch import BuildOptions
@@ -39,7 +41,7 @@ def test_onnx_sample_builds_through_the_cli(tmp_path):
     assert rc == 0, err.getvalue()
     data = json.loads(out.getvalue())
     matmul, replaced = data["replaced"]  # the f32 MatMul by the library's 3xTF32 entry, then the softmax
-    assert matmul["kernel"] == "matmul_nn_f32_none" and matmul["arithmetic"] == "3xtf32"
+    assert matmul["kernel"] == f32_matmul_entry("matmul_nn_f32_none", *report_sizes(matmul)) and matmul["arithmetic"] == "3xtf32"
     assert replaced["op"] == "linalg.softmax" and replaced["kernel"] == "row_softmax"
     assert "model.imported.mlir" in replaced["location"]  # the importer's MLIR is kept beside the vmfb
     assert "row_softmax" in dump_module(tmp_path / "out" / "model.vmfb")
@@ -121,7 +123,8 @@ def test_onnx_bias_gelu_sample_takes_the_library_bias_gelu(tmp_path):
     rc, out, err = cli_build(ELEMENTWISE, model, tmp_path / "all", "--with-baseline")
     assert rc == 0, err
     [whole] = json.loads(out)["replaced"]
-    assert whole["kernel"] == "matmul_nn_f32_bias_gelu_tanh" and whole["epilogue_replaced"]["ops_after"] == 1
+    assert whole["kernel"] == f32_matmul_entry("matmul_nn_f32_bias_gelu_tanh", *report_sizes(whole))
+    assert whole["epilogue_replaced"]["ops_after"] == 1
     assert dispatch_calls(tmp_path / "all" / "model.vmfb") == 1
 
 
