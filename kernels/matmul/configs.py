@@ -232,11 +232,6 @@ def f32_config_conditions():
     return conditions
 
 
-def f32_grid(cfg, m, n):
-    tm, s = F32_CONFIGS[cfg]
-    return (_ceil(n, 128), _ceil(m, tm), s)
-
-
 # Shapes of the measured model layers (README.md's table): (m, n, k) or (m, n, k, dtype, batch).
 SHAPES = [(128, 768, 768), (512, 512, 64, "f16", 96), (512, 64, 512, "f16", 96), (2048, 2048, 128, "f16", 32),
           (128, 3072, 768), (128, 768, 3072), (128, 4096, 4096), (128, 11008, 4096), (128, 4096, 11008),
