@@ -11,7 +11,10 @@ Loaded with CuPy; inputs and references are torch tensors.
 1. Check: every generated entry (kernels/matmul/gen_manifest.py) on odd shapes (m, n, k not
    multiples of the tile; k % 8 != 0 for the mma.sync path; split-K shares with no k slice),
    against a float64 reference of the same epilogue, output poisoned with NaN first. Relative L2
-   error limits: f16 2e-3, bf16 1.2e-2, f32 (from f16/bf16 inputs) 2e-5.
+   error limits: f16 2e-3, bf16 1.2e-2, f32 (from f16/bf16 inputs) 2e-5, f32 inputs 1e-5
+   (3xTF32) and 5e-3 (TF32).
+   With --f32: the f32 entries only (matmul and bmm), and the timing step times every f32
+   config at configs.F32_SHAPES and F32_BMM_SHAPES beside cuBLAS SGEMM and cuBLAS TF32.
 2. Time: per model shape (BERT-base, GPT-2 small, ViT-base: hidden 768, qkv 2304, ffn 3072;
    Llama-7B-style: 4096, ffn 11008) at M = 128 .. 8192 tokens, the attention batch matmuls, and
    squares: every config of the kit kernel and torch.matmul on the same tensors, interleaved in
@@ -32,7 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "kernels", "matmul"))
 import gen_manifest  # noqa: E402
-from configs import CONFIGS, F32_CONFIG_ORDER, F32_SHAPES, F32_SMEM, choose_config, choose_config_f32  # noqa: E402
+from configs import CONFIGS, F32_BMM_SHAPES, F32_CONFIG_ORDER, F32_SHAPES, F32_SMEM, choose_config, choose_config_f32  # noqa: E402
 from gemm_shapes import attention_shapes, model_shapes, square_shapes  # noqa: E402
 from kernels import event_times_us  # noqa: E402  (benchmarks/kernels.py: this folder is first on the path)
 
@@ -213,6 +216,13 @@ CHECK_SHAPES = [  # (batch, m, n, k)
 CHECK_SHAPES_BMM = [(3, 257, 200, 72), (2, 65, 33, 77), (1, 129, 136, 520)]
 
 
+def result_class(e):
+    """How an entry's results are grouped in the check's summary: by arithmetic and result type."""
+    if e["ti"] == "f32":
+        return "tf32" if e["prec"] == "tf32" else "f32_from_f32"
+    return e["to"]
+
+
 def step_check(K, quick=False, only_f32=False):
     bad, n_ok, rows = 0, 0, []
     es = list(gen_manifest.entries())
@@ -241,14 +251,12 @@ def step_check(K, quick=False, only_f32=False):
             ok = err <= tol_of(e)
             bad += not ok
             n_ok += ok
-            rows.append(dict(name=e["name"], batch=batch, m=m, n=n, k=k, rel_err=err, ok=ok))
+            rows.append(dict(name=e["name"], batch=batch, m=m, n=n, k=k, rel_err=err, ok=ok, result=result_class(e)))
             if not ok:
                 log(f"BAD {e['name']:40s} b{batch} {m}x{n}x{k} rel err {err:.2e}")
     worst = {}
     for r in rows:
-        to = ("tf32" if "_tf32_" in r["name"] else "f32_from_f32" if r["name"].startswith("matmul_n") and "_f32_" in r["name"] and "16_f32" not in r["name"]
-              else "f32" if "_f32_" in r["name"] else ("bf16" if "_bf16_" in r["name"] else "f16"))
-        worst[to] = max(worst.get(to, 0), r["rel_err"] if r["rel_err"] == r["rel_err"] else 1e9)
+        worst[r["result"]] = max(worst.get(r["result"], 0), r["rel_err"] if r["rel_err"] == r["rel_err"] else 1e9)
     log(f"CHECK {n_ok} ok, {bad} bad of {len(rows)} (kernels {len(es)}); worst rel err by result type {worst}")
     return rows
 
@@ -410,29 +418,31 @@ IREE = None
 # f32 configs gemm_f32.cuh takes and the library has no entries for (configs.F32_CONFIGS says
 # why): suffix -> (TM, S), timed where a build has them (round 39's investigation build,
 # benchmarks/results/gemm-f32-h100-round39.txt, generated them as library entries).
-F32_EXTRA = {"t64x128": (64, 1), "t128x128_k2": (128, 2), "t128x128_k4": (128, 4)}
+F32_EXTRA = {"t128x128_k2": (128, 2), "t128x128_k4": (128, 4)}
 
 
-def f32_extra_entry(name, tm, split):
-    return dict(name=name, kind="matmul", bn=128, tm=tm, s=split, threads=2 * tm, smem=F32_SMEM[tm])
+def f32_extra_entry(name, kind, tm, split):
+    return dict(name=name, kind=kind, bn=128, tm=tm, s=split, threads=2 * tm, smem=F32_SMEM[tm])
 
 
-def time_f32(K, label, layout, m, n, k, reps=10):
+def time_f32(K, label, kind, layout, batch, m, n, k, reps=10):
     """Every f32 config of the kit in 3xTF32 and TF32 against cuBLAS f32 (SGEMM, TF32 off) and
-    cuBLAS TF32, interleaved; results checked against float64."""
+    cuBLAS TF32, interleaved; results checked against float64. kind "bmm": `batch` matmuls
+    (torch.bmm), else one."""
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
-    a = torch.randn(m, k, device="cuda", generator=g)
-    b = torch.randn(*((n, k) if layout == "nt" else (k, n)), device="cuda", generator=g)
-    bt = b.t() if layout == "nt" else b
+    lead = (batch,) if kind == "bmm" else ()
+    a = torch.randn(*lead, m, k, device="cuda", generator=g)
+    b = torch.randn(*lead, *((n, k) if layout == "nt" else (k, n)), device="cuda", generator=g)
+    bt = b.transpose(-1, -2) if layout == "nt" else b
     outs, calls = {}, []
-    configs = F32_CONFIG_ORDER + [cfg for cfg in F32_EXTRA if K.has(f"matmul_{layout}_f32_none_{cfg}")]
+    configs = F32_CONFIG_ORDER + [cfg for cfg in F32_EXTRA if K.has(f"{kind}_{layout}_f32_none_{cfg}")]
     for prec, ti in (("3xtf32", "f32"), ("tf32", "f32_tf32")):
         for cfg in configs:
-            name = f"matmul_{layout}_{ti}_none" + (f"_{cfg}" if cfg else "")
-            e = parse(name) if cfg in F32_CONFIG_ORDER else f32_extra_entry(name, *F32_EXTRA[cfg])
-            c = torch.full((m, n), float("nan"), device="cuda")
+            name = f"{kind}_{layout}_{ti}_none" + (f"_{cfg}" if cfg else "")
+            e = parse(name) if cfg in F32_CONFIG_ORDER else f32_extra_entry(name, kind, *F32_EXTRA[cfg])
+            c = torch.full((*lead, m, n), float("nan"), device="cuda")
             outs[(prec, cfg)] = c
-            calls.append(((prec, cfg), launcher(K, e, a, b, c, None, None, None, 1, m, n, k), name))
+            calls.append(((prec, cfg), launcher(K, e, a, b, c, None, None, None, batch, m, n, k), name))
 
     def cublas_f32():
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -449,9 +459,9 @@ def time_f32(K, label, layout, m, n, k, reps=10):
     ref = torch.matmul(a.double(), bt.double())
     errs = {key: rel_err(c, ref) for key, c in outs.items()}
     errs["cublas_f32"] = rel_err(torch.matmul(a, bt), ref)
-    flop = 2.0 * m * n * k
-    chosen = choose_config_f32(m, n, k)
-    row = dict(label=label, kind="matmul", layout=layout, dtype="f32", batch=1, m=m, n=n, k=k, flop=flop, chosen=chosen,
+    flop = 2.0 * batch * m * n * k
+    chosen = choose_config_f32(m, n, k, batch)
+    row = dict(label=label, kind=kind, layout=layout, dtype="f32", batch=batch, m=m, n=n, k=k, flop=flop, chosen=chosen,
                kit_us={f"{p}:{c}": t[(p, c)] for p, c in outs},
                rel_err={f"{key[0]}:{key[1]}" if isinstance(key, tuple) else key: v for key, v in errs.items()},
                cublas_us=t["cublas_f32"], cublas_tf32_us=t["cublas_tf32"])
@@ -465,7 +475,8 @@ def time_f32(K, label, layout, m, n, k, reps=10):
         parts.append(f"{prec} " + " ".join(f"{cfg or 't128x128'}={v:.1f}" for cfg, v in times.items())
                      + f" (err <= {worst_err:.1e}) | best {best or 't128x128'} {row[f'ratio_{prec}_best']:.2f}x"
                      f" chosen {chosen or 't128x128'} {row[f'ratio_{prec}_chosen']:.2f}x")
-    log(f"f32 {layout} {m:5d}x{n:5d}x{k:5d} | cuBLAS SGEMM {t['cublas_f32']:.1f} us (err {errs['cublas_f32']:.1e}), "
+    what = f"b{batch} " if kind == "bmm" else ""
+    log(f"f32 {kind} {layout} {what}{m:5d}x{n:5d}x{k:5d} | cuBLAS SGEMM {t['cublas_f32']:.1f} us (err {errs['cublas_f32']:.1e}), "
         f"TF32 {t['cublas_tf32']:.1f} us\n    " + "\n    ".join(parts))
     return row
 
@@ -474,7 +485,10 @@ def step_time(K, quick=False, f32_only=False):
     rows = []
     for (m, n, k) in F32_SHAPES:
         for layout in ("nn", "nt") if (m, n, k) in ((4096, 4096, 4096), (512, 768, 768)) else ("nn",):
-            rows.append(time_f32(K, "f32", layout, m, n, k))
+            rows.append(time_f32(K, "f32", "matmul", layout, 1, m, n, k))
+    for (label, batch, m, n, k) in F32_BMM_SHAPES:
+        for layout in ("nn", "nt"):
+            rows.append(time_f32(K, label, "bmm", layout, batch, m, n, k))
     if f32_only:
         return rows
     shapes = model_shapes()

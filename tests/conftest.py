@@ -588,10 +588,10 @@ def report_sizes(record: dict) -> tuple[int, int, int]:
     return m, record["result"]["shape"][-1], k
 
 
-def f32_matmul_entry(family: str, m: int, n: int, k: int) -> str:
-    """The library's f32 entry of `family` (e.g. matmul_nn_f32_none) for C[m, n] = A[m, k] B:
-    the config configs.choose_config_f32 picks."""
-    config = _matmul_configs().choose_config_f32(m, n, k)
+def f32_matmul_entry(family: str, m: int, n: int, k: int, batch: int = 1) -> str:
+    """The library's f32 entry of `family` (e.g. matmul_nn_f32_none, bmm_nt_f32_none) for
+    C[m, n] = A[m, k] B (`batch` of them): the config configs.choose_config_f32 picks."""
+    config = _matmul_configs().choose_config_f32(m, n, k, batch)
     return family + (f"_{config}" if config else "")
 
 
@@ -607,7 +607,7 @@ MATMUL_SUBSET = (
     "matmul_nn_f16_bias_residual_t128x128_p", "matmul_nt_bf16_bias_gelu_erf_t128x128_p",  # ping-pong, cooperative
     "bmm_nn_f16_f32_none_t128x128", "bmm_nt_bf16_scale_t128x64_k4",
     "matmul_nn_f32_none", "matmul_nt_f32_tf32_bias_gelu_erf", "matmul_nn_f32_bias_residual_t64x128_k4",
-    "matmul_nt_f32_tf32_none_t64x128_k2",
+    "matmul_nt_f32_tf32_none_t64x128_k2", "bmm_nt_f32_scale_t64x128", "bmm_nn_f32_tf32_none_t64x128_k4",
     "matmul_nt_f16_silu_mul_t128x128_k2", "matmul_nn_bf16_gelu_tanh_t128x64_k4", "matmul_nn_f16_gelu_erf",
     "matmul_nt_f16_f32_none_t128x64_k2", "matmul_nn_bf16_bias_residual_t128x64_k2",
     "matmul_nt_f16_f32_none_t64x64", "matmul_nn_bf16_bias_residual_t64x64_k4", "bmm_nt_f16_scale_t64x64",

@@ -106,9 +106,11 @@ def test_manifest_launches_match_the_configs():
         kernel = by_name[e["name"]]
         assert list(kernel.workgroup_size)[0] == e["threads"]
         assert (kernel.shared_memory_for("sm_80"), kernel.shared_memory_for("sm_90a")) == (e["smem"], e.get("smem_sm90a", e["smem"]))
-        if e["ti"] == "f32":  # grid (ceildiv(n, 128), ceildiv(m, TM), S), 2 * TM threads, gemm_f32.cuh's <TM, S>
+        if e["ti"] == "f32":  # grid (ceildiv(n, 128), ceildiv(m, TM), batch * S), 2 * TM threads, gemm_f32.cuh's <TM, S>
             tm, s = configs.F32_CONFIGS[e["cfg"]]
-            assert [str(x) for x in kernel.workgroup_count] == ["ceildiv(n, 128)", f"ceildiv(m, {tm})", str(s)], e["name"]
+            z = str(s) if e["kind"] == "matmul" else "batch" + (f" * {s}" if s > 1 else "")
+            assert [str(x) for x in kernel.workgroup_count] == ["ceildiv(n, 128)", f"ceildiv(m, {tm})", z], e["name"]
+            assert (", batch, m, n, k);" if e["kind"] == "bmm" else ", 1, m, n, k);") in gen.c_entry(e), e["name"]
             assert (e["threads"], e["smem"]) == (2 * tm, configs.F32_SMEM[tm])
             assert f", {tm}, {s}>(a, " in gen.c_entry(e), e["name"]
             assert ("KIT_SPLIT_K" in gen.c_entry(e)) == (s > 1), e["name"]
@@ -189,27 +191,30 @@ def test_f32_matmuls_get_the_config_choose_config_f32_picks():
 
     configs = _load("configs")
     kernels = library_matmul_kernels()
-    for (m, n, k), layout, tf32 in itertools.product(configs.F32_SHAPES, ("nn", "nt"), (False, True)):
-        d = only(decide(ops_of(_model_matmul(m, n, k, "f32", None, layout)), kernels, tf32=tf32))
-        config = configs.choose_config_f32(m, n, k)
-        family = f"matmul_{layout}_f32{'_tf32' if tf32 else ''}_none"
-        assert d.kernel.name == family + (f"_{config}" if config else ""), ((m, n, k), layout, tf32, d.reasons)
+    shapes = [(*shape, None) for shape in configs.F32_SHAPES] + [(m, n, k, b) for _, b, m, n, k in configs.F32_BMM_SHAPES]
+    for (m, n, k, batch), layout, tf32 in itertools.product(shapes, ("nn", "nt"), (False, True)):
+        d = only(decide(ops_of(_model_matmul(m, n, k, "f32", batch, layout)), kernels, tf32=tf32))
+        config = configs.choose_config_f32(m, n, k, batch or 1)
+        family = f"{'bmm' if batch else 'matmul'}_{layout}_f32{'_tf32' if tf32 else ''}_none"
+        assert d.kernel.name == family + (f"_{config}" if config else ""), ((m, n, k, batch), layout, tf32, d.reasons)
 
 
 def test_the_f32_conditions_pick_what_choose_config_f32_picks_over_a_grid():
     from kitdispatch.describe.index_expr import Condition
 
     configs = _load("configs")
-    conditions = {c: Condition.parse(t, c) for c, t in configs.f32_config_conditions().items() if t}
     assert set(configs.F32_CONFIG_ORDER) == set(configs.F32_CONFIGS) and configs.F32_CONFIG_ORDER[-1] == ""
     sizes = [1, 64, 127, 128, 129, 256, 384, 512, 768, 1000, 1024, 2048, 2304, 3072, 4096, 8192, 11008]
-    seen = set()
-    for m, n, k in itertools.product(sizes, sizes, sizes):
-        sizes_of = {"m": m, "n": n, "k": k}
-        first = next(c for c in configs.F32_CONFIG_ORDER if c not in conditions or conditions[c].holds(sizes_of))
-        assert first == configs.choose_config_f32(m, n, k), (m, n, k)
-        seen.add(first)
-    assert seen == set(configs.F32_CONFIGS)  # every config is some shape's
+    for batched in (False, True):
+        conditions = {c: Condition.parse(t, c) for c, t in configs.f32_config_conditions(batched).items() if t}
+        seen = set()
+        for m, n, k in itertools.product(sizes, sizes, sizes):
+            for batch in (12, 96) if batched else (1,):
+                sizes_of = {"m": m, "n": n, "k": k, "batch": batch}
+                first = next(c for c in configs.F32_CONFIG_ORDER if c not in conditions or conditions[c].holds(sizes_of))
+                assert first == configs.choose_config_f32(m, n, k, batch), (m, n, k, batch)
+                seen.add(first)
+        assert seen == set(configs.F32_CONFIGS)  # every config is some shape's
 
 
 def test_each_generated_entry_is_compiled_only_with_its_define():

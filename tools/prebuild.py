@@ -45,7 +45,8 @@ MODELS = {
     **{
         f"matmul_{case}_model": ((ROOT / "tests" / "data" / "matmul_forms" / "make_model.py", form, "--dtype", dtype), None)
         for case, form, dtype in [("nt", "wt", "f16"), ("batch1", "batch1", "f16"), ("bmm", "bmm", "f16"), ("qkt", "qkt", "f16"),
-                                  ("f32", "gemm_tb", "f32"), ("tf32", "gemm_tb", "f32")]
+                                  ("f32", "gemm_tb", "f32"), ("tf32", "gemm_tb", "f32"), ("bmm_f32", "bmm", "f32"),
+                                  ("qkt_f32", "qkt", "f32")]
     },
     # tests/run/test_model_gpu.py: a model called through load_module(DIR)
     "embedding_model": ((ROOT / "tests" / "data" / "embedding" / "make_model.py",), ROOT / "kernels" / "softmax"),

@@ -187,19 +187,21 @@ def config_conditions(batched):
 # SM at TF32's 114 registers); 128 x 128 with a split never beat 64 x 128 with the same CTA count.
 F32_CONFIGS = {
     "": (128, 1),
+    "t64x128": (64, 1),
     "t64x128_k2": (64, 2),
     "t64x128_k4": (64, 4),
     "t64x128_k8": (64, 8),
 }
 F32_SMEM = {128: 81920, 64: 61440}  # gemm_f32.cuh's smem_bytes<TM>()
 # In manifest order: the first whose f32_config_conditions() holds is choose_config_f32's.
-F32_CONFIG_ORDER = ["t64x128_k8", "t64x128_k4", "t64x128_k2", ""]
+F32_CONFIG_ORDER = ["t64x128_k8", "t64x128_k4", "t64x128_k2", "t64x128", ""]
 # choose_config_f32's rules: (config, most 64 x 128 tiles, least k)
-F32_RULES = [("t64x128_k8", 24, 512), ("t64x128_k4", 160, 256), ("t64x128_k2", 640, 128)]
+F32_RULES = [("t64x128_k8", 24, 512), ("t64x128_k4", 160, 256), ("t64x128_k2", 640, 128), ("t64x128", 2 * SMS, 1)]
 
 
-def choose_config_f32(m, n, k):
-    """The f32 config suffix for C[m, n] = A[m, k] B[k, n] (either layout, 3xTF32 or TF32).
+def choose_config_f32(m, n, k, batch=1):
+    """The f32 config suffix for C[m, n] = A[m, k] B[k, n] (either layout, 3xTF32 or TF32;
+    `batch` matmuls of that shape: the batched entries take the same rules over all its tiles).
 
     A 3xTF32 CTA of 128 x 128 takes 211 registers a thread, so one fits an SM; one of 64 x 128
     (213 registers, 128 threads) two. Where the 128 x 128 tiles leave SMs idle, 64 x 128 tiles
@@ -216,17 +218,18 @@ def choose_config_f32(m, n, k):
          the best 952.3, split 2).
     H100 figures: 3xTF32, benchmarks/results/gemm-f32-h100-round39.txt. At every shape of
     F32_SHAPES this picks the fastest measured config or one within 4%."""
-    t64 = _ceil(m, 64) * _ceil(n, 128)
+    t64 = batch * _ceil(m, 64) * _ceil(n, 128)
     for config, most_tiles, least_k in F32_RULES:
         if t64 <= most_tiles and k >= least_k:
             return config
     return ""
 
 
-def f32_config_conditions():
-    """{config: the manifest condition (replace_when.when) of choose_config_f32's rule for it}:
-    the first in F32_CONFIG_ORDER that holds is the config choose_config_f32 picks."""
-    t64 = "ceildiv(m, 64) * ceildiv(n, 128)"
+def f32_config_conditions(batched=False):
+    """{config: the manifest condition (replace_when.when) of choose_config_f32's rule for it},
+    over the kernel's sizes m, n, k (and batch): the first in F32_CONFIG_ORDER that holds is the
+    config choose_config_f32 picks."""
+    t64 = ("batch * " if batched else "") + "ceildiv(m, 64) * ceildiv(n, 128)"
     conditions = {config: f"{t64} <= {most_tiles} && k >= {least_k}" for config, most_tiles, least_k in F32_RULES}
     conditions[""] = None
     return conditions
@@ -243,6 +246,12 @@ SHAPES = [(128, 768, 768), (512, 512, 64, "f16", 96), (512, 64, 512, "f16", 96),
 F32_SHAPES = [(128, 768, 768), (128, 2304, 768), (128, 3072, 768), (128, 768, 3072), (512, 768, 768), (512, 2304, 768),
               (512, 3072, 768), (512, 768, 3072), (2048, 768, 768), (2048, 2304, 768), (2048, 3072, 768),
               (2048, 768, 3072), (8192, 768, 3072), (4096, 4096, 4096)]
+
+# f32 attention batch matmuls, (label, batch, m, n, k): BERT-base / GPT-2 (12 heads of d 64) at
+# batch 1 and 128, 512, 2048 tokens, and batch 8 at 512 (96 heads).
+F32_BMM_SHAPES = [(f"attn {what} b{b} s{s}", 12 * b, s, n, k)
+                  for b, s in ((1, 128), (1, 512), (1, 2048), (8, 512))
+                  for what, n, k in (("QK^T", s, 64), ("PV", 64, s))]
 
 
 if __name__ == "__main__":

@@ -7,11 +7,14 @@
 //                                        ~1e-6 relative; the small*small term, ~2^-22, is dropped)
 //   matmul_{nn|nt}_f32_tf32_{epilogue}   plain TF32: a_big*b_big only (~1e-3..1e-4 relative)
 //
+//   bmm_{nn|nt}_f32[_tf32]_{none|scale}  the same with a leading batch dim on A, B and C
+//                                        (contiguous batches, scalar `batch`)
+//
 // A [m, k], B [k, n] (nn) or W [n, k] (nt), C [m, n], bias [n], residual [m, n]: all f32, row-major.
 // The epilogues are gemm.cuh's (the same formulas, in f32). Any m, n, k.
 // Configs (template TM, S; configs.F32_CONFIGS): tiles of TM x 128 (TM = 128: 8 warps, TM = 64:
 // 4 warps; each warp computes 64 x 32), K split S ways. Launch: 2 * TM threads, grid
-// (ceildiv(n, 128), ceildiv(m, TM), S), smem_bytes<TM>() of dynamic shared memory (81920 and
+// (ceildiv(n, 128), ceildiv(m, TM), batch * S), smem_bytes<TM>() of dynamic shared memory (81920 and
 // 61440: every GPU from sm_80 on). mma.sync.m16n8k8 on every architecture, a 4-stage cp.async
 // pipeline of 16-deep k slices (element-wise loads when rows are not 16-byte aligned: k % 4 != 0,
 // or NN n % 4 != 0). On sm_90a the S CTAs of a split are one cluster (__cluster_dims__(1, 1, S)):
@@ -128,13 +131,18 @@ __device__ __forceinline__ void sum_splits(float* smem, const float (&acc)[4][4]
 }
 #endif
 
+// A, B, C, e.res: the first batch's (base) pointers; blockIdx.z = batch index * S + split.
 template <bool kNT, bool k3x, class Out, int kEpi, int TM = 128, int S = 1>
-__device__ __forceinline__ void matmul(const float* A, const float* B, float* C, EpiArgs<Out> e, int m, int n, int k) {
+__device__ __forceinline__ void matmul(const float* A, const float* B, float* C, EpiArgs<Out> e, int batch, int m, int n,
+                                       int k) {
   static_assert((TM == 64 || TM == 128) && (S == 1 || S == 2 || S == 4 || S == 8), "f32 configs");
   extern __shared__ __align__(16) float smem[];
   int tile_m, tile_n;
   block_tile(tile_m, tile_n);
   const int bm = tile_m * TM, bn = tile_n * BN;
+  const long long bz = blockIdx.z / S;
+  A += bz * m * k, B += bz * k * n, C += bz * m * n;
+  if constexpr (EpiTraits<kEpi>::kHasRes) e.res += bz * m * n;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int wm = warp / 4 * 64, wn = warp % 4 * 32;
   const bool vec = k % 4 == 0 && (kNT || n % 4 == 0) && kit::aligned16(A) && kit::aligned16(B);

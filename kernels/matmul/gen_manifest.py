@@ -73,16 +73,22 @@ def kernel_name(kind, layout, ti, to, epi, cfg):
     return f"{kind}_{layout}_{ti}{out}_{epi}" + (f"_{cfg}" if cfg else "")
 
 
+# The f32 entries (gemm_f32.cuh, in matmul_f32.cu): kind -> epilogues. The batched ones have the
+# f16/bf16 bmm's (attention's Q K^T, maybe scaled, and P V).
+F32_FAMILIES = {"matmul": EPILOGUES, "bmm": ["none", "scale"]}
+
+
 def entries():
-    for layout in ("nn", "nt"):
-        for prec in ("tf32", ""):  # plain TF32 first: with --tf32 it wins where both fit
-            for epi in EPILOGUES:
-                for cfg in F32_CONFIG_ORDER:
-                    tm, s = F32_CONFIGS[cfg]
-                    ti = "f32_tf32" if prec else "f32"
-                    yield dict(kind="matmul", layout=layout, src="matmul_f32.cu", ti="f32", to="f32", epi=epi, cfg=cfg,
-                               bn=128, tm=tm, s=s, r=1, prec=prec or "3xtf32", threads=2 * tm, smem=F32_SMEM[tm],
-                               name=f"matmul_{layout}_{ti}_{epi}" + (f"_{cfg}" if cfg else ""))
+    for kind, epis in F32_FAMILIES.items():
+        for layout in ("nn", "nt"):
+            for prec in ("tf32", ""):  # plain TF32 first: with --tf32 it wins where both fit
+                for epi in epis:
+                    for cfg in F32_CONFIG_ORDER:
+                        tm, s = F32_CONFIGS[cfg]
+                        ti = "f32_tf32" if prec else "f32"
+                        yield dict(kind=kind, layout=layout, src="matmul_f32.cu", ti="f32", to="f32", epi=epi, cfg=cfg,
+                                   bn=128, tm=tm, s=s, r=1, prec=prec or "3xtf32", threads=2 * tm, smem=F32_SMEM[tm],
+                                   name=f"{kind}_{layout}_{ti}_{epi}" + (f"_{cfg}" if cfg else ""))
     for kind, layout, src, types, epis in FAMILIES:
         for ti, to in types:
             for epi in epis:
@@ -188,7 +194,7 @@ def _c_function(e):
         return (
             f'extern "C" __global__ void __launch_bounds__({e["threads"]}){cluster}\n{e["name"]}({decl}) {{\n'
             f"  kitgemm::f32mm::matmul<{nt}, {k3x}, kit::F32, kitgemm::{EPI_ENUM[e['epi']]}, {e['tm']}, {e['s']}>(a, {b}, c, "
-            f"kitgemm::EpiArgs<kit::F32>{{{bias}, {res}, {scalar}}}, m, n, k);\n}}\n"
+            f"kitgemm::EpiArgs<kit::F32>{{{bias}, {res}, {scalar}}}, {batch}, m, n, k);\n}}\n"
         )
     return (
         f'extern "C" __global__ void __launch_bounds__({e["threads"]}, {e["r"]}){cluster}\n{e["name"]}({decl}) {{\n'
@@ -232,12 +238,12 @@ def replaces(e):
     ops = '["linalg.matmul", "linalg.batch_matmul"]  # batch_matmul: batch 1'
     if patch_conv(e):
         ops = '["linalg.matmul", "linalg.batch_matmul", "patch_conv"]  # batch_matmul: batch 1; patch_conv: its patch rows'
-    if e["ti"] == "f32":
-        when = f32_config_conditions()[e["cfg"]]
-        keys = [key for key in (epilogue_key(e), f'arithmetic = "{e["prec"]}"', f'when = "{when}"' if when else None) if key]
-        return [f"replaces = {ops}", f"replace_when = {{ {', '.join(keys)} }}"]
     bmm = e["kind"] == "bmm"
     ops = '["linalg.batch_matmul"]' if bmm else ops
+    if e["ti"] == "f32":
+        when = f32_config_conditions(bmm)[e["cfg"]]
+        keys = [key for key in (epilogue_key(e), f'arithmetic = "{e["prec"]}"', f'when = "{when}"' if when else None) if key]
+        return [f"replaces = {ops}", f"replace_when = {{ {', '.join(keys)} }}"]
     when = config_conditions(bmm)[e["cfg"]]
     keys = [key for key in (epilogue_key(e), f'when = "{when}"' if when else None) if key]
     return [f"replaces = {ops}"] + ([f"replace_when = {{ {', '.join(keys)} }}"] if keys else [])

@@ -90,13 +90,15 @@ def test_f32_forms_get_3xtf32_and_tf32_only_when_asked(tmp_path, form, kernel, t
 
 
 @needs_iree_compile
-def test_an_f32_batch_matmul_is_kept_with_the_reasons(tmp_path):
-    """The library has no batched f32 kernel: the 2-D ones take batch 1 only, the bmm ones f16/bf16."""
-    d = _decision(tmp_path, "bmm", "f32")
-    assert d.kernel is None
-    assert any(r.startswith("matmul_nn_f32_none_t64x128_k8, ") and r.endswith(f"batch: the op's batch is {BATCH}; the kernel is 2-D (it takes batch 1 only)")
-               for r in d.reasons), d.reasons
-    assert any("bmm_nn_f16_f32_none" in r and "element type: the op's input 0 is 6x128x256xf32" in r for r in d.reasons), d.reasons
+@pytest.mark.parametrize("form, layout", [("bmm", "nn"), ("bmm4d", "nn"), ("qkt", "nt")])
+def test_f32_batch_matmuls_get_the_batched_f32_entries(tmp_path, form, layout):
+    """An f32 batch_matmul of batch 6 (4-D folded; K read through its transpose): the bmm entry of
+    the config choose_config_f32 picks for the whole batch, 3xTF32 and TF32 when asked."""
+    for tf32 in (False, True):
+        d = _decision(tmp_path, form, "f32", tf32=tf32)
+        family = f"bmm_{layout}_f32{'_tf32' if tf32 else ''}_none"
+        assert d.kernel is not None and d.kernel.name == f32_matmul_entry(family, M, N, K, BATCH), d.reasons
+        assert d.to_json()["arithmetic"] == ("tf32" if tf32 else "3xtf32") and d.call.marked == 0
 
 
 LINEAR_TORCH = REPO / "tests" / "data" / "matmul_forms" / "linear_torch.mlir"
@@ -125,6 +127,8 @@ BUILDS = {
     "qkt": ("qkt", "f16", False, "bmm_nt_f16_none" + _suffix(M, N, K, "f16", BATCH)),
     "f32": ("gemm_tb", "f32", False, f32_matmul_entry("matmul_nt_f32_none", M, N, K)),
     "tf32": ("gemm_tb", "f32", True, f32_matmul_entry("matmul_nt_f32_tf32_none", M, N, K)),
+    "bmm_f32": ("bmm", "f32", False, f32_matmul_entry("bmm_nn_f32_none", M, N, K, BATCH)),
+    "qkt_f32": ("qkt", "f32", False, f32_matmul_entry("bmm_nt_f32_none", M, N, K, BATCH)),
 }
 
 
@@ -157,9 +161,10 @@ def test_build_model_replaces_each_form(tmp_path, case):
     text = built.vmfb.read_bytes().decode("latin-1")
     assert kernel in text and not iree_dispatches(built.vmfb, "matmul") | iree_dispatches(built.vmfb, "batch_matmul")
     report = built.report.read_text()
-    if case == "qkt":  # the kernel reads K as it is: IREE's transpose dispatch died with the op
+    if case.startswith("qkt"):  # the kernel reads K as it is: IREE's transpose dispatch died with the op
         assert not iree_dispatches(built.vmfb, "transpose")
-    assert ('"arithmetic": "tf32"' in report) == (case == "tf32") and ('"arithmetic": "3xtf32"' in report) == (case == "f32")
+    assert ('"arithmetic": "tf32"' in report) == (case == "tf32")
+    assert ('"arithmetic": "3xtf32"' in report) == (case in ("f32", "bmm_f32", "qkt_f32"))
 
 
 # ------------------------------------------------------------------ on the GPU, against IREE alone
