@@ -180,11 +180,12 @@ def config_conditions(batched):
 
 # The f32 kernels' configs (gemm_f32.cuh): suffix -> (tile rows TM, split-K S). Tiles of TM x 128,
 # 2 * TM threads; S > 1: the K split over a cluster of S CTAs on sm_90a (elsewhere split 0
-# computes the whole k). Grid (ceildiv(n, 128), ceildiv(m, TM), S). gemm_f32.cuh takes any TM in
-# {64, 128} with any S in {1, 2, 4, 8}; the others were measured and not generated
-# (benchmarks/results/gemm-f32-h100-round39.txt): 64 x 128 with no split was within 2% of
-# 128 x 128 in 3xTF32 where no split pays and 20-30% slower in TF32 (two 128 x 128 CTAs fit an
-# SM at TF32's 114 registers); 128 x 128 with a split never beat 64 x 128 with the same CTA count.
+# computes the whole k). Grid (ceildiv(n, 128), ceildiv(m, TM), batch * S). gemm_f32.cuh takes any
+# TM in {64, 128} with any S in {1, 2, 4, 8}; 128 x 128 with a split was measured and not
+# generated: it never beat 64 x 128 with the same CTA count (benchmarks/results/gemm-f32-h100-round39.txt).
+# 64 x 128 unsplit is within 2% of 128 x 128 in 3xTF32 at the linear layers' shapes and 20-30%
+# slower in TF32 (two 128 x 128 CTAs fit an SM at TF32's 114-128 registers), but 3-6% faster at
+# k = 64, attention's Q K^T (round 40, gemm-f32-h100-round40.txt).
 F32_CONFIGS = {
     "": (128, 1),
     "t64x128": (64, 1),
@@ -195,42 +196,61 @@ F32_CONFIGS = {
 F32_SMEM = {128: 81920, 64: 61440}  # gemm_f32.cuh's smem_bytes<TM>()
 # In manifest order: the first whose f32_config_conditions() holds is choose_config_f32's.
 F32_CONFIG_ORDER = ["t64x128_k8", "t64x128_k4", "t64x128_k2", "t64x128", ""]
-# choose_config_f32's rules: (config, most 64 x 128 tiles, least k)
-F32_RULES = [("t64x128_k8", 24, 512), ("t64x128_k4", 160, 256), ("t64x128_k2", 640, 128), ("t64x128", 2 * SMS, 1)]
+# choose_config_f32's rules, in order: (config, most 64 x 128 tiles, least k, most k; None: no bound).
+# A config's rules are adjacent, so its manifest condition is their disjunction.
+F32_RULES = [
+    ("t64x128_k8", 24, 512, None),
+    ("t64x128_k4", 24, 64, None),
+    ("t64x128_k4", 160, 768, None),
+    ("t64x128_k2", 640, 128, None),
+    ("t64x128", None, None, 127),
+]
 
 
 def choose_config_f32(m, n, k, batch=1):
     """The f32 config suffix for C[m, n] = A[m, k] B[k, n] (either layout, 3xTF32 or TF32;
     `batch` matmuls of that shape: the batched entries take the same rules over all its tiles).
 
-    A 3xTF32 CTA of 128 x 128 takes 211 registers a thread, so one fits an SM; one of 64 x 128
-    (213 registers, 128 threads) two. Where the 128 x 128 tiles leave SMs idle, 64 x 128 tiles
-    with K split S ways over a cluster fill them. With t64 = ceil(m/64) ceil(n/128), the tiles of
-    64 x 128, the first rule that holds (F32_RULES), keeping at least 4 k slices (64 of k) a split:
+    A 3xTF32 CTA of 128 x 128 takes 221-227 registers a thread, so one fits an SM; one of 64 x 128
+    (128 threads) two. Where the 128 x 128 tiles leave SMs idle, 64 x 128 tiles with K split S
+    ways over a cluster fill them. With t64 = batch ceil(m/64) ceil(n/128), the tiles of 64 x 128,
+    the first rule that holds (F32_RULES):
       1. t64 <= 24 and k >= 512: split 8 (BERT/GPT-2 at 128 tokens, N = 768: 12.0 us against
          86.3 for 128 x 128 at 128x768x768, 33.3 against 332.2 at 128x768x3072; cuBLAS SGEMM
          11.0 and 22.3);
-      2. t64 <= 160 and k >= 256: split 4 (128x3072x768 25.0 us against 92.6; 512x2304x768 64.5
+      2. t64 <= 24 and k >= 64: split 4 (attention at 128 tokens, 12 heads: Q K^T 12x128x128x64
+         5.5 us against 7.8 unsplit and 7.2 for split 2, P V 12x128x64x128 6.9 against 6.8 for
+         split 8 and 9.8 for split 2);
+      3. t64 <= 160 and k >= 768: split 4 (128x3072x768 25.0 us against 92.6; 512x2304x768 64.5
          against 84.6, where split 2 took 77.5 and split 8 69.5);
-      3. t64 <= 640 and k >= 128: split 2 (512x3072x768 and 2048x768x768 75.4 against 84.5 for 64
-         x 128 unsplit and 86.1 for split 4; 2048x2304x768 201.3 against 258.6);
-      4. otherwise 128 x 128, no split (2048x3072x768 253.1 us, the best 250.9; 8192x768x3072 987.7,
+      4. t64 <= 640 and k >= 128: split 2 (512x3072x768 and 2048x768x768 75.4 against 84.5 for 64
+         x 128 unsplit and 86.1 for split 4; 2048x2304x768 201.3 against 258.6; P V 12x512x64x512
+         32.2 against 35.4 for split 4);
+      5. k < 128: 64 x 128, no split (Q K^T at k = 64: 12x512x512x64 18.0 us against 20.7 for
+         128 x 128, 12x2048x2048x64 213.8 against 227.3, 96x512x512x64 109.9 against 116.3);
+      6. otherwise 128 x 128, no split (2048x3072x768 253.1 us, the best 250.9; 8192x768x3072 987.7,
          the best 952.3, split 2).
-    H100 figures: 3xTF32, benchmarks/results/gemm-f32-h100-round39.txt. At every shape of
-    F32_SHAPES this picks the fastest measured config or one within 4%."""
+    H100 figures, 3xTF32: benchmarks/results/gemm-f32-h100-round39.txt (linear) and
+    gemm-f32-h100-round40.txt (batched). At every shape of F32_SHAPES and F32_BMM_SHAPES this
+    picks the fastest measured config or one within 4%."""
     t64 = batch * _ceil(m, 64) * _ceil(n, 128)
-    for config, most_tiles, least_k in F32_RULES:
-        if t64 <= most_tiles and k >= least_k:
+    for config, most_tiles, least_k, most_k in F32_RULES:
+        if (most_tiles is None or t64 <= most_tiles) and (least_k is None or k >= least_k) and (most_k is None or k <= most_k):
             return config
     return ""
 
 
 def f32_config_conditions(batched=False):
-    """{config: the manifest condition (replace_when.when) of choose_config_f32's rule for it},
+    """{config: the manifest condition (replace_when.when) of choose_config_f32's rules for it},
     over the kernel's sizes m, n, k (and batch): the first in F32_CONFIG_ORDER that holds is the
     config choose_config_f32 picks."""
     t64 = ("batch * " if batched else "") + "ceildiv(m, 64) * ceildiv(n, 128)"
-    conditions = {config: f"{t64} <= {most_tiles} && k >= {least_k}" for config, most_tiles, least_k in F32_RULES}
+    rules = {}
+    for config, most_tiles, least_k, most_k in F32_RULES:
+        terms = [term for bound, term in ((most_tiles, f"{t64} <= {most_tiles}"), (least_k, f"k >= {least_k}"), (most_k, f"k <= {most_k}"))
+                 if bound is not None]
+        rules.setdefault(config, []).append(" && ".join(terms))
+    conditions = {config: " || ".join(f"({r})" if len(alts) > 1 else r for r in alts) for config, alts in rules.items()}
     conditions[""] = None
     return conditions
 
