@@ -422,7 +422,7 @@ F32_EXTRA = {"t128x128_k2": (128, 2), "t128x128_k4": (128, 4)}
 
 
 def f32_extra_entry(name, kind, tm, split):
-    return dict(name=name, kind=kind, bn=128, tm=tm, s=split, threads=2 * tm, smem=F32_SMEM[tm])
+    return dict(name=name, kind=kind, bn=128, tm=tm, s=split, threads=2 * tm, smem=F32_SMEM[(tm, 128)])
 
 
 def time_f32(K, label, kind, layout, batch, m, n, k, reps=10):

@@ -608,6 +608,7 @@ MATMUL_SUBSET = (
     "bmm_nn_f16_f32_none_t128x128", "bmm_nt_bf16_scale_t128x64_k4",
     "matmul_nn_f32_none", "matmul_nt_f32_tf32_bias_gelu_erf", "matmul_nn_f32_bias_residual_t64x128_k4",
     "matmul_nt_f32_tf32_none_t64x128_k2", "bmm_nt_f32_scale_t64x128", "bmm_nn_f32_tf32_none_t64x128_k4",
+    "bmm_nn_f32_none_t64x64_k4", "matmul_nt_f32_bias_t128x64",
     "matmul_nt_f16_silu_mul_t128x128_k2", "matmul_nn_bf16_gelu_tanh_t128x64_k4", "matmul_nn_f16_gelu_erf",
     "matmul_nt_f16_f32_none_t128x64_k2", "matmul_nn_bf16_bias_residual_t128x64_k2",
     "matmul_nt_f16_f32_none_t64x64", "matmul_nn_bf16_bias_residual_t64x64_k4", "bmm_nt_f16_scale_t64x64",

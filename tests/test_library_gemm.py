@@ -106,13 +106,13 @@ def test_manifest_launches_match_the_configs():
         kernel = by_name[e["name"]]
         assert list(kernel.workgroup_size)[0] == e["threads"]
         assert (kernel.shared_memory_for("sm_80"), kernel.shared_memory_for("sm_90a")) == (e["smem"], e.get("smem_sm90a", e["smem"]))
-        if e["ti"] == "f32":  # grid (ceildiv(n, 128), ceildiv(m, TM), batch * S), 2 * TM threads, gemm_f32.cuh's <TM, S>
-            tm, s = configs.F32_CONFIGS[e["cfg"]]
+        if e["ti"] == "f32":  # grid (ceildiv(n, BN), ceildiv(m, TM), batch * S), TM BN / 64 threads, gemm_f32.cuh's <TM, S, BN>
+            tm, bn, s = configs.F32_CONFIGS[e["cfg"]]
             z = str(s) if e["kind"] == "matmul" else "batch" + (f" * {s}" if s > 1 else "")
-            assert [str(x) for x in kernel.workgroup_count] == ["ceildiv(n, 128)", f"ceildiv(m, {tm})", z], e["name"]
+            assert [str(x) for x in kernel.workgroup_count] == [f"ceildiv(n, {bn})", f"ceildiv(m, {tm})", z], e["name"]
             assert (", batch, m, n, k);" if e["kind"] == "bmm" else ", 1, m, n, k);") in gen.c_entry(e), e["name"]
-            assert (e["threads"], e["smem"]) == (2 * tm, configs.F32_SMEM[tm])
-            assert f", {tm}, {s}>(a, " in gen.c_entry(e), e["name"]
+            assert (e["threads"], e["smem"]) == (tm * bn // 64, configs.F32_SMEM[(tm, bn)])
+            assert f", {tm}, {s}, {bn}>(a, " in gen.c_entry(e), e["name"]
             assert ("KIT_SPLIT_K" in gen.c_entry(e)) == (s > 1), e["name"]
         else:
             bn, s, _ = configs.CONFIGS[e["cfg"]]
@@ -205,16 +205,16 @@ def test_the_f32_conditions_pick_what_choose_config_f32_picks_over_a_grid():
     configs = _load("configs")
     assert set(configs.F32_CONFIG_ORDER) == set(configs.F32_CONFIGS) and configs.F32_CONFIG_ORDER[-1] == ""
     sizes = [1, 64, 127, 128, 129, 256, 384, 512, 768, 1000, 1024, 2048, 2304, 3072, 4096, 8192, 11008]
+    seen = set()
     for batched in (False, True):
         conditions = {c: Condition.parse(t, c) for c, t in configs.f32_config_conditions(batched).items() if t}
-        seen = set()
         for m, n, k in itertools.product(sizes, sizes, sizes):
             for batch in (12, 96) if batched else (1,):
                 sizes_of = {"m": m, "n": n, "k": k, "batch": batch}
                 first = next(c for c in configs.F32_CONFIG_ORDER if c not in conditions or conditions[c].holds(sizes_of))
                 assert first == configs.choose_config_f32(m, n, k, batch), (m, n, k, batch)
                 seen.add(first)
-        assert seen == set(configs.F32_CONFIGS)  # every config is some shape's
+    assert seen == set(configs.F32_CONFIGS)  # every config is some shape's
 
 
 def test_each_generated_entry_is_compiled_only_with_its_define():

@@ -48,6 +48,7 @@ MODELS = {
                                   ("f32", "gemm_tb", "f32"), ("tf32", "gemm_tb", "f32"), ("bmm_f32", "bmm", "f32"),
                                   ("qkt_f32", "qkt", "f32")]
     },
+    "matmul_pv_f32_model": ((ROOT / "tests" / "data" / "matmul_forms" / "make_model.py", "bmm", "--dtype", "f32", "--n", "64"), None),
     # tests/run/test_model_gpu.py: a model called through load_module(DIR)
     "embedding_model": ((ROOT / "tests" / "data" / "embedding" / "make_model.py",), ROOT / "kernels" / "softmax"),
     # tests/models/test_ops_epilogue.py: matmuls replaced with their epilogues by the GEMM family.

@@ -186,18 +186,23 @@ def config_conditions(batched):
 # 64 x 128 unsplit is within 2% of 128 x 128 in 3xTF32 at the linear layers' shapes and 20-30%
 # slower in TF32 (two 128 x 128 CTAs fit an SM at TF32's 114-128 registers), but 3-6% faster at
 # k = 64, attention's Q K^T (round 40, gemm-f32-h100-round40.txt).
+# suffix -> (TM, BN, S). The 64-wide tiles take n <= 64 (attention's P V, n = the head dim),
+# where half of a 128-wide tile would be past n.
 F32_CONFIGS = {
-    "": (128, 1),
-    "t64x128": (64, 1),
-    "t64x128_k2": (64, 2),
-    "t64x128_k4": (64, 4),
-    "t64x128_k8": (64, 8),
+    "": (128, 128, 1),
+    "t64x128": (64, 128, 1),
+    "t64x128_k2": (64, 128, 2),
+    "t64x128_k4": (64, 128, 4),
+    "t64x128_k8": (64, 128, 8),
+    "t128x64": (128, 64, 1),
+    "t64x64": (64, 64, 1),
+    "t64x64_k2": (64, 64, 2),
+    "t64x64_k4": (64, 64, 4),
+    "t64x64_k8": (64, 64, 8),
 }
-F32_SMEM = {128: 81920, 64: 61440}  # gemm_f32.cuh's smem_bytes<TM>()
-# In manifest order: the first whose f32_config_conditions() holds is choose_config_f32's.
-F32_CONFIG_ORDER = ["t64x128_k8", "t64x128_k4", "t64x128_k2", "t64x128", ""]
-# choose_config_f32's rules, in order: (config, most 64 x 128 tiles, least k, most k; None: no bound).
-# A config's rules are adjacent, so its manifest condition is their disjunction.
+F32_SMEM = {(128, 128): 81920, (64, 128): 61440, (128, 64): 61440, (64, 64): 40960}  # gemm_f32.cuh's smem_bytes<TM, BN>()
+# choose_config_f32's rules, in order: (config, most 64 x 128 tiles, least k, most k; None: no
+# bound). A config's rules are adjacent, so its manifest condition is their disjunction. n > 64:
 F32_RULES = [
     ("t64x128_k8", 24, 512, None),
     ("t64x128_k4", 24, 64, None),
@@ -205,6 +210,25 @@ F32_RULES = [
     ("t64x128_k2", 640, 128, None),
     ("t64x128", None, None, 127),
 ]
+# n <= 64: 64-wide tiles, whose CTAs do half the work of 128-wide ones, so that splits pay from a
+# shallower k.
+F32_NARROW_RULES = [
+    ("t64x64_k8", 24, 128, None),
+    ("t64x64_k4", 160, 256, None),
+    ("t64x64_k2", 640, 128, None),
+    ("t64x64", None, None, 127),
+]
+F32_DEFAULT, F32_NARROW_DEFAULT = "", "t128x64"  # where no rule holds
+# In manifest order: the first whose f32_config_conditions() holds is choose_config_f32's (the
+# narrow ones first: they hold only where n <= 64).
+F32_CONFIG_ORDER = ([c for c, *_ in F32_NARROW_RULES] + [F32_NARROW_DEFAULT] + list(dict.fromkeys(c for c, *_ in F32_RULES))
+                    + [F32_DEFAULT])
+
+
+def _first_rule(rules, t64, k, default):
+    return next((config for config, most_tiles, least_k, most_k in rules
+                 if (most_tiles is None or t64 <= most_tiles) and (least_k is None or k >= least_k) and (most_k is None or k <= most_k)),
+                default)
 
 
 def choose_config_f32(m, n, k, batch=1):
@@ -214,30 +238,32 @@ def choose_config_f32(m, n, k, batch=1):
     A 3xTF32 CTA of 128 x 128 takes 221-227 registers a thread, so one fits an SM; one of 64 x 128
     (128 threads) two. Where the 128 x 128 tiles leave SMs idle, 64 x 128 tiles with K split S
     ways over a cluster fill them. With t64 = batch ceil(m/64) ceil(n/128), the tiles of 64 x 128,
-    the first rule that holds (F32_RULES):
+    the first rule that holds (F32_RULES), for n > 64:
       1. t64 <= 24 and k >= 512: split 8 (BERT/GPT-2 at 128 tokens, N = 768: 12.0 us against
          86.3 for 128 x 128 at 128x768x768, 33.3 against 332.2 at 128x768x3072; cuBLAS SGEMM
          11.0 and 22.3);
-      2. t64 <= 24 and k >= 64: split 4 (attention at 128 tokens, 12 heads: Q K^T 12x128x128x64
-         5.5 us against 7.8 unsplit and 7.2 for split 2, P V 12x128x64x128 6.9 against 6.8 for
-         split 8 and 9.8 for split 2);
+      2. t64 <= 24 and k >= 64: split 4 (attention's Q K^T at 128 tokens, 12x128x128x64: 5.5 us
+         against 7.8 unsplit and 7.2 for split 2);
       3. t64 <= 160 and k >= 768: split 4 (128x3072x768 25.0 us against 92.6; 512x2304x768 64.5
          against 84.6, where split 2 took 77.5 and split 8 69.5);
       4. t64 <= 640 and k >= 128: split 2 (512x3072x768 and 2048x768x768 75.4 against 84.5 for 64
-         x 128 unsplit and 86.1 for split 4; 2048x2304x768 201.3 against 258.6; P V 12x512x64x512
-         32.2 against 35.4 for split 4);
-      5. k < 128: 64 x 128, no split (Q K^T at k = 64: 12x512x512x64 18.0 us against 20.7 for
-         128 x 128, 12x2048x2048x64 213.8 against 227.3, 96x512x512x64 109.9 against 116.3);
+         x 128 unsplit and 86.1 for split 4; 2048x2304x768 201.3 against 258.6);
+      5. k < 128: 64 x 128, no split (Q K^T at k = 64: 12x512x512x64 17.7 us against 20.3 for
+         128 x 128, 12x2048x2048x64 211.8 against 225.0, 96x512x512x64 111.2 against 117.5);
       6. otherwise 128 x 128, no split (2048x3072x768 253.1 us, the best 250.9; 8192x768x3072 987.7,
          the best 952.3, split 2).
+    For n <= 64, 64-wide tiles by F32_NARROW_RULES (attention's P V, n = 64): split 8 where
+    t64 <= 24 and k >= 128 (12x128x64x128 5.7 us against 6.8 for split 4), split 4 where t64 <= 160
+    and k >= 256 (12x512x64x512 19.2 against 26.3 for split 2 and 31.7 for the best 128-wide
+    config), split 2 where t64 <= 640 and k >= 128 (12x2048x64x2048 209.0 against 329.2 128-wide),
+    64 x 64 where k < 128, else 128 x 64 (96x512x64x512 93.5 against 161.5 128-wide).
     H100 figures, 3xTF32: benchmarks/results/gemm-f32-h100-round39.txt (linear) and
     gemm-f32-h100-round40.txt (batched). At every shape of F32_SHAPES and F32_BMM_SHAPES this
     picks the fastest measured config or one within 4%."""
     t64 = batch * _ceil(m, 64) * _ceil(n, 128)
-    for config, most_tiles, least_k, most_k in F32_RULES:
-        if (most_tiles is None or t64 <= most_tiles) and (least_k is None or k >= least_k) and (most_k is None or k <= most_k):
-            return config
-    return ""
+    if n <= 64:
+        return _first_rule(F32_NARROW_RULES, t64, k, F32_NARROW_DEFAULT)
+    return _first_rule(F32_RULES, t64, k, F32_DEFAULT)
 
 
 def f32_config_conditions(batched=False):
@@ -245,14 +271,17 @@ def f32_config_conditions(batched=False):
     over the kernel's sizes m, n, k (and batch): the first in F32_CONFIG_ORDER that holds is the
     config choose_config_f32 picks."""
     t64 = ("batch * " if batched else "") + "ceildiv(m, 64) * ceildiv(n, 128)"
-    rules = {}
-    for config, most_tiles, least_k, most_k in F32_RULES:
-        terms = [term for bound, term in ((most_tiles, f"{t64} <= {most_tiles}"), (least_k, f"k >= {least_k}"), (most_k, f"k <= {most_k}"))
-                 if bound is not None]
-        rules.setdefault(config, []).append(" && ".join(terms))
-    conditions = {config: " || ".join(f"({r})" if len(alts) > 1 else r for r in alts) for config, alts in rules.items()}
-    conditions[""] = None
-    return conditions
+
+    def conditions_of(rules, guard=None):
+        alternatives = {}
+        for config, most_tiles, least_k, most_k in rules:
+            terms = [term for bound, term in ((most_tiles, f"{t64} <= {most_tiles}"), (least_k, f"k >= {least_k}"),
+                                              (most_k, f"k <= {most_k}")) if bound is not None]
+            alternatives.setdefault(config, []).append(" && ".join(terms))
+        joined = {config: " || ".join(f"({a})" if len(alts) > 1 else a for a in alts) for config, alts in alternatives.items()}
+        return {config: f"{guard} && ({text})" if guard else text for config, text in joined.items()}
+
+    return {**conditions_of(F32_NARROW_RULES, "n <= 64"), F32_NARROW_DEFAULT: "n <= 64", **conditions_of(F32_RULES), F32_DEFAULT: None}
 
 
 # Shapes of the measured model layers (README.md's table): (m, n, k) or (m, n, k, dtype, batch).

@@ -12,10 +12,10 @@
 //
 // A [m, k], B [k, n] (nn) or W [n, k] (nt), C [m, n], bias [n], residual [m, n]: all f32, row-major.
 // The epilogues are gemm.cuh's (the same formulas, in f32). Any m, n, k.
-// Configs (template TM, S; configs.F32_CONFIGS): tiles of TM x 128 (TM = 128: 8 warps, TM = 64:
-// 4 warps; each warp computes 64 x 32), K split S ways. Launch: 2 * TM threads, grid
-// (ceildiv(n, 128), ceildiv(m, TM), batch * S), smem_bytes<TM>() of dynamic shared memory (81920 and
-// 61440: every GPU from sm_80 on). mma.sync.m16n8k8 on every architecture, a 4-stage cp.async
+// Configs (template TM, S, BN; configs.F32_CONFIGS): tiles of TM x BN, TM and BN 64 or 128 (each
+// warp computes 64 x 32: TM * BN / 2048 warps), K split S ways. Launch: TM * BN / 64 threads, grid
+// (ceildiv(n, BN), ceildiv(m, TM), batch * S), smem_bytes<TM, BN>() of dynamic shared memory
+// (40960 to 81920: every GPU from sm_80 on). mma.sync.m16n8k8 on every architecture, a 4-stage cp.async
 // pipeline of 16-deep k slices (element-wise loads when rows are not 16-byte aligned: k % 4 != 0,
 // or NN n % 4 != 0). On sm_90a the S CTAs of a split are one cluster (__cluster_dims__(1, 1, S)):
 // each computes a contiguous share of the k slices into its shared memory, and after a cluster
@@ -29,18 +29,27 @@
 namespace kitgemm {
 namespace f32mm {
 
-constexpr int BN = 128, BK = 16, kStages = 4;
-constexpr int A_LD = BK + 4;    // [TM][20]: fragment reads (row g, col t) hit 32 distinct banks
-constexpr int BNN_LD = BN + 8;  // NN: [BK][136]
-constexpr int kBFloats = BN * A_LD > BK * BNN_LD ? BN * A_LD : BK * BNN_LD;
-constexpr int P_LD = BN + 4;    // a split's partial tile [TM][132], in the stages' memory
-template <int TM>
-__host__ __device__ constexpr int stage_floats() { return TM * A_LD + kBFloats; }
-template <int TM>
-__host__ __device__ constexpr int smem_bytes() { return kStages * stage_floats<TM>() * 4; }
-static_assert(smem_bytes<128>() == 81920 && smem_bytes<64>() == 61440,
-              "kitdispatch.toml's dynamic_shared_memory for the f32 entries (gen_manifest.F32_SMEM)");
-static_assert(128 * P_LD <= kStages * stage_floats<128>() && 64 * P_LD <= kStages * stage_floats<64>(),
+constexpr int BK = 16, kStages = 4;
+constexpr int A_LD = BK + 4;  // [TM][20]: fragment reads (row g, col t) hit 32 distinct banks
+// Per tile width BN (128 or 64): NN's B rows [BK][BN + 8]; a split's partial tile [TM][BN + 4],
+// in the stages' memory; TM * BN / 64 threads (warps of 64 x 32).
+template <int BN>
+__host__ __device__ constexpr int bnn_ld() { return BN + 8; }
+template <int BN>
+__host__ __device__ constexpr int p_ld() { return BN + 4; }
+template <int BN>
+__host__ __device__ constexpr int b_floats() { return BN * A_LD > BK * bnn_ld<BN>() ? BN * A_LD : BK * bnn_ld<BN>(); }
+template <int TM, int BN>
+__host__ __device__ constexpr int stage_floats() { return TM * A_LD + b_floats<BN>(); }
+template <int TM, int BN>
+__host__ __device__ constexpr int smem_bytes() { return kStages * stage_floats<TM, BN>() * 4; }
+template <int TM, int BN>
+__host__ __device__ constexpr int threads() { return TM * BN / 64; }
+static_assert(smem_bytes<128, 128>() == 81920 && smem_bytes<64, 128>() == 61440 && smem_bytes<128, 64>() == 61440 &&
+                  smem_bytes<64, 64>() == 40960,
+              "kitdispatch.toml's dynamic_shared_memory for the f32 entries (configs.F32_SMEM)");
+static_assert(128 * p_ld<128>() <= kStages * stage_floats<128, 128>() && 64 * p_ld<128>() <= kStages * stage_floats<64, 128>() &&
+                  128 * p_ld<64>() <= kStages * stage_floats<128, 64>() && 64 * p_ld<64>() <= kStages * stage_floats<64, 64>(),
               "a partial tile fits the stages' memory");
 
 __device__ __forceinline__ unsigned tf32(float x) {
@@ -73,17 +82,17 @@ __device__ __forceinline__ void load_rows16(float* dst0, const float* src, int r
   }
 }
 
-template <bool kNT, int TM>
+template <bool kNT, int TM, int BN>
 __device__ __forceinline__ void load_stage(float* As, float* Bs, const float* A, const float* B, int m, int n, int k,
                                            int bm, int bn, int k0, bool vec) {
-  constexpr int kThreads = 2 * TM;
+  constexpr int kThreads = threads<TM, BN>();
   load_rows16<TM, kThreads>(As, A, m, k, bm, k0, vec);
   if constexpr (kNT) {
     load_rows16<BN, kThreads>(Bs, B, n, k, bn, k0, vec);
   } else {  // [BK rows of k][BN columns]
     for (int i = threadIdx.x; i < BK * BN / 4; i += kThreads) {
       const int r = i / (BN / 4), c = i % (BN / 4) * 4;
-      float* dst = Bs + r * BNN_LD + c;
+      float* dst = Bs + r * bnn_ld<BN>() + c;
       const int row = k0 + r, col = bn + c;
       if (vec) {
         const bool ok = row < k && col < n;
@@ -99,7 +108,7 @@ __device__ __forceinline__ void load_stage(float* As, float* Bs, const float* A,
 // Split `split`'s partial tile (acc) summed with the cluster's others, rows [rank TM / S, ...)
 // of each, through the epilogue to C (see the header). sm_90a only: the clusters' shared memory.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-template <int TM, int S, int kEpi, class Out>
+template <int TM, int BN, int S, int kEpi, class Out>
 __device__ __forceinline__ void sum_splits(float* smem, const float (&acc)[4][4][4], float* C, const EpiArgs<Out>& e,
                                            int m, int n, int bm, int bn, int wm, int wn, int g, int t) {
   __syncthreads();  // every warp is done with the stages: the partial takes their memory
@@ -107,17 +116,17 @@ __device__ __forceinline__ void sum_splits(float* smem, const float (&acc)[4][4]
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float* p = smem + (wm + 16 * i + g) * P_LD + wn + 8 * j + 2 * t;
+      float* p = smem + (wm + 16 * i + g) * p_ld<BN>() + wn + 8 * j + 2 * t;
       *reinterpret_cast<float2*>(p) = make_float2(acc[i][j][0], acc[i][j][1]);
-      *reinterpret_cast<float2*>(p + 8 * P_LD) = make_float2(acc[i][j][2], acc[i][j][3]);
+      *reinterpret_cast<float2*>(p + 8 * p_ld<BN>()) = make_float2(acc[i][j][2], acc[i][j][3]);
     }
   hopper::cluster_sync();  // release: the partials are visible to the cluster
   constexpr int kRows = TM / S, kGroups = BN / 4;
   const int r0 = hopper::cluster_rank() * kRows;
   const bool paired = pairs_aligned<Out>(C, n);
-  for (int i = threadIdx.x; i < kRows * kGroups; i += 2 * TM) {
+  for (int i = threadIdx.x; i < kRows * kGroups; i += threads<TM, BN>()) {
     const int r = r0 + i / kGroups, c = i % kGroups * 4;
-    const unsigned addr = kit::smem_addr(smem + r * P_LD + c);
+    const unsigned addr = kit::smem_addr(smem + r * p_ld<BN>() + c);
     float4 sum = hopper::ld_cluster_v4(addr, 0);
 #pragma unroll
     for (int q = 1; q < S; ++q) {
@@ -132,10 +141,11 @@ __device__ __forceinline__ void sum_splits(float* smem, const float (&acc)[4][4]
 #endif
 
 // A, B, C, e.res: the first batch's (base) pointers; blockIdx.z = batch index * S + split.
-template <bool kNT, bool k3x, class Out, int kEpi, int TM = 128, int S = 1>
+template <bool kNT, bool k3x, class Out, int kEpi, int TM = 128, int S = 1, int BN = 128>
 __device__ __forceinline__ void matmul(const float* A, const float* B, float* C, EpiArgs<Out> e, int batch, int m, int n,
                                        int k) {
-  static_assert((TM == 64 || TM == 128) && (S == 1 || S == 2 || S == 4 || S == 8), "f32 configs");
+  static_assert((TM == 64 || TM == 128) && (BN == 64 || BN == 128) && (S == 1 || S == 2 || S == 4 || S == 8), "f32 configs");
+  constexpr int kWarpsN = BN / 32;
   extern __shared__ __align__(16) float smem[];
   int tile_m, tile_n;
   block_tile(tile_m, tile_n);
@@ -144,10 +154,10 @@ __device__ __forceinline__ void matmul(const float* A, const float* B, float* C,
   A += bz * m * k, B += bz * k * n, C += bz * m * n;
   if constexpr (EpiTraits<kEpi>::kHasRes) e.res += bz * m * n;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int wm = warp / 4 * 64, wn = warp % 4 * 32;
+  const int wm = warp / kWarpsN * 64, wn = warp % kWarpsN * 32;
   const bool vec = k % 4 == 0 && (kNT || n % 4 == 0) && kit::aligned16(A) && kit::aligned16(B);
-  auto As = [&](int s) { return smem + s * stage_floats<TM>(); };
-  auto Bs = [&](int s) { return smem + s * stage_floats<TM>() + TM * A_LD; };
+  auto As = [&](int s) { return smem + s * stage_floats<TM, BN>(); };
+  auto Bs = [&](int s) { return smem + s * stage_floats<TM, BN>() + TM * A_LD; };
   float acc[4][4][4] = {};
   // 3xTF32: the tensor cores add into their accumulator without rounding to nearest; over a long
   // k that drifts (measured 2.9e-5 relative at k = 4096 with one accumulator, cuBLAS SGEMM
@@ -169,14 +179,14 @@ __device__ __forceinline__ void matmul(const float* A, const float* B, float* C,
   }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nt) load_stage<kNT, TM>(As(s), Bs(s), A, B, m, n, k, bm, bn, (kt0 + s) * BK, vec);
+    if (s < nt) load_stage<kNT, TM, BN>(As(s), Bs(s), A, B, m, n, k, bm, bn, (kt0 + s) * BK, vec);
     kit::cp_async_commit();
   }
   for (int i = 0; i < nt; ++i) {
     kit::cp_async_wait<kStages - 2>();
     __syncthreads();
     const int next = i + kStages - 1;
-    if (next < nt) load_stage<kNT, TM>(As(next % kStages), Bs(next % kStages), A, B, m, n, k, bm, bn, (kt0 + next) * BK, vec);
+    if (next < nt) load_stage<kNT, TM, BN>(As(next % kStages), Bs(next % kStages), A, B, m, n, k, bm, bn, (kt0 + next) * BK, vec);
     kit::cp_async_commit();
     const float* as = As(i % kStages);
     const float* bs = Bs(i % kStages);
@@ -200,8 +210,8 @@ __device__ __forceinline__ void matmul(const float* A, const float* B, float* C,
           const float* p = bs + (wn + 8 * j + g) * A_LD + kk + t;
           x[0] = p[0], x[1] = p[4];
         } else {
-          const float* p = bs + (kk + t) * BNN_LD + wn + 8 * j + g;
-          x[0] = p[0], x[1] = p[4 * BNN_LD];
+          const float* p = bs + (kk + t) * bnn_ld<BN>() + wn + 8 * j + g;
+          x[0] = p[0], x[1] = p[4 * bnn_ld<BN>()];
         }
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
@@ -237,7 +247,7 @@ __device__ __forceinline__ void matmul(const float* A, const float* B, float* C,
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (S > 1) {
-    sum_splits<TM, S, kEpi, Out>(smem, acc, C, e, m, n, bm, bn, wm, wn, g, t);
+    sum_splits<TM, BN, S, kEpi, Out>(smem, acc, C, e, m, n, bm, bn, wm, wn, g, t);
     return;
   }
 #endif

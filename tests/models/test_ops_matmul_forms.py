@@ -28,9 +28,9 @@ M, K, N, BATCH = 128, 256, 384, 6  # make_model.py's defaults
 DROP_BATCH = Reshape(((0, 1), (2,)))
 
 
-def _decision(tmp_path, form, dtype="f16", *, tf32=False):
+def _decision(tmp_path, form, dtype="f16", *sizes, tf32=False):
     model = tmp_path / f"{form}.onnx"
-    make_matmul_form(model, form, "--dtype", dtype)
+    make_matmul_form(model, form, "--dtype", dtype, *sizes)
     return only(decide(ops_at_matching_stage(model, tmp_path), library_matmul_kernels(), tf32=tf32))
 
 
@@ -90,14 +90,15 @@ def test_f32_forms_get_3xtf32_and_tf32_only_when_asked(tmp_path, form, kernel, t
 
 
 @needs_iree_compile
-@pytest.mark.parametrize("form, layout", [("bmm", "nn"), ("bmm4d", "nn"), ("qkt", "nt")])
-def test_f32_batch_matmuls_get_the_batched_f32_entries(tmp_path, form, layout):
-    """An f32 batch_matmul of batch 6 (4-D folded; K read through its transpose): the bmm entry of
-    the config choose_config_f32 picks for the whole batch, 3xTF32 and TF32 when asked."""
+@pytest.mark.parametrize("form, layout, n", [("bmm", "nn", N), ("bmm4d", "nn", N), ("qkt", "nt", N), ("bmm", "nn", 64)])
+def test_f32_batch_matmuls_get_the_batched_f32_entries(tmp_path, form, layout, n):
+    """An f32 batch_matmul of batch 6 (4-D folded; K read through its transpose; n = 64, attention's
+    P V: 64-wide tiles): the bmm entry of the config choose_config_f32 picks for the whole batch,
+    3xTF32 and TF32 when asked."""
     for tf32 in (False, True):
-        d = _decision(tmp_path, form, "f32", tf32=tf32)
+        d = _decision(tmp_path, form, "f32", "--n", n, tf32=tf32)
         family = f"bmm_{layout}_f32{'_tf32' if tf32 else ''}_none"
-        assert d.kernel is not None and d.kernel.name == f32_matmul_entry(family, M, N, K, BATCH), d.reasons
+        assert d.kernel is not None and d.kernel.name == f32_matmul_entry(family, M, n, K, BATCH), d.reasons
         assert d.to_json()["arithmetic"] == ("tf32" if tf32 else "3xtf32") and d.call.marked == 0
 
 
@@ -129,7 +130,9 @@ BUILDS = {
     "tf32": ("gemm_tb", "f32", True, f32_matmul_entry("matmul_nt_f32_tf32_none", M, N, K)),
     "bmm_f32": ("bmm", "f32", False, f32_matmul_entry("bmm_nn_f32_none", M, N, K, BATCH)),
     "qkt_f32": ("qkt", "f32", False, f32_matmul_entry("bmm_nt_f32_none", M, N, K, BATCH)),
+    "pv_f32": ("bmm", "f32", False, f32_matmul_entry("bmm_nn_f32_none", M, 64, K, BATCH)),  # 64-wide tiles
 }
+SIZES = {"pv_f32": ("--n", 64)}  # make_model.py's sizes where not its defaults
 
 
 @needs_iree_compile
@@ -144,7 +147,7 @@ def test_build_model_of_torch_linear_runs_no_iree_matmul_or_transpose(tmp_path):
 def _build(tmp_path, case, *, with_baseline=False):
     form, dtype, tf32, _ = BUILDS[case]
     model = tmp_path / f"{case}.onnx"
-    make_matmul_form(model, form, "--dtype", dtype)
+    make_matmul_form(model, form, "--dtype", dtype, *SIZES.get(case, ()))
     return build_model(None, model, BuildOptions.create("sm_90"), tmp_path / "out", tf32=tf32, with_baseline=with_baseline)
 
 
@@ -164,7 +167,7 @@ def test_build_model_replaces_each_form(tmp_path, case):
     if case.startswith("qkt"):  # the kernel reads K as it is: IREE's transpose dispatch died with the op
         assert not iree_dispatches(built.vmfb, "transpose")
     assert ('"arithmetic": "tf32"' in report) == (case == "tf32")
-    assert ('"arithmetic": "3xtf32"' in report) == (case in ("f32", "bmm_f32", "qkt_f32"))
+    assert ('"arithmetic": "3xtf32"' in report) == (case in ("f32", "bmm_f32", "qkt_f32", "pv_f32"))
 
 
 # ------------------------------------------------------------------ on the GPU, against IREE alone
