@@ -166,20 +166,29 @@ def test_every_listed_shape_gets_the_config_choose_config_picks():
             assert d.kernel.name == family + (f"_{config}" if config else ""), (shape, dtype, layout, d.reasons)
 
 
+GRID_SIZES = [1, 64, 127, 128, 129, 256, 384, 512, 768, 1000, 1024, 2048, 2304, 3072, 4096, 8192, 11008]
+
+
+def _picks_over_grid(conditions_of, order, batches):
+    """(m, n, k, batch, the first config in `order` whose manifest condition holds), evaluated as
+    the kit does, over a grid of shapes: 2-D (batch 1) with conditions_of(False), batched (each of
+    `batches`) with conditions_of(True)."""
+    from kitdispatch.describe.index_expr import Condition
+
+    for batched in (False, True):
+        conditions = {c: Condition.parse(t, c) for c, t in conditions_of(batched).items() if t}
+        for m, n, k in itertools.product(GRID_SIZES, GRID_SIZES, GRID_SIZES):
+            for batch in batches if batched else (1,):
+                sizes_of = {"m": m, "n": n, "k": k, "batch": batch}
+                yield m, n, k, batch, next(c for c in order if c not in conditions or conditions[c].holds(sizes_of))
+
+
 def test_the_conditions_pick_what_choose_config_picks_over_a_grid():
     """The same, evaluated directly (as the kit does) over many shapes: rule 4's float score
     comparison is an integer one in the manifest."""
-    from kitdispatch.describe.index_expr import Condition
-
     configs = _load("configs")
-    sizes = [1, 64, 127, 128, 129, 256, 384, 512, 768, 1000, 1024, 2048, 2304, 3072, 4096, 8192, 11008]
-    for batched in (False, True):
-        conditions = {c: Condition.parse(t, c) for c, t in configs.config_conditions(batched).items() if t}
-        for m, n, k in itertools.product(sizes, sizes, sizes):
-            for batch in (3, 96) if batched else (1,):
-                sizes_of = {"m": m, "n": n, "k": k, "batch": batch}
-                first = next(c for c in configs.CONFIG_ORDER if c not in conditions or conditions[c].holds(sizes_of))
-                assert first == configs.choose_config(m, n, k, "f16", batch), (m, n, k, batch)
+    for m, n, k, batch, first in _picks_over_grid(configs.config_conditions, configs.CONFIG_ORDER, (3, 96)):
+        assert first == configs.choose_config(m, n, k, "f16", batch), (m, n, k, batch)
 
 
 def test_f32_matmuls_get_the_config_choose_config_f32_picks():
@@ -200,20 +209,12 @@ def test_f32_matmuls_get_the_config_choose_config_f32_picks():
 
 
 def test_the_f32_conditions_pick_what_choose_config_f32_picks_over_a_grid():
-    from kitdispatch.describe.index_expr import Condition
-
     configs = _load("configs")
     assert set(configs.F32_CONFIG_ORDER) == set(configs.F32_CONFIGS) and configs.F32_CONFIG_ORDER[-1] == ""
-    sizes = [1, 64, 127, 128, 129, 256, 384, 512, 768, 1000, 1024, 2048, 2304, 3072, 4096, 8192, 11008]
     seen = set()
-    for batched in (False, True):
-        conditions = {c: Condition.parse(t, c) for c, t in configs.f32_config_conditions(batched).items() if t}
-        for m, n, k in itertools.product(sizes, sizes, sizes):
-            for batch in (12, 96) if batched else (1,):
-                sizes_of = {"m": m, "n": n, "k": k, "batch": batch}
-                first = next(c for c in configs.F32_CONFIG_ORDER if c not in conditions or conditions[c].holds(sizes_of))
-                assert first == configs.choose_config_f32(m, n, k, batch), (m, n, k, batch)
-                seen.add(first)
+    for m, n, k, batch, first in _picks_over_grid(configs.f32_config_conditions, configs.F32_CONFIG_ORDER, (12, 96)):
+        assert first == configs.choose_config_f32(m, n, k, batch), (m, n, k, batch)
+        seen.add(first)
     assert seen == set(configs.F32_CONFIGS)  # every config is some shape's
 
 
