@@ -61,20 +61,22 @@ def test_builds_for_sm_80(folder, tmp_path):
 # --------------------------------------------------------------- tensor-core kernels (GPU)
 
 HOPPER_ARCHS = "sm_90a,sm_80"  # the architectures kernels/matmul and kernels/attention ship for
+TENSOR_CORE_FAMILIES = ("matmul", "attention", "attention_f32")  # attention_f32: CUDA cores, but cp.async (sm_80)
 
 
 @pytest.fixture(scope="session")
 def tensor_core_builds(tmp_path_factory, prebuilt_dir):
-    """kernels/matmul and kernels/attention built for sm_90a + sm_80 (or the prebuilt copies)."""
+    """kernels/matmul, kernels/attention and kernels/attention_f32 built for sm_90a + sm_80 (or the prebuilt copies)."""
     if prebuilt_dir is not None:
-        return {name: prebuilt_dir / name for name in ("matmul", "attention")}
+        return {name: prebuilt_dir / name for name in TENSOR_CORE_FAMILIES}
     if not HAVE_IREE_COMPILE:
         pytest.skip("neither iree-compile nor KITDISPATCH_PREBUILT is available")
     from kitdispatch import build_all
 
     out = tmp_path_factory.mktemp("tensor_core")
-    build_all([buildable(REPO / "kernels" / "matmul"), REPO / "kernels" / "attention"], BuildOptions.create(HOPPER_ARCHS), out)
-    return {name: out / name for name in ("matmul", "attention")}
+    projects = [buildable(REPO / "kernels" / "matmul"), REPO / "kernels" / "attention", REPO / "kernels" / "attention_f32"]
+    build_all(projects, BuildOptions.create(HOPPER_ARCHS), out)
+    return {name: out / name for name in TENSOR_CORE_FAMILIES}
 
 
 def _module(builds, name):
@@ -202,19 +204,40 @@ def _attention_reference(q, k, v, causal, scale=None):
     return (weights / weights.sum(axis=-1, keepdims=True)) @ v
 
 
+def _attention_module(builds, dtype):
+    """kernels/attention (f16, bf16) or kernels/attention_f32."""
+    return _module(builds, "attention_f32" if dtype == "f32" else "attention")
+
+
+F32_HEAD_DIMS = 64  # kernels/attention_f32 has code for head dims up to 64
+
+
+def _dtype_cases(shapes):
+    """(dtype, shape) for each dtype whose kernels have code for the shape's head dim (its last)."""
+    fits = {"f16": lambda d: d in (64, 80, 96, 128), "bf16": lambda d: d in (64, 80, 96, 128), "f32": lambda d: d <= F32_HEAD_DIMS}
+    return [pytest.param(dtype, shape, id=f"{dtype}-{'x'.join(map(str, shape))}")
+            for shape in shapes for dtype in ("f16", "bf16", "f32") if fits[dtype](shape[-1])]
+
+
+def _scale_of(dtype, d):
+    """The scale models give the _kt, _bshd, ... entries: 1/sqrt(d) in the model's type (f16 for 16-bit models)."""
+    return float(np.float32(1 / np.sqrt(d))) if dtype == "f32" else float(np.float16(1 / np.sqrt(d)))
+
+
 # (b, h, s, d): partial 128-row query blocks and key tiles, one token, both head dims.
-ATTENTION_SHAPES = [(1, 2, 128, 64), (2, 3, 257, 128), (1, 1, 1, 64), (2, 2, 300, 64), (1, 2, 1000, 128), (1, 2, 200, 96), (2, 1, 129, 80)]
+# f32 (64-row blocks): head dims 64, 32 and 1, a 1000-token causal run.
+ATTENTION_SHAPES = [(1, 2, 128, 64), (2, 3, 257, 128), (1, 1, 1, 64), (2, 2, 300, 64), (1, 2, 1000, 128), (1, 2, 200, 96), (2, 1, 129, 80),
+                    (2, 3, 65, 32), (1, 2, 1000, 64), (1, 1, 7, 1)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", ATTENTION_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype, shape", _dtype_cases(ATTENTION_SHAPES))
 def test_attention_shapes(tensor_core_builds, dtype, causal, shape):
     rng = np.random.default_rng(sum(shape))
     q, k, v = (rng.standard_normal(shape).astype(_numpy_dtype(dtype)) for _ in range(3))
     function = f"attention{'_causal' if causal else ''}_{dtype}"
-    got = _module(tensor_core_builds, "attention").call(function, q, k, v)
+    got = _attention_module(tensor_core_builds, dtype).call(function, q, k, v)
     assert _rel_err(got, _attention_reference(q, k, v, causal)) <= RESULT_TOL[dtype]
 
 
@@ -226,18 +249,17 @@ LAYOUT_SHAPES = [(1, 12, 128, 64), (2, 3, 197, 64), (2, 2, 300, 128), (1, 1, 1, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("variant", ["bshd", "kt", "qkv"])
-@pytest.mark.parametrize("shape", LAYOUT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype, shape", _dtype_cases(LAYOUT_SHAPES))
 def test_attention_layout_variants(tensor_core_builds, dtype, causal, variant, shape):
     """_bshd: Q, K, V, O [b, s, h, d]; _kt: Q, V [b, h, s, d], K^T [b, h, d, s], O [b, s, h, d];
     _qkv: one packed qkv [b, s, 3, h, d] (GPT-2's projection), O [b, s, h, d]; the scale an
-    argument (here 1/sqrt(d) rounded to f16, as f16 models give it)."""
+    argument (here 1/sqrt(d) in the model's type: f16 for 16-bit models)."""
     rng = np.random.default_rng(sum(shape))
     q, k, v = (rng.standard_normal(shape).astype(_numpy_dtype(dtype)) for _ in range(3))  # [b, h, s, d]
     function = f"attention{'_causal' if causal else ''}_{variant}_{dtype}"
-    scale = float(np.float16(1 / np.sqrt(shape[-1])))
+    scale = _scale_of(dtype, shape[-1])
     expected = np.swapaxes(_attention_reference(q, k, v, causal, scale), 1, 2)  # [b, s, h, d]
     if variant == "bshd":
         args = [np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k, v)]
@@ -245,7 +267,7 @@ def test_attention_layout_variants(tensor_core_builds, dtype, causal, variant, s
         args = [np.ascontiguousarray(np.stack([np.swapaxes(x, 1, 2) for x in (q, k, v)], axis=2))]
     else:
         args = [q, np.ascontiguousarray(np.swapaxes(k, -1, -2)), v]
-    got = _module(tensor_core_builds, "attention").call(function, *args, np.float32(scale))
+    got = _attention_module(tensor_core_builds, dtype).call(function, *args, np.float32(scale))
     assert got.shape == expected.shape
     assert _rel_err(got, expected) <= RESULT_TOL[dtype]
 
@@ -256,10 +278,9 @@ GQA_SHAPES = [(1, 16, 4, 128, 128), (2, 8, 2, 197, 64), (1, 4, 1, 300, 96), (2, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("variant", ["gqa", "gqa_bshd"])
-@pytest.mark.parametrize("shape", GQA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype, shape", _dtype_cases(GQA_SHAPES))
 def test_attention_gqa(tensor_core_builds, dtype, causal, variant, shape):
     """Q [b, h, s, d], K [b, g, s, d] (_gqa) or [b, s, g, d] (_gqa_bshd), V [b, s, g, d], O [b, s, h, d]:
     query head i reads K/V head i // (h // g)."""
@@ -267,60 +288,61 @@ def test_attention_gqa(tensor_core_builds, dtype, causal, variant, shape):
     rng = np.random.default_rng(sum(shape))
     make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))
     q, k, v = make(b, h, s, d), make(b, g, s, d), make(b, g, s, d)
-    scale = float(np.float16(1 / np.sqrt(d)))
+    scale = _scale_of(dtype, d)
     k_heads, v_heads = (np.repeat(x, h // g, axis=1) for x in (k, v))
     expected = np.swapaxes(_attention_reference(q, k_heads, v_heads, causal, scale), 1, 2)
     k_arg = k if variant == "gqa" else np.ascontiguousarray(np.swapaxes(k, 1, 2))
     function = f"attention{'_causal' if causal else ''}_{variant}_{dtype}"
-    got = _module(tensor_core_builds, "attention").call(function, q, k_arg, np.ascontiguousarray(np.swapaxes(v, 1, 2)), np.float32(scale))
+    got = _attention_module(tensor_core_builds, dtype).call(function, q, k_arg, np.ascontiguousarray(np.swapaxes(v, 1, 2)), np.float32(scale))
     assert _rel_err(got, expected) <= RESULT_TOL[dtype]
 
 
 # (b, h, s, t, d): fewer and more keys than queries, partial tiles, one key, d = 96 padded.
-CROSS_SHAPES = [(1, 2, 128, 77, 64), (2, 3, 100, 300, 128), (1, 1, 5, 1, 64), (1, 2, 197, 64, 96)]
+CROSS_SHAPES = [(1, 2, 128, 77, 64), (2, 3, 100, 300, 128), (1, 1, 5, 1, 64), (1, 2, 197, 64, 96), (1, 2, 100, 150, 48)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["f16", "bf16"])
-@pytest.mark.parametrize("shape", CROSS_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype, shape", _dtype_cases(CROSS_SHAPES))
 def test_attention_cross(tensor_core_builds, dtype, shape):
     """Q [b, h, s, d] against K and V [b, h, t, d]: t keys for s queries, the scale an argument."""
     b, h, s, t, d = shape
     rng = np.random.default_rng(sum(shape))
     make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))
     q, k, v = make(b, h, s, d), make(b, h, t, d), make(b, h, t, d)
-    scale = float(np.float16(1 / np.sqrt(d)))
-    got = _module(tensor_core_builds, "attention").call(f"attention_cross_{dtype}", q, k, v, np.float32(scale))
+    scale = _scale_of(dtype, d)
+    got = _attention_module(tensor_core_builds, dtype).call(f"attention_cross_{dtype}", q, k, v, np.float32(scale))
     assert _rel_err(got, _attention_reference(q, k, v, False, scale)) <= RESULT_TOL[dtype]
 
 
 # (b, h, g, s, d) and the padding of the last batch row: none, right, left (a causal row's own
 # keys all padded), every key (a fully padded row), random holes; g: K/V heads (GQA entries).
-PAD_SHAPES = [(2, 3, 3, 300, 64), (2, 2, 2, 197, 128), (2, 4, 2, 130, 96)]
+PAD_SHAPES = [(2, 3, 3, 300, 64), (2, 2, 2, 197, 128), (2, 4, 2, 130, 96), (2, 2, 1, 150, 48)]
 PADDINGS = ["none", "right", "left", "full", "holes"]
 
 
+LOWEST = {"f16": -65504.0, "bf16": -65504.0, "f32": float(np.finfo(np.float32).min)}  # what HF's masks add (f16's lowest in 16-bit models)
+
+
 def _padding_bias(b: int, s: int, padding: str, dtype: str) -> np.ndarray:
-    """[b, s] of the attention dtype: 0 where a key attends, f16's lowest (HF's mask) where it is padded."""
+    """[b, s] of the attention dtype: 0 where a key attends, the lowest (HF's mask) where it is padded."""
     keep = np.ones((b, s), bool)
     keep[-1] = {"none": keep[-1], "right": np.arange(s) < s - 37, "left": np.arange(s) >= 50, "full": False,
                 "holes": np.random.default_rng(s).random(s) > 0.3}[padding]
-    return np.where(keep, 0.0, -65504.0).astype(_numpy_dtype(dtype))
+    return np.where(keep, 0.0, LOWEST[dtype]).astype(_numpy_dtype(dtype))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("variant", ["pad", "causal_pad", "pad_kt", "causal_pad_kt", "pad_bshd", "causal_pad_bshd", "causal_pad_gqa",
                                      "causal_pad_gqa_bshd"])
 @pytest.mark.parametrize("padding", PADDINGS)
-@pytest.mark.parametrize("shape", PAD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype, shape", _dtype_cases(PAD_SHAPES))
 def test_attention_key_padding(tensor_core_builds, dtype, variant, padding, shape):
     """The _pad entries against kernels/attention/reference.py (a biased key's score rounded,
     scaled and biased in the dtype, as a model's chain computes it): a fully padded row gets
     the softmax over every key's biased score, not NaN; a causal row whose keys are all padded
     (left padding) runs over every key."""
     b, h, g, s, d = shape
-    reference = runpy.run_path(str(REPO / "kernels" / "attention" / "reference.py"))
+    reference = runpy.run_path(str(REPO / "kernels" / ("attention_f32" if dtype == "f32" else "attention") / "reference.py"))
     function = f"attention_{variant}_{dtype}"
     rng = np.random.default_rng(sum(shape))
     make = lambda *dims: rng.standard_normal(dims).astype(_numpy_dtype(dtype))
@@ -335,9 +357,9 @@ def test_attention_key_padding(tensor_core_builds, dtype, variant, padding, shap
         q = make(b, s, h, d)
     k, v = make(*k_shape), make(*v_shape)
     bias = _padding_bias(b, s, padding, dtype)
-    scale, masked = np.float32(np.float16(1 / np.sqrt(d))), np.float32(-65504.0)
+    scale, masked = np.float32(_scale_of(dtype, d)), np.float32(LOWEST[dtype])
     expected = reference[function](q, k, v, bias, scale, masked)
-    got = _module(tensor_core_builds, "attention").call(function, q, k, v, bias, scale, masked)
+    got = _attention_module(tensor_core_builds, dtype).call(function, q, k, v, bias, scale, masked)
     assert got.shape == expected.shape
     assert _rel_err(got, expected.astype(np.float64)) <= RESULT_TOL[dtype]
 
@@ -347,6 +369,8 @@ def test_attention_refuses_other_head_dims_loudly(tensor_core_builds):
     q = np.ones((1, 1, 10, 72), np.float16)  # 64, 80, 96 and 128 have code
     got = _module(tensor_core_builds, "attention").call("attention_f16", q, q, q)
     assert np.isnan(got.astype(np.float32)).all()
+    q32 = np.ones((1, 1, 10, 72), np.float32)  # attention_f32: head dims up to 64
+    assert np.isnan(_module(tensor_core_builds, "attention_f32").call("attention_f32", q32, q32, q32)).all()
 
 
 # ------------------------------------------------------------ what each architecture gets

@@ -37,7 +37,7 @@ ARCHS = {"12": ("sm_70", "sm_80", "sm_90"), "13": ("sm_75", "sm_80", "sm_90")}
 EXTRA = {"12": "cu12", "13": "build"}
 SAMPLES = sorted(p.parent for p in (REPO / "samples").glob("*/kitdispatch.toml"))
 LIBRARY = sorted(p.parent for p in (REPO / "kernels").glob("*/kitdispatch.toml"))
-NEEDS_SM80 = {"matmul", "attention", "norm"}  # tensor-core kernels: cp.async, ldmatrix, mma.sync.m16n8k16
+NEEDS_SM80 = {"matmul", "attention", "attention_f32", "norm"}  # cp.async (attention_f32 too), ldmatrix, mma.sync.m16n8k16
 PIP_TIMEOUT_S = 1800
 BUILD_TIMEOUT_S = 1800
 

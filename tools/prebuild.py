@@ -29,7 +29,7 @@ import kitdispatch as kd  # noqa: E402
 
 # The tensor-core kernels ship sm_90a code beside their sm_80 path (tests/test_kernel_library.py);
 # shared_per_arch reserves more shared memory on sm_90a (tests/emit/test_shared_per_arch.py).
-HOPPER = {"matmul", "attention", "shared_per_arch"}
+HOPPER = {"matmul", "attention", "attention_f32", "shared_per_arch"}
 # Test modules that are not CUDA builds (tests/data/cpu_calls and cpu_sized run on IREE's CPU device).
 NOT_CUDA = {"cpu_calls", "cpu_sized"}
 # Projects the GPU tests also run as built by nvcc (OUT/NAME.nvcc), where nvcc is installed.

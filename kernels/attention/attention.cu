@@ -19,10 +19,12 @@
 
 #include "../common/kit_mma.cuh"
 #include "../common/kit_sm90.cuh"
+#include "layouts.cuh"
 
 namespace {
 
 using kit::half_bits;
+using namespace kit_attention;
 
 constexpr int kThreads = 384;
 constexpr int BM = 128;  // query rows per block
@@ -34,12 +36,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-
-// Where a tensor's head lies in memory: [b, h, s, d] (rows of one head contiguous), [b, s, h, d]
-// (a projection's output before the transpose to heads: rows h * d apart), or, for K only,
-// [b, h, d, s] (K^T, as a transposing projection leaves it), or one third of a packed QKV
-// projection [b, s, 3, h, d] (rows 3 * h * d apart; the caller offsets K by h * d, V by 2 * h * d).
-enum Order { BHSD, BSHD, BHDS, BS3HD };
 
 struct Problem {
   const half_bits* q;
@@ -69,20 +65,6 @@ __device__ __forceinline__ float round_to(float x) {
 template <class E>
 __device__ __forceinline__ float padded_score(float qk, float add, const Problem& p) {
   return round_to<E>(round_to<E>(round_to<E>(qk) * p.scale_e) + add) * kLog2e;
-}
-
-// Head `head` of `heads` of a tensor of layout L in this block's batch: its first element, and
-// the distance between its rows.
-template <Order L>
-__device__ __forceinline__ long long head_offset(int heads, int head, int s, int d) {
-  return L == BSHD    ? ((long long)blockIdx.z * s * heads + head) * d
-         : L == BS3HD ? ((long long)blockIdx.z * s * 3 * heads + head) * d
-                      : ((long long)blockIdx.z * heads + head) * s * d;
-}
-
-template <Order L>
-__device__ __forceinline__ long long row_stride(int heads, int s, int d) {
-  return L == BSHD ? (long long)heads * d : L == BS3HD ? 3LL * heads * d : L == BHDS ? s : d;
 }
 
 // The block's query rows: blocks start in reverse order, so the causal variant's longest rows

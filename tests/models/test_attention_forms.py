@@ -224,9 +224,34 @@ def test_gqa_of_dynamic_batch_takes_its_repeat_from_q(tmp_path, half_batch_k):
         assert any("attention_causal_gqa_f16" in r and "K (not a layout a kernel names)" in r for r in d.reasons), d.reasons
 
 
-def test_decomposed_f32_attention_is_kept_for_its_element_type(tmp_path):
-    d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx"), tmp_path))
-    assert d.kernel is None and "element type: the op's Q is 2x4x128x64xf32" in d.reasons[0], d.reasons
+@pytest.mark.parametrize(
+    "args, kernel",
+    [
+        ([], "attention_f32"),
+        (["--mask", "causal"], "attention_causal_f32"),
+        (["--head-dim", 32], "attention_f32"),  # kernels/attention_f32 has code for d <= 64
+        # an f32 chain has no truncation: the replaced op ends at the transpose of O back to [b, s, h, d]
+        (["--form", "layer", "--mask", "where-add"], "attention_bshd_f32"),
+        (["--form", "split", "--mask", "where-add-causal"], "attention_causal_qkv_f32"),
+        (["--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f32"),
+        (["--kv-heads", 2, "--mask", "causal"], "attention_causal_gqa_bhsd_f32"),
+        (["--kv-seq", 77], "attention_cross_f32"),
+    ],
+    ids=["plain", "causal", "d32", "layer-where-add", "split-where-causal", "layer-keypad", "gqa-bhsd", "cross-77"],
+)
+def test_decomposed_f32_attention_is_replaced_whole(tmp_path, args, kernel):
+    decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", *args), tmp_path)
+    d = attention_decision(decisions)
+    assert d.kernel is not None and d.kernel.name == kernel, d.reasons
+    assert d.op.inputs[0].dtype == "f32"
+    assert all(x.kernel is None for x in decisions if x.op.kind in ("linalg.softmax", "linalg.batch_matmul"))
+    assert_parts_name_a_replacement(decisions)
+
+
+def test_decomposed_f32_attention_past_head_dim_64_is_kept_saying_why(tmp_path):
+    d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--form", "layer", "--head-dim", 128), tmp_path))
+    assert d.kernel is None
+    assert any("attention_bshd_f32" in r and "limit: the condition 'd <= 64' is false for d = 128" in r for r in d.reasons), d.reasons
 
 
 # ----------------------------------------------------------------- builds (real iree-compile)
@@ -260,11 +285,27 @@ def test_attention_forms_build_to_one_kernel_dispatch(tmp_path, kind, args, kern
 
 
 @needs_iree_compile
-def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
-    """Q, K, V projected in the model (as a BERT layer writes them), in f32: the library has no
-    f32 attention, so the attention is kept with the reason, and its f32 [b, h, s, s] softmax
-    runs as b*h*s rows of the library's row softmax."""
+def test_projected_f32_layer_builds_to_one_attention_kernel(tmp_path):
+    """Q, K, V projected in the model (as a BERT layer writes them), in f32: the whole chain with
+    the transpose of O back to [b, s, h, d] becomes attention_bshd_f32; IREE's attention matmuls
+    and softmax are gone, and the module has no more dispatches than IREE's own."""
     model = make_model(tmp_path, "onnx", "attn.onnx", "--form", "layer")
+    result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
+    [attention] = [d for d in result.decisions if d.op.kind == "iree_linalg_ext.attention"]
+    assert attention.kernel is not None and attention.kernel.name == "attention_bshd_f32", attention.reasons
+    assert attention.op.result.shape[-3:] == (128, 4, 64)
+    assert "attention_bshd_f32" in dump_module(result.vmfb)
+    assert not iree_dispatches(result.vmfb, "softmax") and not iree_dispatches(result.vmfb, "batch_matmul")
+    assert iree_dispatches(result.baseline_vmfb, "softmax")
+    assert dispatch_calls(result.vmfb) <= dispatch_calls(result.baseline_vmfb)
+
+
+@needs_iree_compile
+def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
+    """The same layer in f32 with head dim 128: the library has no f32 attention for it
+    (kernels/attention_f32: d <= 64), so the attention is kept with the reason, and its f32
+    [b, h, s, s] softmax runs as b*h*s rows of the library's row softmax."""
+    model = make_model(tmp_path, "onnx", "attn.onnx", "--form", "layer", "--head-dim", "128")
     result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
     by_kind = {d.op.kind: d for d in result.decisions if d.op.kind in ("linalg.softmax", "iree_linalg_ext.attention")}
     assert by_kind["linalg.softmax"].kernel.name == "row_softmax" and by_kind["linalg.softmax"].call.variant == "_rows"

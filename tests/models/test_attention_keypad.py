@@ -72,10 +72,11 @@ def test_key_padding_near_misses_are_kept_with_the_reason(tmp_path, args, reason
     assert all(reason in r for r in d.reasons), d.reasons
 
 
-def test_f32_key_padding_is_kept_for_its_element_type(tmp_path):
+def test_f32_key_padding_reaches_the_f32_kernel(tmp_path):
+    """An f32 model's boolean flags become the f32 bias the kernel adds (select(keep, 0, f32's lowest))."""
     d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--mask", "keypad-gather"), tmp_path))
-    assert d.kernel is None and d.op.detail.mask_form == "key_padding"
-    assert any("element type: the op's Q is 2x4x128x64xf32" in r for r in d.reasons), d.reasons
+    assert d.op.detail.mask_form == "key_padding"
+    assert d.kernel is not None and d.kernel.name == "attention_pad_f32", d.reasons
 
 
 # ----------------------------------------------------------------- builds (real iree-compile)

@@ -1,4 +1,4 @@
-"""The attention of real HF exports (torch's dynamo exporter, f16, random weights: the ONNX files
+"""The attention of real HF exports (torch's dynamo exporter, f16 and f32, random weights: the ONNX files
 in /work/hf/x that benchmarks/investigations/export_hf_models.py writes), built with the whole
 library: each model's attention is one library kernel, IREE's attention matmuls and softmax are
 gone, and the module has no more dispatches than IREE alone. Skipped where the exports are not."""
@@ -27,6 +27,8 @@ ARCHS = "sm_90a,sm_80"
         ("llama-f16-b1s128", "attention_causal_gqa_f16"),  # 16 query heads, 4 K/V heads, d = 128
         ("llama-f16-b2s128", "attention_causal_gqa_f16"),  # at batch 2 repeat_kv's broadcast is merged with the batch
         ("llama-mask-f16-b2s128", "attention_causal_pad_gqa_f16"),  # called with attention_mask (--attention-mask)
+        ("bert-f32-b1s128", "attention_kt_f32"),  # f32 (--dtype f32): kernels/attention_f32
+        ("gpt2-f32-b1s128", "attention_causal_qkv_f32"),
     ],
 )
 def test_hf_export_attention_is_one_kernel(tmp_path, model, kernel):

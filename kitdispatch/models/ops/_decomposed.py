@@ -124,9 +124,10 @@ def _is_cast(op: ir.Operation) -> bool:
 
 
 def _cast_permutation(op: ir.Operation) -> tuple[int, ...] | None:
-    """For a generic that only converts its one input (extf / truncf), possibly transposing it
-    (identity output map, a permutation for the input), the input map's dims: dim j of the
-    input is dim permutation[j] of the output. None for anything else."""
+    """For a generic that only converts its one input (extf / truncf) or copies it (an f32
+    model's transpose of O back to [b, s, h, d]), possibly transposing it (identity output map,
+    a permutation for the input), the input map's dims: dim j of the input is dim
+    permutation[j] of the output. None for anything else."""
     from iree.compiler import ir
 
     if op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
@@ -136,7 +137,7 @@ def _cast_permutation(op: ir.Operation) -> tuple[int, ...] | None:
     rank = len(maps[1]) if maps[1] is not None else -1
     if None in maps or maps[1] != tuple(range(rank)) or sorted(maps[0]) != list(range(rank)):
         return None
-    return maps[0] if body[:-1] in (["arith.truncf"], ["arith.extf"]) else None
+    return maps[0] if body[:-1] in (["arith.truncf"], ["arith.extf"], []) else None
 
 
 # ------------------------------------------------- where Q, K, V and O's axes come from
@@ -501,7 +502,14 @@ def _down(anchor: ir.Operation, rank: int, rows: tuple[int, int] | None = None) 
     sixteen = [i for i, op in enumerate(ops) if tensor_facts(op.results[0].type).dtype in ("f16", "bf16") and _order(roles[i])]
     same_rank = [i for i in sixteen if len(tensor_facts(ops[i].results[0].type).shape) == rank
                  and all(op.name in _THROUGH or _is_cast(op) for op in ops[1:i + 1])]
-    chosen = same_rank[0] if same_rank else sixteen[0] if sixteen else 0
+    if tensor_facts(anchor.results[0].type).dtype == "f32" and not sixteen:
+        # An f32 chain has no truncation to stop at: it ends at its last op of a kernel's order
+        # (the transpose of O back to [b, s, h, d], which the kernel then writes, as the f16
+        # chain's transposing truncation).
+        ordered = [i for i in range(len(ops)) if _order(roles[i])]
+        chosen = ordered[-1] if ordered else 0
+    else:
+        chosen = same_rank[0] if same_rank else sixteen[0] if sixteen else 0
     return ops[:chosen + 1], roles[chosen]
 
 

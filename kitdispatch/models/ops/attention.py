@@ -26,8 +26,8 @@ import numpy as np
 
 from kitdispatch.describe.kernel import Buffer, Kernel, Scalar
 from kitdispatch.models.ops.base import (
-    Call, Constant, Layout, OpFacts, OpKind, Operand, Reshape, TensorFacts, expect, function_of, kernel_buffers, location, map_dims, op_name,
-    tensor_facts, type_mismatch,
+    Call, Constant, Layout, OpFacts, OpKind, Operand, Reshape, TensorFacts, condition_mismatch, expect, function_of, kernel_buffers, location,
+    map_dims, op_name, tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
 from kitdispatch.models.ops._decomposed import MATMULS, PACKED, Chain, Input, looks_like_attention, read_attention_op, read_chain, repeated_heads
@@ -36,7 +36,7 @@ from kitdispatch.models.ops._masks import CAUSAL, CAUSAL_KEY_PADDING, KEY_PADDIN
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
 
-HEAD_DIMS = (64, 80, 96, 128)  # the head dims the kernel has code for (80 and 96 padded to 128)
+HEAD_DIMS = (64, 80, 96, 128)  # the head dims kernels/attention has code for (80 and 96 padded to 128); a kernel with replace_when's `when` says its own
 BATCH_DIMS = 2  # the kernel's b and h; an op with one batch dim runs as b = 1
 ROLES = ("Q", "K", "V", "O")
 PLAIN = ("bhsd",) * 4  # every tensor [b, h, s, d]
@@ -205,7 +205,11 @@ class Attention(OpKind):
         if unknown:
             return f"shape: the sequence length or head dim of {unknown[0]} is dynamic, and the kernel's must be checked"
         head = s_and_d[0][1]
-        if head not in HEAD_DIMS:
+        if kernel.replaces.when is not None:  # the kernel says which head dims it has code for (attention_f32: d <= 64)
+            why = condition_mismatch(kernel, sizes)
+            if why:
+                return why
+        elif head not in HEAD_DIMS:
             return f"head dim {head}: the kernel has code for {', '.join(map(str, HEAD_DIMS[:-1]))} and {HEAD_DIMS[-1]} only"
         if SCALE in (layout.pattern or ()):  # the kernel scales by the op's constant
             if op.detail.scale is None:

@@ -13,7 +13,13 @@ GPU_CASES = {
     "onnx-causal": ("onnx", ["--f16", "--mask", "causal"], "attention_causal_f16"),
     "onnx-where-causal": ("onnx", ["--f16", "--mask", "causal-where"], "attention_causal_f16"),
     "onnx-flat-300": ("onnx", ["--f16", "--form", "flat", "--mask", "zero", "--seq", "300"], "attention_f16"),
-    "onnx-layer-softmax-rows": ("onnx", ["--form", "layer"], "row_softmax"),  # f32: no f32 attention kernel
+    "onnx-layer-softmax-rows": ("onnx", ["--form", "layer", "--head-dim", "128"], "row_softmax"),  # f32, d 128: no f32 attention kernel
+    # f32 (kernels/attention_f32): the chain with O's transpose back to [b, s, h, d]; partial 64-row blocks
+    "onnx-f32-causal-197": ("onnx", ["--mask", "causal", "--seq", "197"], "attention_causal_f32"),
+    "onnx-f32-layer-where-add": ("onnx", ["--form", "layer", "--mask", "where-add"], "attention_bshd_f32"),
+    "onnx-f32-split-causal": ("onnx", ["--form", "split", "--mask", "where-add-causal"], "attention_causal_qkv_f32"),
+    "onnx-f32-layer-keypad-flags": ("onnx", ["--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f32"),
+    "onnx-f32-gqa-bhsd-d32": ("onnx", ["--kv-heads", "2", "--mask", "causal", "--head-dim", "32"], "attention_causal_gqa_bhsd_f32"),
     "onnx-layer-kt": ("onnx", ["--f16", "--form", "layer", "--mask", "where-add"], "attention_kt_f16"),
     "onnx-layer-kt-causal-197": ("onnx", ["--f16", "--form", "layer", "--mask", "where-add-causal", "--seq", "197"],
                                  "attention_causal_kt_f16"),
