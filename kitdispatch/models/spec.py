@@ -260,12 +260,13 @@ class _Body:
         loops = ", ".join(f"d{i}" for i in range(len(facts.shape)))
         identity = f"affine_map<({loops}) -> ({loops})>"
         n, parallel = self.count, ", ".join(['"parallel"'] * len(facts.shape))
+        masked = (f"  %masked{n} = arith.constant {where_false} : f32\n" if dtype == "f32"  # f32 to f32 is no truncf
+                  else f"  %wide{n} = arith.constant {where_false} : f32\n  %masked{n} = arith.truncf %wide{n} : f32 to {dtype}\n")
         return self.add(
             f"linalg.generic {{indexing_maps = [{identity}, {identity}], iterator_types = [{parallel}]}} "
             f"ins({value} : {tensor_text(facts)}) outs({empty} : {tensor_text(out)}) {{\n"
             f"^bb0(%in{n}: i1, %out{n}: {dtype}):\n"
-            f"  %zero{n} = arith.constant 0.0 : {dtype}\n  %wide{n} = arith.constant {where_false} : f32\n"
-            f"  %masked{n} = arith.truncf %wide{n} : f32 to {dtype}\n"
+            f"  %zero{n} = arith.constant 0.0 : {dtype}\n{masked}"
             f"  %w{n} = arith.select %in{n}, %zero{n}, %masked{n} : {dtype}\n  linalg.yield %w{n} : {dtype}\n}} -> {tensor_text(out)}"
         )
 

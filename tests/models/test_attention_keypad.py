@@ -89,8 +89,10 @@ def test_f32_key_padding_reaches_the_f32_kernel(tmp_path):
         (["--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f16", True),
         (["--form", "split", "--mask", "keypad-causal-gather"], "attention_causal_pad_kt_f16", True),
         (["--mask", "keypad"], "attention_pad_f16", False),
+        # f32 (kernels/attention_f32): the flags' bias made in f32, f32's lowest with no truncf
+        (["--f32", "--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f32", True),
     ],
-    ids=["layer-flags", "split-causal-flags", "heads-additive"],
+    ids=["layer-flags", "split-causal-flags", "heads-additive", "f32-layer-flags"],
 )
 def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, kernel, selects):
     """The whole chain with its mask's broadcast (the scores' generic reading [b, t] per batch
@@ -98,7 +100,8 @@ def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, 
     elementwise dispatch over the [b, h, s, s] scores, and the module has no more dispatches
     than IREE's own. Boolean flags reach the kernel as the bias their select adds, made in the
     adapter (a [b, t] generic IREE runs with the flags' producer)."""
-    model = make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args)
+    f32 = args[:1] == ["--f32"]
+    model = make_model(tmp_path, "onnx", "attn.onnx", *(args[1:] if f32 else ["--f16", *args]))
     result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
     [attention] = [d for d in result.decisions if d.op.kind == "iree_linalg_ext.attention"]
     assert attention.kernel is not None and attention.kernel.name == kernel, attention.reasons
@@ -108,7 +111,9 @@ def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, 
     assert iree_dispatches(result.baseline_vmfb, "softmax")
     assert dispatch_calls(result.vmfb) <= dispatch_calls(result.baseline_vmfb)
     spec = result.spec.read_text()
-    assert ("arith.select %in" in spec and "arith.constant -65504.0 : f32" in spec) == selects  # the flags as their bias
+    lowest = "-3.4028234663852886e+38" if f32 else "-65504.0"
+    assert ("arith.select %in" in spec and f"arith.constant {lowest} : f32" in spec) == selects  # the flags as their bias
+    assert ("arith.truncf" not in spec) if f32 else True
 
 
 # ----------------------------------------------------------------- GPU: padding patterns
