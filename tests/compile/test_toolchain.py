@@ -219,18 +219,19 @@ def test_nvrtc_code_for_each_target_passes_the_check(tmp_path):
 @pytest.mark.parametrize("kernel_dir", LIBRARY + [SAMPLES / "simple_mul", SAMPLES / "mlp_layer"], ids=lambda p: p.name)
 def test_library_kernels_on_the_oldest_target(kernel_dir, tmp_path):
     """Every library kernel builds as PTX for the oldest architecture NVRTC has, except the
-    tensor-core ones (cp.async, ldmatrix, mma.sync.m16n8k16: sm_80) and the norms (their f16x2
-    and bf16x2 conversions: sm_80), refused with the line."""
+    tensor-core ones (cp.async, ldmatrix, mma.sync.m16n8k16: sm_80), attention_f32 (cp.async)
+    and the norms (their f16x2 and bf16x2 conversions: sm_80), refused with the line."""
     oldest = min(NvrtcCompiler().supported_archs())
     options = BuildOptions.create(oldest.name, format="ptx")
-    if kernel_dir.name not in ("matmul", "attention", "norm"):
+    if kernel_dir.name not in ("matmul", "attention", "attention_f32", "norm"):
         generate(kernel_dir, options, tmp_path)
         return
     with pytest.raises(ArchError) as info:
         generate(buildable(kernel_dir), options, tmp_path)  # kernels/matmul: its representative subset
     message = info.value.render()
     name = kernel_dir.name
-    assert re.search(rf"\w+\.cuh?:\d+ \(called from {name}\.cu:\d+\): kernel \w*{name}_f16 in {name}\.cu uses ", message), message
+    family = "attention_f32" if name == "attention_f32" else f"{name}_f16"  # the f32 family's kernels end in _f32
+    assert re.search(rf"\w+\.cuh?:\d+ \(called from {name}\.cu:\d+\): kernel \w*{family} in {name}\.cu uses ", message), message
     assert f"so it cannot run on {oldest.name}" in message and "needs sm_80 or newer" in message
     assert not any(tmp_path.iterdir()), "a refused build writes nothing"
 
