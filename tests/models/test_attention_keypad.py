@@ -145,7 +145,7 @@ def padding_patterns(batch: int, keys: int, *, full: bool) -> list[np.ndarray]:
 def test_key_padding_agrees_with_the_model_on_gpu(tmp_path, prebuilt_dir, case):
     """Each padding pattern through the kit's build agrees with the ONNX model's reference
     evaluation (onnx.reference) and with IREE alone, a fully padded row included (the model's
-    softmax over every key's lowest-biased score, where the mask adds f16's lowest: not NaN);
+    softmax over every key's lowest-biased score, where the mask adds its dtype's lowest: not NaN);
     prebuilt as `attention_forms_<case>` (tools/prebuild.py) where the GPU machine has no iree-compile."""
     from onnx import load
     from onnx.reference import ReferenceEvaluator
@@ -153,6 +153,7 @@ def test_key_padding_agrees_with_the_model_on_gpu(tmp_path, prebuilt_dir, case):
     from kitdispatch import load_module
     from kitdispatch.describe.model_record import read_model_record
     from kitdispatch.models.compare import check_agreement
+    from kitdispatch.run.device import numpy_dtype
 
     kind, args, kernel = _CASES["GPU_CASES"][case]
     built = form_build(tmp_path, prebuilt_dir, case)
@@ -164,7 +165,7 @@ def test_key_padding_agrees_with_the_model_on_gpu(tmp_path, prebuilt_dir, case):
     assert kernel in (folder / record.vmfb).read_bytes().decode("latin-1")  # the kit's kernels keep their names
     names = [i.name for i in onnx_model.graph.input]  # the function's inputs, in order: tensors, then attention_mask
     rng = np.random.default_rng(1)
-    tensors = [rng.uniform(-2, 2, t.shape).astype(np.float16) for t in sig.inputs[:-1]]
+    tensors = [rng.uniform(-2, 2, t.shape).astype(numpy_dtype(t.dtype)) for t in sig.inputs[:-1]]  # f16, or f32 (attention_f32)
     for mask in padding_patterns(*sig.inputs[-1].shape, full="keypad-inf" not in args):
         inputs = [*tensors, mask]
         got = np.asarray(kit.call(sig.name, *inputs))
