@@ -9,20 +9,24 @@ variants interleaved), results checked against float64.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from attention_f32 import (  # benchmarks/attention_f32.py: the same CUPTI sum
+    REPS,
+    _kernel_us,
+)
 
 SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "attention_f32" / "attention_f32.cu"
 VARIANTS = {"bm64-min2 (library)": (64, 2), "bm64-min3": (64, 3), "bm32-min2": (32, 2), "bm32-min4": (32, 4), "bm32-min6": (32, 6)}
 CASES = [("attention_kt_f32", 1, 12, 512, False, "kt"), ("attention_kt_f32", 8, 12, 512, False, "kt"),
          ("attention_causal_qkv_f32", 1, 12, 512, True, "qkv"), ("attention_causal_qkv_f32", 8, 12, 512, True, "qkv"),
          ("attention_f32", 1, 12, 2048, False, "bhsd")]
-D, REPS, ROUNDS = 64, 20, 5
+D, ROUNDS = 64, 5
 
 
 def variant_source(rows: int, min_blocks: int) -> str:
@@ -86,30 +90,12 @@ def main() -> None:
     per = {key: [] for key, _ in calls}
     for _ in range(ROUNDS):
         for key, fn in calls:
-            per[key].append(kernel_us(torch, fn) / REPS)
+            per[key].append(_kernel_us(torch, fn) / REPS)
     for r in results:
         r["device_us"] = statistics.median(per[r["key"]])
         print(f"{r['key']:<56} {r['device_us']:8.1f} us  err {r['error']:.1e}", flush=True)
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
-
-
-def kernel_us(torch, fn) -> float:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPS):
-            fn()
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        path = f.name
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f).get("traceEvents", [])
-    finally:
-        os.unlink(path)
-    return sum(float(e["dur"]) for e in events if e.get("cat") == "kernel" and e.get("ph") == "X")
 
 
 if __name__ == "__main__":
