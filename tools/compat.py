@@ -120,7 +120,7 @@ def build_everything(cell: Cell, bin_dir: Path, out: Path) -> None:
             timeout=BUILD_TIMEOUT_S, cwd=out.parent,
         )
         if res.returncode != 0:
-            cell.errors.append(res.stderr.strip()[-1500:])
+            cell.errors.append(_excerpt(res.stderr))
             continue
         summary = json.loads(res.stdout)
         results = summary if isinstance(summary, list) else summary.get("modules", [summary])
@@ -136,6 +136,12 @@ def build_everything(cell: Cell, bin_dir: Path, out: Path) -> None:
     cell.refused_ok = res.returncode == 2 and "cp.async" in res.stderr
     if not cell.refused_ok:
         cell.errors.append(f"matmul for {archs[0]} was not refused as expected (exit {res.returncode}): {res.stderr[-500:]}")
+
+
+def _excerpt(stderr: str) -> str:
+    """The kit's error line and what ends the output: its first and last lines say what failed."""
+    text = stderr.strip()
+    return text if len(text) <= 2000 else f"{text[:800]}\n...\n{text[-1200:]}"
 
 
 def run_cell(cell: Cell, python: str, root: Path, reuse: bool) -> Cell:
