@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from kitdispatch._version import __version__
 from kitdispatch.describe.choices import DEFAULT_ARCHS, DEFAULT_COMPILER, DEFAULT_FORMAT, CompilerName, ObjectFormat
-from kitdispatch.describe.limits import MAX_TIMEOUT_S
+from kitdispatch.describe.limits import COMPILE_TIMEOUT_S, IREE_COMPILE_TIMEOUT_S, MAX_TIMEOUT_S
 from kitdispatch.errors import KitError
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     building.add_argument("--codegen-target", default=None, help="target for IREE-generated dispatches (default: chosen from --arch)")
     building.add_argument(
         "--timeout", type=float, default=None, metavar="SECONDS",
-        help="longest a compiler run or a link may take before it is stopped (default: 300 and 600)",
+        help=f"longest a compiler run or a link may take before it is stopped (default: {COMPILE_TIMEOUT_S:g} and {IREE_COMPILE_TIMEOUT_S:g})",
     )
 
     p = argparse.ArgumentParser(prog="kitdispatch", description="Hand-written CUDA kernels as IREE custom dispatches.")

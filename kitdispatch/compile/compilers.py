@@ -26,10 +26,8 @@ from kitdispatch.compile.cxx_names import ENTRIES_UNIT, entries_named, entries_u
 from kitdispatch.errors import CompileError, KitError, ManifestError, ToolError
 from kitdispatch.compile.toolchain import find_nvrtc, load_nvfatbin, not_installed_error
 from kitdispatch.describe.choices import CompilerName, ObjectFormat
+from kitdispatch.describe.limits import COMPILE_TIMEOUT_S
 
-# A compile of one source for one target; --timeout changes it. The library's largest source
-# (kernels/matmul/matmul_f32.cu, 440 entries) takes 280 s on two busy cores: 300 s stopped it.
-COMPILE_TIMEOUT_S = 1200.0
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,11 @@ DEFAULT_DYNAMIC_SHARED_MEMORY_MAX = 48 * 1024
 
 
 MAX_TIMEOUT_S = 1e7  # a tool's timeout in seconds (about 4 months): beyond it a number is a mistake
+
+
+# A compile of one source for one target (--timeout changes it). The library's largest sources
+# take 280-420 s on two busy cores (kernels/matmul, 440 entries a source): 300 s stopped them.
+COMPILE_TIMEOUT_S = 1200.0
+
+
+IREE_COMPILE_TIMEOUT_S = 600.0  # one iree-compile, iree-opt or importer run

@@ -13,10 +13,10 @@ from kitdispatch._proc import run_tool
 from kitdispatch._resources import installed_version
 from kitdispatch._workers import POOL
 from kitdispatch.compile.archs import Arch
+from kitdispatch.describe.limits import IREE_COMPILE_TIMEOUT_S
 from kitdispatch.errors import ArchError, IreeCompileError, KitError
 from kitdispatch.iree.releases import NEWEST_RELEASE, SUPPORTED_PIN, IreeRelease, release_of
 
-IREE_COMPILE_TIMEOUT_S = 600.0
 EXCERPT_CONTEXT_LINES = 4
 
 
