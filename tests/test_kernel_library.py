@@ -47,6 +47,16 @@ def test_every_function_has_a_reference(folder):
         assert len(params) == len(sig.args), f"{sig.name}: {len(params)} parameters, the function takes {len(sig.args)}"
 
 
+def test_the_f32_attention_manifest_is_what_its_generator_writes():
+    gen = runpy.run_path(str(REPO / "kernels" / "attention_f32" / "gen_manifest.py"))
+    f16_text = (REPO / "kernels" / "attention" / MANIFEST_NAME).read_text()
+    committed = (REPO / "kernels" / "attention_f32" / MANIFEST_NAME).read_text()
+    assert committed == gen["manifest_text"](f16_text), "kernels/attention_f32/kitdispatch.toml differs: run its gen_manifest.py"
+    f16 = {k.name for k in load_manifest(REPO / "kernels" / "attention").kernels if k.name.endswith("_f16")}
+    f32 = {k.name for k in load_manifest(REPO / "kernels" / "attention_f32").kernels}
+    assert f32 == {name.removesuffix("_f16") + "_f32" for name in f16}
+
+
 def test_the_matmul_subset_names_real_entries():
     assert len(buildable(REPO / "kernels" / "matmul").kernels) == len(MATMUL_SUBSET)
 
