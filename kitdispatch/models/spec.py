@@ -29,6 +29,7 @@ from kitdispatch.emit.mlir_text import mlir_comment, mlir_string
 from kitdispatch.emit.render import render_template
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.errors import KitError, ManifestError, UsageError
+from kitdispatch.models.ops._bias import BiasProgram
 from kitdispatch.models.ops.base import Call, Constant, OpFacts, Permuted, Reshape, TensorFacts
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, KIT_PREFIX, MARK_ATTRIBUTE, Decision, wrapper_name
 
@@ -251,23 +252,25 @@ class _Body:
         index = self.add(f"arith.constant {axis} : index")
         return self.add(f"tensor.dim {value}, {index} : {tensor_text(facts)}")
 
-    def select_bool(self, value: str, facts: TensorFacts, dtype: str, where_false: str) -> str:
-        """An i1 tensor as select(x, 0, where_false) of `dtype`, by a linalg.generic (arith on
-        tensors is illegal at this stage); where_false is an f32 literal (exact in `dtype`)."""
-        out = TensorFacts(dtype, facts.shape)
+    def bias(self, value: str, facts: TensorFacts, program: BiasProgram) -> str:
+        """The [b, t] bias `program` computes from each element of `value` (attention's key
+        padding), by a linalg.generic (arith on tensors is illegal at this stage)."""
+        if facts.dtype != program.input_type:
+            raise KitError(f"the key-padding bias reads {program.input_type}, but its tensor is {tensor_text(facts)}",
+                           fix="report it as a kitdispatch bug, with the model")
+        out = TensorFacts(program.result_type, facts.shape)
         dims = [self.dim(value, facts, axis) for axis, size in enumerate(facts.shape) if size is None]
         empty = self.add(f"tensor.empty({', '.join(dims)}) : {tensor_text(out)}")
         loops = ", ".join(f"d{i}" for i in range(len(facts.shape)))
         identity = f"affine_map<({loops}) -> ({loops})>"
-        n, parallel = self.count, ", ".join(['"parallel"'] * len(facts.shape))
-        masked = (f"  %masked{n} = arith.constant {where_false} : f32\n" if dtype == "f32"  # f32 to f32 is no truncf
-                  else f"  %wide{n} = arith.constant {where_false} : f32\n  %masked{n} = arith.truncf %wide{n} : f32 to {dtype}\n")
+        parallel = ", ".join(['"parallel"'] * len(facts.shape))
+        lines, element, result = program.renamed(str(self.count))
+        body = "".join(f"  {line}\n" for line in lines)
         return self.add(
             f"linalg.generic {{indexing_maps = [{identity}, {identity}], iterator_types = [{parallel}]}} "
             f"ins({value} : {tensor_text(facts)}) outs({empty} : {tensor_text(out)}) {{\n"
-            f"^bb0(%in{n}: i1, %out{n}: {dtype}):\n"
-            f"  %zero{n} = arith.constant 0.0 : {dtype}\n{masked}"
-            f"  %w{n} = arith.select %in{n}, %zero{n}, %masked{n} : {dtype}\n  linalg.yield %w{n} : {dtype}\n}} -> {tensor_text(out)}"
+            f"^bb0({element}: {program.input_type}, %bout{self.count}: {program.result_type}):\n"
+            f"{body}  linalg.yield {result} : {program.result_type}\n}} -> {tensor_text(out)}"
         )
 
     def cast(self, value: str, have: str, want: str) -> str:
@@ -329,9 +332,8 @@ def adapter_lines(decision: Decision) -> dict:
             facts = reshaped
         if argument.permuted is not None:  # static shapes (the kind checked): a copy in the new order
             value, facts = body.permuted(value, facts, argument.permuted)
-        if argument.where_false is not None:  # booleans (attention's keep flags) as the additive mask they select
-            dtype = kernel_type.rsplit("x", 1)[-1].rstrip(">")
-            value, facts = body.select_bool(value, facts, dtype, argument.where_false), TensorFacts(dtype, facts.shape)
+        if argument.bias is not None:  # attention's key padding: the bias the model computes from the [b, t] tensor
+            value, facts = body.bias(value, facts, argument.bias), TensorFacts(argument.bias.result_type, facts.shape)
         arguments.append((body.cast(value, tensor_text(facts), kernel_type), kernel_type))
     result_type = signature.results[0].mlir
     types = ", ".join(t for _, t in arguments)

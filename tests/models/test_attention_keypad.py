@@ -20,6 +20,12 @@ from models.test_attention_forms import ARCHS, FORMS, attention_decision, decisi
 
 FLAGS = "key-padding flags [b, t] made by ops from an input of the model's function"
 ADDITIVE = "an additive key-padding mask [b, t] made by ops from an input of the model's function"
+INPUT = "made by ops from an input of the model's function"
+
+
+def computed(ops: str, dtype: str) -> str:
+    """What the report says of a mask the scores' generic computes from a [b, t] tensor."""
+    return f"a key-padding mask computed in the scores' generic ({ops}) from a [b, t] {dtype} tensor {INPUT}"
 
 
 @pytest.mark.parametrize(
@@ -36,8 +42,17 @@ ADDITIVE = "an additive key-padding mask [b, t] made by ops from an input of the
         (["--kv-seq", 77, "--mask", "keypad"], "attention_cross_pad_f16", "key_padding", ADDITIVE),  # bias [b, t] on t keys
         (["--form", "split", "--mask", "keypad-causal-gather"], "attention_causal_pad_kt_f16", "causal_key_padding",
          f"a causal boolean mask and {FLAGS}"),
+        # IREE fuses the mask's own ops into the scores' generic: the kernel gets the bias they compute from the [b, t] tensor
+        (["--mask", "keypad-additive"], "attention_pad_f16", "key_padding", computed("subf, mulf", "f16")),  # (1 - m) * lowest
+        (["--mask", "keypad-causal"], "attention_causal_pad_f16", "causal_key_padding",
+         f"a causal boolean mask and {computed('cmpi, select', 'i64')}"),  # the int64 mask's compare, anded with the causal one
+        # transformers' torchscript exports: the flags anded with a compare of aranges the kit evaluates (all true; causal)
+        (["--form", "layer", "--mask", "keypad-arange-gather"], "attention_pad_kt_f16", "key_padding", FLAGS),
+        (["--form", "split", "--mask", "keypad-arange-causal-gather"], "attention_causal_pad_kt_f16", "causal_key_padding",
+         f"a causal boolean mask and {FLAGS}"),
     ],
-    ids=["additive", "additive-inf", "flags", "layer-flags", "layer-additive-197", "causal-flags", "cross-additive", "split-causal-flags"],
+    ids=["additive", "additive-inf", "flags", "layer-flags", "layer-additive-197", "causal-flags", "cross-additive", "split-causal-flags",
+         "additive-fused", "causal-fused", "arange-flags", "arange-causal-flags"],
 )
 def test_key_padding_from_an_input_is_replaced_whole(tmp_path, args, kernel, form, what):
     decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path)
@@ -49,7 +64,7 @@ def test_key_padding_from_an_input_is_replaced_whole(tmp_path, args, kernel, for
     keys = d.op.result.shape[1] if "layer" in args or "split" in args else d.op.inputs[1].shape[2]  # K [b, h, t, d]
     assert keep.tensor.shape == (2, keys)
     [bias] = [a for a in d.call.arguments if getattr(a, "path", None) == keep.path]
-    assert (bias.where_false is not None) == (keep.tensor.dtype == "i1")
+    assert (bias.bias is not None) == (keep.tensor.dtype == "i1" or "computed" in what)
     # the scores' generic (the mask's broadcast), the softmax and the matmuls go with it
     others = [x for x in decisions if x is not d and x.op.kind in ("linalg.softmax", "linalg.batch_matmul")]
     assert others and all(x.kernel is None and f"which {kernel} replaces whole" in x.reasons[0] for x in others)
@@ -60,11 +75,8 @@ def test_key_padding_from_an_input_is_replaced_whole(tmp_path, args, kernel, for
     [
         (["--mask", "keypad-where-gather"], "key-padding flags applied as select(keep, scores, masked)"),
         (["--mask", "keypad-query"], "a mask broadcast over the queries or the keys"),
-        # IREE fuses the mask's own ops (the cast's compare, 1 - m) into the scores' generic: no [b, t] tensor to hand over
-        (["--mask", "keypad-causal"], "the mask is computed inside the scores' generic (arith.cmpi of its other inputs"),
-        (["--mask", "keypad-additive"], "the mask is computed inside the scores' generic (arith.subf of its other inputs"),
     ],
-    ids=["select-scores", "query-padding", "causal-fused", "additive-fused"],
+    ids=["select-scores", "query-padding"],
 )
 def test_key_padding_near_misses_are_kept_with_the_reason(tmp_path, args, reason):
     d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", *args), tmp_path))
@@ -72,11 +84,25 @@ def test_key_padding_near_misses_are_kept_with_the_reason(tmp_path, args, reason
     assert all(reason in r for r in d.reasons), d.reasons
 
 
-def test_f32_key_padding_reaches_the_f32_kernel(tmp_path):
-    """An f32 model's boolean flags become the f32 bias the kernel adds (select(keep, 0, f32's lowest))."""
-    d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--mask", "keypad-gather"), tmp_path))
-    assert d.op.detail.mask_form == "key_padding"
-    assert d.kernel is not None and d.kernel.name == "attention_pad_f32", d.reasons
+@pytest.mark.parametrize(
+    "args, kernel, what",
+    [
+        (["--mask", "keypad-gather"], "attention_pad_f32", FLAGS),
+        # f32: IREE fuses the int64 mask's compare and the Where into the scores' generic
+        (["--mask", "keypad"], "attention_pad_f32", computed("cmpi, select", "i64")),
+        (["--mask", "keypad-inf", "--seq", 197], "attention_pad_f32", computed("cmpi, select", "i64")),
+        (["--form", "layer", "--mask", "keypad-additive"], "attention_pad_kt_f32", computed("subf, mulf", "f32")),
+    ],
+    ids=["flags", "where-fused", "where-inf-fused", "layer-additive-fused"],
+)
+def test_f32_key_padding_reaches_the_f32_kernel(tmp_path, args, kernel, what):
+    """An f32 model's mask becomes the f32 bias the kernel adds: select(keep, 0, f32's lowest) of
+    boolean flags, or what the scores' generic computes from the [b, t] input."""
+    d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", *args), tmp_path))
+    assert d.to_json()["attention"]["mask"] == {"form": "key_padding", "what": what}
+    assert d.kernel is not None and d.kernel.name == kernel, d.reasons
+    [bias] = [a for a in d.call.arguments if getattr(a, "path", None) == d.op.detail.chain.keep.path]
+    assert bias.bias is not None and bias.bias.result_type == "f32"
 
 
 # ----------------------------------------------------------------- builds (real iree-compile)
@@ -84,22 +110,28 @@ def test_f32_key_padding_reaches_the_f32_kernel(tmp_path):
 
 @needs_iree_compile
 @pytest.mark.parametrize(
-    "args, kernel, selects",
+    "args, kernel, bias",
     [
-        (["--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f16", True),
-        (["--form", "split", "--mask", "keypad-causal-gather"], "attention_causal_pad_kt_f16", True),
-        (["--mask", "keypad"], "attention_pad_f16", False),
-        # f32 (kernels/attention_f32): the flags' bias made in f32, f32's lowest with no truncf
-        (["--f32", "--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f32", True),
+        (["--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f16", ["arith.select %b", "arith.constant -65504.0 : f32"]),
+        (["--form", "split", "--mask", "keypad-causal-gather"], "attention_causal_pad_kt_f16", ["arith.select %b"]),
+        (["--mask", "keypad"], "attention_pad_f16", None),  # the f16 [b, t] the scores' generic adds, read as it is
+        # the mask's ops IREE fused into the scores' generic, re-run on the [b, t] tensor
+        (["--mask", "keypad-additive"], "attention_pad_f16", ["arith.subf %b", "arith.mulf %b", "arith.constant -6.550400e+04 : f16"]),
+        (["--mask", "keypad-causal"], "attention_causal_pad_f16", ["arith.cmpi ne, %b", "arith.select %b"]),
+        # f32 (kernels/attention_f32): the bias made in f32, f32's lowest with no truncf
+        (["--f32", "--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f32",
+         ["arith.select %b", "arith.constant -3.4028234663852886e+38 : f32"]),
+        (["--f32", "--mask", "keypad"], "attention_pad_f32", ["arith.cmpi ne, %b", "arith.constant -3.4028234663852886e+38 : f32"]),
     ],
-    ids=["layer-flags", "split-causal-flags", "heads-additive", "f32-layer-flags"],
+    ids=["layer-flags", "split-causal-flags", "heads-additive", "additive-fused", "causal-fused", "f32-layer-flags", "f32-where-fused"],
 )
-def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, kernel, selects):
+def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, kernel, bias):
     """The whole chain with its mask's broadcast (the scores' generic reading [b, t] per batch
     and key) becomes the one kernel: no IREE batch_matmul or softmax is left, nor an
     elementwise dispatch over the [b, h, s, s] scores, and the module has no more dispatches
-    than IREE's own. Boolean flags reach the kernel as the bias their select adds, made in the
-    adapter (a [b, t] generic IREE runs with the flags' producer)."""
+    than IREE's own. Flags, and masks whose ops IREE fused into the scores' generic, reach the
+    kernel as the bias the model computes, made in the adapter (a [b, t] generic of the
+    model's own ops, which IREE runs with the mask's producer)."""
     f32 = args[:1] == ["--f32"]
     model = make_model(tmp_path, "onnx", "attn.onnx", *(args[1:] if f32 else ["--f16", *args]))
     result = build_model(None, model, BuildOptions.create(ARCHS), tmp_path / "out", with_baseline=True)
@@ -111,9 +143,56 @@ def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, 
     assert iree_dispatches(result.baseline_vmfb, "softmax")
     assert dispatch_calls(result.vmfb) <= dispatch_calls(result.baseline_vmfb)
     spec = result.spec.read_text()
-    lowest = "-3.4028234663852886e+38" if f32 else "-65504.0"
-    assert ("arith.select %in" in spec and f"arith.constant {lowest} : f32" in spec) == selects  # the flags as their bias
+    if bias is None:
+        assert "^bb0(%b" not in spec
+    else:
+        assert "^bb0(%b" in spec and all(line in spec for line in bias), spec
     assert ("arith.truncf" not in spec) if f32 else True
+
+
+@needs_iree_compile
+@pytest.mark.parametrize(
+    "args, dtype, want",
+    [
+        (["--f16", "--mask", "keypad-additive"], np.float16, lambda m: ((1 - m) * np.float16(-65504)).astype(np.float16)),
+        (["--f16", "--mask", "keypad-causal"], np.float16, lambda m: np.where(m != 0, 0, -65504).astype(np.float16)),
+        (["--mask", "keypad"], np.float32, lambda m: np.where(m != 0, 0, np.finfo(np.float32).min).astype(np.float32)),
+        (["--mask", "keypad-inf"], np.float32, lambda m: np.where(m != 0, 0, -np.inf).astype(np.float32)),
+        (["--f16", "--form", "layer", "--mask", "keypad-gather"], np.float16, lambda m: np.where(m, 0, -65504).astype(np.float16)),
+    ],
+    ids=["f16-additive-fused", "f16-causal-fused", "f32-where-fused", "f32-inf-fused", "f16-flags"],
+)
+def test_the_bias_the_adapter_computes_is_the_models_on_the_cpu(tmp_path, args, dtype, want):
+    """The adapter's [b, t] bias generic (models/spec.py), compiled by the real iree-compile for
+    the CPU and run by IREE's runtime there, gives the values the model's mask adds, for every
+    mask value (0, 1, and other integers where the mask is int64): its ops are the model's own,
+    re-emitted, and a wrong predicate, operand order or constant shows here without a GPU."""
+    import iree.runtime as rt
+
+    from kitdispatch.iree.tools import find_tool, run_tool
+    from kitdispatch.models.spec import _Body, tensor_text
+
+    d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", *args), tmp_path))
+    keep = d.op.detail.chain.keep
+    [program] = [a.bias for a in d.call.arguments if getattr(a, "path", None) == keep.path]
+    body = _Body()
+    value = body.bias("%x", keep.tensor, program)
+    out = f"tensor<{'x'.join(map(str, keep.tensor.shape))}x{program.result_type}>"
+    lines = "\n".join(f"  {line}" for line in body.lines)
+    source = tmp_path / "bias.mlir"
+    source.write_text(f"func.func @bias(%x: {tensor_text(keep.tensor)}) -> {out} {{\n{lines}\n  return {value} : {out}\n}}\n")
+    vmfb = tmp_path / "bias.vmfb"
+    run_tool([find_tool("iree-compile"), str(source), "--iree-hal-target-device=local",
+              "--iree-hal-local-target-device-backends=llvm-cpu", "-o", str(vmfb)], timeout=300)
+    module = rt.load_vm_flatbuffer_file(str(vmfb), driver="local-sync")
+    element = {"i64": np.int64, "i1": np.bool_, "f16": np.float16, "f32": np.float32}[keep.tensor.dtype]
+    rng = np.random.default_rng(0)
+    mask = rng.integers(0, 2, keep.tensor.shape)
+    if element is np.int64:
+        mask[0, :3] = (2, -1, 7)  # nonzero attends, as the model's Cast to bool reads it
+    got = np.asarray(module.bias(mask.astype(element)))
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want(mask.astype(element)))
 
 
 # ----------------------------------------------------------------- GPU: padding patterns

@@ -1,4 +1,5 @@
-"""The attention of real HF exports (torch's dynamo exporter, f16 and f32, random weights: the ONNX files
+"""The attention of real HF exports (torch's dynamo exporter, and its torchscript one where named -ts-, f16 and f32,
+random weights: the ONNX files
 in /work/hf/x that benchmarks/investigations/export_hf_models.py writes), built with the whole
 library: each model's attention is one library kernel, IREE's attention matmuls and softmax are
 gone, and the module has no more dispatches than IREE alone. Skipped where the exports are not."""
@@ -29,6 +30,14 @@ ARCHS = "sm_90a,sm_80"
         ("llama-mask-f16-b2s128", "attention_causal_pad_gqa_f16"),  # called with attention_mask (--attention-mask)
         ("bert-f32-b1s128", "attention_kt_f32"),  # f32 (--dtype f32): kernels/attention_f32
         ("gpt2-f32-b1s128", "attention_causal_qkv_f32"),
+        ("bert-mask-f32-b2s128", "attention_pad_kt_f32"),  # f32 with attention_mask: flags through a gather
+        ("gpt2-mask-f32-b2s128", "attention_causal_pad_kt_f32"),
+        # the torchscript exporter (--torchscript --attention-mask, files renamed -mask-ts-): the flags anded in the
+        # scores' generic with a compare of aranges, q >= 0 (BERT) or k <= q (GPT-2), which the kit evaluates
+        ("bert-mask-ts-f16-b2s128", "attention_pad_kt_f16"),
+        ("gpt2-mask-ts-f16-b2s128", "attention_causal_pad_kt_f16"),
+        ("bert-mask-ts-f32-b2s128", "attention_pad_kt_f32"),
+        ("gpt2-mask-ts-f32-b2s128", "attention_causal_pad_kt_f32"),
     ],
 )
 def test_hf_export_attention_is_one_kernel(tmp_path, model, kernel):

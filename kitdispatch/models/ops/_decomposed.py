@@ -15,8 +15,10 @@ The kernel computes the scores, their scale and the softmax in f32; the chain ro
 and probabilities to f16 between its ops. That is the only difference accepted: the scale must
 be 1/sqrt(d) as the kernel applies it, the mask none or causal (_masks.py), or key padding: an
 additive [b, t] mask, or boolean [b, t] flags (anded with a causal one) added as
-select(keep, 0, masked): the chain then keeps that tensor (`Chain.keep`) for the kernel to read,
-and the masked value (`Chain.masked`); the softmax over the keys.
+select(keep, 0, masked), or a bias the scores' generic computes from one [b, t] tensor (the mask's
+own ops, fused in by IREE): the chain then keeps that tensor (`Chain.keep`) for the kernel to
+read, how the bias is made from it (`Chain.bias`, _bias.py) and the masked value
+(`Chain.masked`); the softmax over the keys.
 
 Q, K and V may be the three equal slices of one packed projection (GPT-2's c_attn: [b, s, 3*h*d]
 split on its last dim, each slice reshaped to [b, s, h, d]): each then is also readable as that
@@ -33,7 +35,10 @@ import math
 
 from dataclasses import dataclass, field
 
-from kitdispatch.models.ops._masks import NONE, OTHER, MaskForm, is_masked_value, per_key, read_additive, read_mask, with_key_padding
+from kitdispatch.models.ops._bias import BiasProgram, Unsliceable, flags_program, slice_program
+from kitdispatch.models.ops._masks import (
+    NONE, OTHER, MaskForm, is_masked_value, per_key, read_additive, read_body_mask, read_mask, with_key_padding,
+)
 from kitdispatch.models.ops.base import Reshape, TensorFacts, location, map_dims, tensor_facts
 from kitdispatch.models.ops.generic import plain_transpose
 from kitdispatch.models.ops.matmul import init_source
@@ -81,6 +86,7 @@ class Chain:
     keep: Input | None = None  # the key-padding mask [b, t] (additive, or i1 flags) the kernel reads, where the mask has it
     masked: float | None = None  # what select(keep, 0, masked) adds to a padded key's score (flags)
     mask_dtype: str = ""  # the element type the mask is added in
+    bias: BiasProgram | None = None  # how the kernel's bias is computed from `keep` (flags, a mask computed in the scores' generic)
     unpacked: str | None = None  # why Q, K and V, one of them a slice, are not one packed tensor's three
 
     def read_as(self, orders: tuple[str, ...]) -> tuple[Input, ...] | None:
@@ -411,10 +417,19 @@ def read_chain(anchor: ir.Operation) -> Chain:
     q, k, v = (xs[0] for xs in options)
     out = tensor_facts(down[-1].results[0].type)
     keep = None if padding is None else Input((0,) * marked + padding.path, tensor_facts(padding.value.type), "")
-    added = next((s for s in program if s.name in (_ADD_SELECT, "arith.addf")), None)
+    added = next((s for s in program if s.name in (_ADD_SELECT, _ADD_COMPUTED, "arith.addf")), None) if keep else None
     return Chain(q, k, v, out, marked, scale, scale_text, mask, repeated_heads(k_value, v_value), r.problem,
                  tuple(r.ops) + (down[-1],), options, _order(o_roles), keep,
-                 added.masked if added and keep else None, added.dtype if added and keep else "", r.unpacked)
+                 added.masked if added else None, added.dtype if added else "", _bias_of(added, keep), r.unpacked)
+
+
+def _bias_of(added: _Step | None, keep: Input | None) -> BiasProgram | None:
+    """How the kernel's bias is made from `keep`: None where keep is the additive mask itself."""
+    if added is None or keep is None:
+        return None
+    if added.bias is not None:
+        return added.bias
+    return flags_program(added.dtype, added.masked) if keep.tensor.dtype == "i1" and added.masked is not None else None
 
 
 def read_attention_op(op: ir.Operation) -> Chain | None:
@@ -667,6 +682,7 @@ class _Mask:
 
 
 _ADD_SELECT = "add select"  # scores + select(keep, 0, masked)
+_ADD_COMPUTED = "add computed"  # scores + a bias the generic computes from one [b, t] tensor (_bias.py)
 
 
 @dataclass(frozen=True)
@@ -681,6 +697,8 @@ class _Step:
     loops: int = 0  # the generic's loops, where the mask is added
     masked: float | None = None  # the value select(keep, 0, masked) adds where keep is false
     dtype: str = ""  # the element type the mask is applied in
+    bias: BiasProgram | None = None  # _ADD_COMPUTED: how the bias is computed from masks[0]
+    forms: tuple[MaskForm, ...] = ()  # booleans anded in that the body computes from constants, evaluated
 
 
 def _score_program(r: _Reader, value: ir.Value, path: tuple[int, ...]):
@@ -732,13 +750,15 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list, path: tu
     def mask(index: int) -> _Mask:
         return _Mask(op.operands[index], maps[index], path + (index,))
 
+    fused: list = []  # ops that do not read the scores: a mask's own, fused in by IREE (read where the scores get it)
     for inner in block.operations:
         if len(inner.results) == 1 and inner.results[0] in made:
             continue
         if inner.name == "arith.addf" and current in list(inner.operands) and any(v in selects for v in inner.operands):
-            indices, masked = selects[next(v for v in inner.operands if v in selects)]
-            steps.append(_Step(_ADD_SELECT, masks=tuple(mask(i) for i in indices), loops=len(maps[-1]), masked=masked,
-                               dtype=str(inner.results[0].type)))
+            indices, masked, flags, forms = selects[next(v for v in inner.operands if v in selects)]
+            dtype = str(inner.results[0].type)
+            steps.append(_Step(_ADD_SELECT, masks=tuple(mask(i) for i in indices), loops=len(maps[-1]), masked=masked, dtype=dtype,
+                               bias=None if flags is None else flags_program(dtype, masked, flags), forms=forms))
             current = inner.results[0]
             continue
         if inner.name == "linalg.yield":
@@ -746,15 +766,21 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list, path: tu
                 r.fail("the generic before the softmax yields something else than the scores' value")
             return steps
         operands = list(inner.operands)
-        if current not in operands and len(inner.results) == 1:
-            r.fail(f"the mask is computed inside the scores' generic ({inner.name} of its other inputs, fused there by IREE); "
-                   "the kernels read a mask the model holds as a tensor (a [b, t] key-padding mask, or a constant)")
-            return steps
+        if current not in operands and len(inner.results) <= 1:  # cf.assert too: a gather's index check
+            fused.append(inner.operation)
+            continue
         if current not in operands or len(inner.results) != 1:
             r.fail(f"the scores go through {inner.name}, which does not read them")
             return steps
         others = [v for v in operands if v != current]
-        if inner.name in _CASTS and not others:
+        if (inner.name == "arith.addf" and len(others) == 1 and _owner(others[0]) in fused
+                and _constant_text(others[0], op, args, maps) is None):
+            step = _computed_step(op, args, maps, others[0], fused, path)
+            if isinstance(step, str):
+                r.fail(step)
+                return steps
+            steps.append(step)
+        elif inner.name in _CASTS and not others:
             steps.append(_Step(inner.name))
         elif inner.name in ("arith.divf", "arith.mulf") and len(others) == 1 and (inner.name == "arith.mulf" or operands[0] == current):
             constant = _constant(others[0], op, args, maps)
@@ -779,37 +805,54 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list, path: tu
     return steps
 
 
-def _mask_selects(op: ir.Operation, args: list, maps: list) -> dict:
-    """The body's select(keep, 0, masked) of a boolean input, or of inputs anded (the dynamo
-    exporter's Where(mask, 0, lowest) added to the scores; GPT-2's causal constant and the
-    padding flags of its attention_mask anded), each with its inputs' indices and the masked
-    value: added to the scores, it masks exactly where `keep` is false, as a boolean mask does."""
-    found = {}
+def _computed_step(op: ir.Operation, args: list, maps: list, bias: ir.Value, fused: list, path: tuple[int, ...]) -> _Step | str:
+    """scores + `bias`, where the generic computes `bias` from one [b, t] input read per (batch,
+    key) and constants (the cast of an attention_mask, its compare, select or (1 - m) * lowest,
+    fused in by IREE): a step whose program the spec re-runs on that [b, t] tensor. Else why not."""
+    loops = len(maps[-1])
     inputs = args[:len(op.operands) - 1]
-    for inner in op.regions[0].blocks[0].operations:
-        if inner.name != "arith.select":
-            continue
-        anded, _ = _and_of(inner.operands[0], inputs)
-        zero, masked = (_constant(v, op, args, maps) for v in inner.operands[1:])
-        if anded and zero is not None and zero[0] == 0 and masked is not None and is_masked_value(masked[0], str(inner.results[0].type)):
-            found[inner.results[0]] = (tuple(args.index(a) for a in anded), masked[0])
+    read = [a for a in _block_args_of(bias, inputs) if _constant_text(a, op, args, maps) is None]
+    why = (f"the mask is computed inside the scores' generic ({fused[0].name} of its other inputs, fused there by IREE)"
+           if fused else "the mask is computed inside the scores' generic")
+    if len(read) != 1 or not per_key(maps[args.index(read[0])], loops):
+        source = f"{len(read)} of its inputs" if len(read) != 1 else "an input it does not read per batch and key"
+        return (f"{why}, from {source}; the kernels read a mask the model holds as a tensor (a [b, t] key-padding mask, "
+                "or a constant), or one computed from a [b, t] tensor alone")
+    try:
+        program = slice_program(bias, read[0], lambda v: _constant_text(v, op, args, maps))
+    except Unsliceable as exc:
+        return f"{why}: {exc}"
+    index = args.index(read[0])
+    return _Step(_ADD_COMPUTED, masks=(_Mask(op.operands[index], maps[index], path + (index,)),), loops=loops,
+                 dtype=program.result_type, bias=program)
+
+
+def _block_args_of(value: ir.Value, inputs: list) -> list:
+    """The generic's inputs that `value` is computed from in the body (whose block `inputs`
+    are the arguments of); what it reads from outside the body is not followed."""
+    block = inputs[0].owner if inputs else None
+    body = {r for inner in block.operations for r in inner.results} if block is not None else set()
+    found, todo = [], [value]
+    while todo:
+        v = todo.pop()
+        if v in inputs:
+            found.append(v) if v not in found else None
+        elif v in body:
+            todo.extend(_owner(v).operands)
     return found
 
 
-def _and_of(value: ir.Value, inputs: list) -> tuple[list, list]:
-    """The generic's inputs whose `andi` makes `value` (itself, where it is one), and the andi
-    ops; ([], []) where it is made otherwise."""
-    if value in inputs:
-        return [value], []
-    owner = _owner(value)
-    if owner is None or owner.name != "arith.andi" or not all(v in inputs for v in owner.operands):
-        return [], []
-    return list(owner.operands), [owner]
+def _constant_text(value: ir.Value, op: ir.Operation, args: list, maps: list) -> str | None:
+    """A scalar constant's attribute as MLIR writes it ("0 : i64", "1.000000e+00 : f16")."""
+    from iree.compiler import ir
+
+    attr = _constant_attr(value, op, args, maps)
+    return str(attr) if isinstance(attr, ir.FloatAttr | ir.IntegerAttr) else None
 
 
-def _constant(value: ir.Value, op: ir.Operation, args: list, maps: list) -> tuple[float, str] | None:
-    """A scalar constant: hoisted out of the body, or a 0-d constant tensor input of the generic
-    (as IREE leaves an ONNX Div's scalar before elementwise fusion)."""
+def _constant_attr(value: ir.Value, op: ir.Operation, args: list, maps: list) -> ir.Attribute | None:
+    """A scalar constant's attribute: made in the body, hoisted out of it, or a 0-d constant
+    tensor input of the generic (as IREE leaves an ONNX Div's scalar before elementwise fusion)."""
     from iree.compiler import ir
 
     if value in args and not maps[args.index(value)]:
@@ -820,9 +863,79 @@ def _constant(value: ir.Value, op: ir.Operation, args: list, maps: list) -> tupl
     attr = owner.attributes["value"]
     if isinstance(attr, ir.DenseElementsAttr) and ir.DenseElementsAttr(attr).is_splat:
         attr = ir.DenseElementsAttr(attr).get_splat_value()
-    if not isinstance(attr, ir.FloatAttr):
+    return attr
+
+
+def _mask_selects(op: ir.Operation, args: list, maps: list) -> dict:
+    """The body's select(keep, 0, masked) of a boolean input, or of inputs anded (the dynamo
+    exporter's Where(mask, 0, lowest) added to the scores; GPT-2's causal constant and the
+    padding flags of its attention_mask anded), each with its inputs' indices, the masked
+    value and, where IREE fused the flags' own ops in (an int64 attention_mask's compare), the
+    program computing them from their [b, t] input: added to the scores, it masks exactly where
+    `keep` is false, as a boolean mask does."""
+    found = {}
+    inputs = args[:len(op.operands) - 1]
+    for inner in op.regions[0].blocks[0].operations:
+        if inner.name != "arith.select":
+            continue
+        zero, masked = (_constant(v, op, args, maps) for v in inner.operands[1:])
+        if zero is None or zero[0] != 0 or masked is None or not is_masked_value(masked[0], str(inner.results[0].type)):
+            continue
+        indices, flags, forms = [], [], []
+        for value in _and_of(inner.operands[0], inputs)[0]:
+            source = value if value in inputs else _flags_source(value, op, args, maps)
+            if source is None and _reads_constants_only(value, op, args, maps):
+                forms.append(read_body_mask(op, value))  # transformers' arange compares: causal, or all true
+                continue
+            if source is None:
+                break
+            indices.append(args.index(source))
+            if source is not value:
+                flags.append(slice_program(value, source, lambda v: _constant_text(v, op, args, maps)))
+        else:
+            if len(flags) <= 1:
+                found[inner.results[0]] = (tuple(indices), masked[0], flags[0] if flags else None, tuple(forms))
+    return found
+
+
+def _reads_constants_only(value: ir.Value, op: ir.Operation, args: list, maps: list) -> bool:
+    """Whether a boolean the body computes reads no input per batch and key, and only inputs
+    that are constants (an arange's values, hoisted by IREE): a mask the kit can evaluate."""
+    inputs = args[:len(op.operands) - 1]
+    read = _block_args_of(value, inputs)
+    return str(value.type) == "i1" and bool(read) and all(
+        not per_key(maps[args.index(a)], len(maps[-1])) and _owner(op.operands[args.index(a)]) is not None
+        and _owner(op.operands[args.index(a)]).name == "arith.constant" for a in read)
+
+
+def _flags_source(value: ir.Value, op: ir.Operation, args: list, maps: list) -> ir.Value | None:
+    """The one [b, t] input (read per batch and key) a boolean the body computes is made from,
+    with constants; None where it is made otherwise or cannot be re-computed (_bias.py)."""
+    inputs = args[:len(op.operands) - 1]
+    read = [a for a in _block_args_of(value, inputs) if _constant_text(a, op, args, maps) is None]
+    if str(value.type) != "i1" or len(read) != 1 or not per_key(maps[args.index(read[0])], len(maps[-1])):
         return None
-    return ir.FloatAttr(attr).value, str(attr)
+    try:
+        slice_program(value, read[0], lambda v: _constant_text(v, op, args, maps))
+    except Unsliceable:
+        return None
+    return read[0]
+
+
+def _and_of(value: ir.Value, inputs: list) -> tuple[list, list]:
+    """The values whose `andi` makes `value` (itself, where it is not one), and the andi ops."""
+    owner = _owner(value)
+    if value not in inputs and owner is not None and owner.name == "arith.andi":
+        return list(owner.operands), [owner]
+    return [value], []
+
+
+def _constant(value: ir.Value, op: ir.Operation, args: list, maps: list) -> tuple[float, str] | None:
+    """A scalar float constant (_constant_attr): its value and its text."""
+    from iree.compiler import ir
+
+    attr = _constant_attr(value, op, args, maps)
+    return (ir.FloatAttr(attr).value, str(attr)) if isinstance(attr, ir.FloatAttr) else None
 
 
 def _masks_out(value: ir.Value, op: ir.Operation, args: list, maps: list, dtype: str) -> bool:
@@ -834,7 +947,7 @@ def _scale_and_mask(r: _Reader, program: list[_Step]):
     """The one scale (a Div or Mul by a constant) and the optional mask Add after it, with the
     mask's key-padding flags where it has them."""
     scales = [s for s in program if s.name in ("arith.divf", "arith.mulf")]
-    adds = [s for s in program if s.name in ("arith.addf", "select", _ADD_SELECT)]
+    adds = [s for s in program if s.name in ("arith.addf", "select", _ADD_SELECT, _ADD_COMPUTED)]
     shifts = [s for s in program if s.name == "add constant" and s.constant != 0]
     if shifts:
         r.fail(f"the scores get {shifts[0].constant_text} added before the softmax")
@@ -870,12 +983,16 @@ def _step_mask(step: _Step) -> tuple[MaskForm, _Mask | None]:
             return MaskForm(OTHER, "a mask broadcast over the queries or the keys"), None
         read = read_additive if step.name == "arith.addf" else read_mask
         form = read(rest[0].value, dims.index(q), dims.index(k))
+    for evaluated in step.forms:  # anded booleans the body computes from constants: all true adds nothing
+        if evaluated.form == OTHER or form.form != NONE and evaluated.form != NONE:
+            return MaskForm(OTHER, evaluated.text if evaluated.form == OTHER else f"{form.text}, anded with {evaluated.text}"), None
+        form = evaluated if evaluated.form != NONE else form
     if not flags:
         return form, None
     if step.name == "select":
         return MaskForm(OTHER, "key-padding flags applied as select(keep, scores, masked); the kernels add the masked "
                                "value to the scores, as select(keep, 0, masked) + scores does (a fully padded row differs)"), None
-    form = with_key_padding(form, flags[0].value)
+    form = with_key_padding(form, flags[0].value, step.bias.what if step.bias is not None else None)
     return form, (flags[0] if form.form != OTHER else None)
 
 

@@ -16,7 +16,9 @@ boolean flags that a select(keep, 0, lowest) in the generic turns into the addit
 BERT and GPT-2 exported by torch's dynamo exporter, IREE 3.13: the flags come out of a gather),
 or the additive [b, t] mask itself (where IREE fuses that select into the flags' producer).
 Whatever its values, a kernel that reads that same tensor per (batch, key) computes what the op
-does (`per_key`); anded with a causal constant [q, k] it is causal key padding.
+does (`per_key`); anded with a causal constant [q, k] it is causal key padding. Where the flags
+are anded inside the scores' generic with a boolean it computes from constants (torchscript
+exports compare two aranges: q >= 0, k <= q), that boolean is evaluated there (`read_body_mask`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ KEY_PADDING, CAUSAL_KEY_PADDING = "key_padding", "causal_key_padding"
 MASK_FORMS = (NONE, CAUSAL, KEY_PADDING, CAUSAL_KEY_PADDING)  # what a kernel may declare in replace_when's `mask`
 _WALK = 64  # producers made_by looks through
 _MAX_ELEMENTS = 1 << 24  # a reshape materializes its input: larger masks are not evaluated
+_INTS = {"i64": np.int64, "i32": np.int32}
 # bf16 values are held in f32, which holds each exactly (numpy has no bf16).
 _FLOATS = {"f16": np.float16, "bf16": np.float32, "f32": np.float32, "f64": np.float64}
 _LOWEST = {"f16": float(np.finfo(np.float16).min), "bf16": -3.3895313892515355e38, "f32": float(np.finfo(np.float32).min),
@@ -81,10 +84,15 @@ def per_key(dims: tuple[int, ...] | None, loops: int) -> bool:
     return loops == 4 and dims == (0, loops - 1)
 
 
-def with_key_padding(form: MaskForm, value: ir.Value) -> MaskForm:
+def with_key_padding(form: MaskForm, value: ir.Value, computed: str | None = None) -> MaskForm:
     """`form` (of the rest of the mask) with the key-padding tensor `value` [b, t] (boolean
-    flags anded with it, or an additive mask where `form` is NONE)."""
-    what = f"{'key-padding flags' if _element(value.type) == 'i1' else 'an additive key-padding mask'} [b, t] made by {made_by(value)}"
+    flags anded with it, or an additive mask where `form` is NONE; `computed`: the additive
+    mask is computed from it, so)."""
+    if computed is not None:
+        what = f"a key-padding mask {computed} from a [b, t] {_element(value.type)} tensor made by {made_by(value)}"
+    else:
+        kind = "key-padding flags" if _element(value.type) == "i1" else "an additive key-padding mask"
+        what = f"{kind} [b, t] made by {made_by(value)}"
     if form.form == NONE:
         return MaskForm(KEY_PADDING, what)
     if form.form == CAUSAL:
@@ -183,12 +191,12 @@ def _dense(attr: ir.Attribute, t: ir.Type) -> np.ndarray:
 
     element = _element(t)
     dense = ir.DenseElementsAttr(attr)
-    if element not in _FLOATS and element != "i1" or (element == "bf16" and not dense.is_splat):
+    if element not in _FLOATS and element not in _INTS and element != "i1" or (element == "bf16" and not dense.is_splat):
         raise _Unreadable(f"a constant of {element}, which kitdispatch does not evaluate")
     rank = len(_shape(t))
     if dense.is_splat:
-        return np.full((1,) * rank, _scalar(dense.get_splat_value()), dtype=bool if element == "i1" else _FLOATS[element])
-    return np.array(dense)
+        return np.full((1,) * rank, _scalar(dense.get_splat_value()), dtype=bool if element == "i1" else {**_FLOATS, **_INTS}[element])
+    return np.array(dense)  # integers: an arange's values (transformers' masks compare them)
 
 
 def _scalar(attr: ir.Attribute) -> np.generic | bool:
@@ -295,6 +303,43 @@ def _generic(op: ir.Operation, value: ir.Value) -> np.ndarray:
             return _from_loops(_get(known, inner.operands[result]), out_dims, loops)
         known[inner.results[0]] = _body_op(inner, known, sizes, loops)
     raise _Unreadable("a linalg.generic without a yield")
+
+
+def read_body_mask(op: ir.Operation, value: ir.Value) -> MaskForm:
+    """The form of a boolean that `op`'s body (a generic of loops [.., q, k]) computes from
+    inputs the kit can evaluate (transformers' arange compares, k <= q or q >= 0, anded by IREE's
+    fusion into the select of the scores' generic), over the generic's loops."""
+    from iree.compiler import ir
+
+    try:
+        maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        if None in maps:
+            raise _Unreadable("a linalg.generic whose maps are not projections")
+        loops = len(maps[-1])
+        sizes: dict[int, int] = {}
+        for operand, dims in zip(op.operands, maps):
+            sizes.update(zip(dims, _shape(operand.type)))
+        block = op.regions[0].blocks[0]
+        args, made = list(block.arguments), {r: inner for inner in block.operations for r in inner.results}
+        known: dict = {}
+
+        def fill(v: ir.Value) -> None:
+            if v in known:
+                return
+            if v in args:
+                index = args.index(v)
+                known[v] = _to_loops(_evaluate(op.operands[index]), maps[index], loops)
+            elif v in made:
+                for operand in made[v].operands:
+                    fill(operand)
+                known[v] = _body_op(made[v], known, sizes, loops)
+
+        fill(value)
+        values = np.asarray(_get(known, value))  # an array over the loops, broadcasting to their sizes
+        values = values.reshape((1,) * loops) if values.ndim == 0 else values
+        return _classify(values, "i1", tuple(sizes[i] for i in range(loops)), loops - 2, loops - 1)
+    except _Unreadable as exc:
+        return MaskForm(OTHER, f"a mask kitdispatch cannot read: {exc}")
 
 
 def _to_loops(values: np.ndarray, dims: tuple[int, ...], loops: int) -> np.ndarray:

@@ -30,6 +30,7 @@ from kitdispatch.models.ops.base import (
     map_dims, op_name, tensor_facts, type_mismatch,
 )
 from kitdispatch.models.ops.generic import plain_transpose
+from kitdispatch.models.ops._bias import f32_literal
 from kitdispatch.models.ops._decomposed import MATMULS, PACKED, Chain, Input, looks_like_attention, read_attention_op, read_chain, repeated_heads
 from kitdispatch.models.ops._masks import CAUSAL, CAUSAL_KEY_PADDING, KEY_PADDING, NONE, OTHER, MaskForm, mask_ops, read_mask
 
@@ -193,9 +194,10 @@ class Attention(OpKind):
             why = type_mismatch(role, padded, buffer, sizes)
             if why:
                 return why
-        if len(layout.inputs) > 3:  # the key-padding mask [b, t]: boolean flags pass as the bias they select
-            given = op.detail.chain.keep.tensor
-            bias = TensorFacts(layout.inputs[3].type.dtype, given.shape) if given.dtype == "i1" else given
+        if len(layout.inputs) > 3:  # the key-padding mask [b, t], or the bias computed from it (flags' select, ...)
+            chain = op.detail.chain
+            given = chain.keep.tensor
+            bias = TensorFacts(chain.bias.result_type, given.shape) if chain.bias is not None else given
             why = type_mismatch("key-padding mask", bias, layout.inputs[3], sizes)
             if why:
                 return why
@@ -246,10 +248,9 @@ class Attention(OpKind):
             if SCALE in layout.pattern:
                 given[SCALE] = Constant("f32", repr(float(np.float32(op.detail.scale))))
             if chain is not None and chain.keep is not None:
-                flags = chain.keep.tensor.dtype == "i1"  # passed as select(keep, 0, masked), the bias they add
-                masked = _f32_literal(chain.masked) if chain.masked is not None else "0.0"
-                given[3] = Operand(chain.keep.path, None, chain.keep.tensor, where_false=masked if flags else None)
-                given[MASKED] = Constant("f32", masked)
+                # flags, or a mask computed from [b, t] in the scores' generic: passed as the bias they add
+                given[3] = Operand(chain.keep.path, None, chain.keep.tensor, bias=chain.bias)
+                given[MASKED] = Constant("f32", f32_literal(chain.masked) if chain.masked is not None else "0.0")
             arguments = [given[role] for role in layout.pattern]
         return Call(tuple(arguments), result=reshapes[3], marked=marked, variant=variant)
 
@@ -262,11 +263,6 @@ def _without_scale(kernel: Kernel) -> Kernel:
     if not any(given(p) for p in kernel.params):
         return kernel
     return dataclasses.replace(kernel, params=tuple(p for p in kernel.params if not given(p)))
-
-
-def _f32_literal(value: float) -> str:
-    """An f32 MLIR literal: -inf as its bits (MLIR has no literal for it)."""
-    return repr(float(np.float32(value))) if np.isfinite(value) else ("0xFF800000" if value < 0 else "0x7F800000")
 
 
 def _buffer_order(buffer: Buffer) -> str:

@@ -17,6 +17,7 @@ from typing import ClassVar, Protocol, TYPE_CHECKING
 from kitdispatch.describe.kernel import Buffer, Kernel, value_out_of_range
 from kitdispatch.describe.model_record import ModelTensor
 from kitdispatch.errors import ManifestError
+from kitdispatch.models.ops._bias import BiasProgram
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -136,7 +137,7 @@ class Operand:
     path: tuple[int, ...]
     reshape: Reshape | None = None
     tensor: TensorFacts | None = None  # its type, where it is not the op's input of its place (attention's layouts)
-    where_false: str | None = None  # an i1 tensor passed as select(x, 0, this f32 literal) of the kernel's type
+    bias: BiasProgram | None = None  # passed as the [b, t] bias this program computes from it (attention's key padding)
     permuted: Permuted | None = None  # read through a copy that reorders its elements (a patch conv's image)
 
 
@@ -165,7 +166,7 @@ class Call:
     @property
     def needs_adapter(self) -> bool:
         return self.result is not None or any(
-            isinstance(a, Constant) or a.reshape is not None or a.where_false or a.permuted is not None for a in self.arguments
+            isinstance(a, Constant) or a.reshape is not None or a.bias is not None or a.permuted is not None for a in self.arguments
         )
 
     @property

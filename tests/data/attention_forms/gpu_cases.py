@@ -59,6 +59,15 @@ GPU_CASES = {
     "onnx-keypad-cross-77": ("onnx", ["--f16", "--kv-seq", "77", "--mask", "keypad"], "attention_cross_pad_f16"),  # [b, t] on t keys
     "onnx-keypad-split-causal-flags": ("onnx", ["--f16", "--form", "split", "--mask", "keypad-causal-gather"],
                                        "attention_causal_pad_kt_f16"),
+    # masks whose ops IREE fuses into the scores' generic: the kernel gets the bias they compute from [b, t]
+    "onnx-keypad-additive-fused": ("onnx", ["--f16", "--mask", "keypad-additive"], "attention_pad_f16"),  # (1 - m) * lowest
+    "onnx-keypad-causal-fused-197": ("onnx", ["--f16", "--mask", "keypad-causal", "--seq", "197"], "attention_causal_pad_f16"),
+    "onnx-f32-keypad-fused": ("onnx", ["--mask", "keypad"], "attention_pad_f32"),  # the int64 mask's compare and Where
+    "onnx-f32-layer-keypad-additive-fused": ("onnx", ["--form", "layer", "--mask", "keypad-additive"], "attention_pad_kt_f32"),
+    # transformers' torchscript exports: the flags anded with a compare of aranges (q >= 0; causal k <= q)
+    "onnx-keypad-arange-layer": ("onnx", ["--f16", "--form", "layer", "--mask", "keypad-arange-gather"], "attention_pad_kt_f16"),
+    "onnx-f32-keypad-arange-causal-split": ("onnx", ["--form", "split", "--mask", "keypad-arange-causal-gather"],
+                                            "attention_causal_pad_kt_f32"),
 }
 ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdispatch.toml)
 

@@ -23,7 +23,9 @@ Where(keep, 0, lowest), `keypad-causal` first ands a causal [1, 1, s, s] initial
 queries ([b, 1, s, 1]) instead of the keys. `-gather` masks read the flags through a Gather of
 constant indices (transformers 5's vmapped `attention_mask[batch, kv]`, as in HF BERT and GPT-2
 exports), which keeps IREE from fusing the Where into the mask's producer: the scores' generic
-then reads boolean flags [b, t].
+then reads boolean flags [b, t]. `keypad-arange*-gather` write the mask as transformers' torchscript
+exports do (torch.onnx.export(dynamo=False)): the flags anded with a compare of aranges, q >= 0
+(every query: BERT) or k <= q (causal: GPT-2), which IREE leaves in the scores' generic.
 `--form split` projects x with one MatMul to Q, K and V side by side and splits them (GPT-2's
 c_attn), each then reshaped and transposed to heads.
 """
@@ -38,7 +40,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 KEYPAD = ["keypad", "keypad-causal", "keypad-inf", "keypad-where", "keypad-additive", "keypad-query", "keypad-gather",
-          "keypad-causal-gather", "keypad-where-gather"]
+          "keypad-causal-gather", "keypad-where-gather", "keypad-arange-gather", "keypad-arange-causal-gather"]
+ARANGE = ("keypad-arange-gather", "keypad-arange-causal-gather")
 
 
 def make_model(
@@ -153,7 +156,14 @@ def make_model(
             if mask in ("keypad-causal", "keypad-causal-gather"):
                 inits.append(numpy_helper.from_array(np.tril(np.ones((seq, kv_seq), bool)).reshape(1, 1, seq, kv_seq), "causal"))
                 nodes.append(node("And", ["causal", "keep"], ["keep_causal"]))
-            keep = "keep_causal" if mask in ("keypad-causal", "keypad-causal-gather") else "keep"
+            if mask in ARANGE:  # positions compared, as transformers' torchscript exports leave them
+                inits.append(numpy_helper.from_array(np.arange(seq, dtype=np.int64).reshape(1, 1, seq, 1), "q_pos"))
+                inits.append(numpy_helper.from_array(np.arange(kv_seq, dtype=np.int64).reshape(1, 1, 1, kv_seq), "k_pos"))
+                inits.append(numpy_helper.from_array(np.array(0, np.int64), "zero_pos"))
+                compare = (node("LessOrEqual", ["k_pos", "q_pos"], ["positions_keep"]) if mask == "keypad-arange-causal-gather"
+                           else node("GreaterOrEqual", ["q_pos", "zero_pos"], ["positions_keep"]))
+                nodes += [compare, node("And", ["positions_keep", "keep"], ["keep_causal"])]
+            keep = "keep_causal" if mask in ("keypad-causal", "keypad-causal-gather", *ARANGE) else "keep"
             if mask in ("keypad-where", "keypad-where-gather"):
                 nodes.append(node("Where", [keep, "scores", "lowest"], ["masked"]))
             else:
