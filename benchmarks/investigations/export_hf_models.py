@@ -59,21 +59,21 @@ def trained_like(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def models(layers: int, batch: int = 1, seq: int = 128) -> dict:
+def models(layers: int, batch: int = 1, seq: int = 128, attention: str = "eager") -> dict:
     """name -> (model, keyword, example input), built from configs with seeded random weights
     (biases and norm weights `trained_like`)."""
-    made = _models(layers, batch, seq)
+    made = _models(layers, batch, seq, attention)
     return {name: (trained_like(net), key, x) for name, (net, key, x) in made.items()}
 
 
-def _models(layers: int, batch: int, seq: int) -> dict:
+def _models(layers: int, batch: int, seq: int, attention: str) -> dict:
     torch.manual_seed(0)
     ids = torch.randint(0, 1000, (batch, seq))
-    bert = transformers.BertConfig(num_hidden_layers=layers, vocab_size=1000, attn_implementation="eager")
-    gpt2 = transformers.GPT2Config(n_layer=layers, vocab_size=1000, attn_implementation="eager")
+    bert = transformers.BertConfig(num_hidden_layers=layers, vocab_size=1000, attn_implementation=attention)
+    gpt2 = transformers.GPT2Config(n_layer=layers, vocab_size=1000, attn_implementation=attention)
     llama = transformers.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=16,
-                                     num_key_value_heads=4, vocab_size=1000, attn_implementation="eager")
-    vit = transformers.ViTConfig(num_hidden_layers=layers, attn_implementation="eager")
+                                     num_key_value_heads=4, vocab_size=1000, attn_implementation=attention)
+    vit = transformers.ViTConfig(num_hidden_layers=layers, attn_implementation=attention)
     return {
         "bert": (transformers.BertModel(bert, add_pooling_layer=False), "input_ids", ids),
         "gpt2": (transformers.GPT2Model(gpt2), "input_ids", ids),
@@ -92,13 +92,15 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--torchscript", action="store_true")
     parser.add_argument("--attention-mask", action="store_true", help="text models with an attention_mask input too")
+    parser.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
+                        help="transformers' attn_implementation (sdpa: its default; files named -sdpa-)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
     print("torch", torch.__version__, "transformers", transformers.__version__)
     dtypes = {"f16": torch.float16, "f32": torch.float32}
     chosen = dtypes if args.dtype == "both" else {args.dtype: dtypes[args.dtype]}
-    for name, (model, key, example) in models(args.layers, args.batch, args.seq).items():
+    for name, (model, key, example) in models(args.layers, args.batch, args.seq, args.attn).items():
         if args.only and name not in args.only:
             continue
         for tag, dtype in chosen.items():
@@ -111,7 +113,8 @@ def main() -> None:
                 mask[0, example.shape[1] // 2:] = 0
                 inputs, names = (x, mask), [key, "attention_mask"]
             layers = f"-l{args.layers}" if args.layers != 1 else ""  # benchmarks/hf_models.py reads the layers from the name
-            path = os.path.join(args.out, f"{name}{'-mask' if masked else ''}-{tag}-b{args.batch}s{args.seq}{layers}.onnx")
+            attn = "-sdpa" if args.attn == "sdpa" else ""
+            path = os.path.join(args.out, f"{name}{attn}{'-mask' if masked else ''}-{tag}-b{args.batch}s{args.seq}{layers}.onnx")
             try:
                 opset = 17 if args.torchscript else 18
                 torch.onnx.export(module, inputs, path, input_names=names, opset_version=opset, dynamo=not args.torchscript,
