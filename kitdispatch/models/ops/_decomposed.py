@@ -883,15 +883,15 @@ def _mask_selects(op: ir.Operation, args: list, maps: list) -> dict:
             continue
         indices, flags, forms = [], [], []
         for value in _and_of(inner.operands[0], inputs)[0]:
-            source = value if value in inputs else _flags_source(value, op, args, maps)
+            source, program = (value, None) if value in inputs else _flags_source(value, op, args, maps)
             if source is None and _reads_constants_only(value, op, args, maps):
                 forms.append(read_body_mask(op, value))  # transformers' arange compares: causal, or all true
                 continue
             if source is None:
                 break
             indices.append(args.index(source))
-            if source is not value:
-                flags.append(slice_program(value, source, lambda v: _constant_text(v, op, args, maps)))
+            if program is not None:
+                flags.append(program)
         else:
             if len(flags) <= 1:
                 found[inner.results[0]] = (tuple(indices), masked[0], flags[0] if flags else None, tuple(forms))
@@ -908,18 +908,18 @@ def _reads_constants_only(value: ir.Value, op: ir.Operation, args: list, maps: l
         and _owner(op.operands[args.index(a)]).name == "arith.constant" for a in read)
 
 
-def _flags_source(value: ir.Value, op: ir.Operation, args: list, maps: list) -> ir.Value | None:
+def _flags_source(value: ir.Value, op: ir.Operation, args: list, maps: list) -> tuple[ir.Value | None, BiasProgram | None]:
     """The one [b, t] input (read per batch and key) a boolean the body computes is made from,
-    with constants; None where it is made otherwise or cannot be re-computed (_bias.py)."""
+    with constants, and the program computing it; (None, None) where it is made otherwise or
+    cannot be re-computed (_bias.py)."""
     inputs = args[:len(op.operands) - 1]
     read = [a for a in _block_args_of(value, inputs) if _constant_text(a, op, args, maps) is None]
     if str(value.type) != "i1" or len(read) != 1 or not per_key(maps[args.index(read[0])], len(maps[-1])):
-        return None
+        return None, None
     try:
-        slice_program(value, read[0], lambda v: _constant_text(v, op, args, maps))
+        return read[0], slice_program(value, read[0], lambda v: _constant_text(v, op, args, maps))
     except Unsliceable:
-        return None
-    return read[0]
+        return None, None
 
 
 def _and_of(value: ir.Value, inputs: list) -> tuple[list, list]:
