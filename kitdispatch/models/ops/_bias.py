@@ -11,9 +11,9 @@ that body's slice over the one [b, t] tensor, re-emitted by the spec as a [b, t]
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -80,7 +80,9 @@ class Unsliceable(Exception):
     """The value is not computed from the [b, t] tensor and constants alone; the message says why."""
 
 
-def slice_program(result: ir.Value, source: ir.Value, constant_of) -> BiasProgram:
+def slice_program(
+    result: ir.Value, source: ir.Value, constant_of: Callable[[ir.Value], str | None]
+) -> BiasProgram:
     """The body ops computing `result` from the block argument `source` (the [b, t] tensor's
     element) and constants, as a BiasProgram. `constant_of(value)` is the MLIR attribute text of
     a constant the body reads from outside ("1.000000e+00 : f16"), or None."""
