@@ -136,7 +136,7 @@ def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFa
 def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel], *, tf32: bool = False) -> list[Decision]:
     """Per op, the kernel that computes exactly what it computes and replaces the most ops
     with it (a matmul with its epilogue before a bare matmul: its call's `marked`), the first
-    in manifest order among those. Kernels that compute in plain TF32 (replace_when.arithmetic)
+    in manifest order among those, a call that is a fallback (Call.fallback) after the rest. Kernels that compute in plain TF32 (replace_when.arithmetic)
     take part only with `tf32`."""
     decisions = []
     for op in ops:
@@ -151,7 +151,7 @@ def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel], *, tf32: bool = Fa
             else:
                 reasons.append((kernel.name, why))
         if fits:
-            decisions.append(max(fits, key=lambda d: d.call.marked))  # the first of the longest
+            decisions.append(max(fits, key=lambda d: (d.call.marked, not d.call.fallback)))  # the first of the longest
         else:
             decisions.append(Decision(op, None, reasons=_grouped(reasons)))
     return decisions

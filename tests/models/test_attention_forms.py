@@ -254,6 +254,69 @@ def test_decomposed_f32_attention_past_head_dim_64_is_kept_saying_why(tmp_path):
     assert any("attention_bshd_f32" in r and "limit: the condition 'd <= 64' is false for d = 128" in r for r in d.reasons), d.reasons
 
 
+# ----------------------------------------------------------------- SDPA as the dynamo exporter writes it
+
+SDPA_DYNAMO = ["--scale", "sqrt-qk", "--nan-guard"]  # transformers' default attention, exported by torch.onnx (dynamo)
+UNSCALED = "1 (the scores are not scaled)"
+
+
+@pytest.mark.parametrize(
+    "args, kernel",
+    [
+        (["--f16", "--form", "layer"], "attention_kt_f16"),
+        (["--f16", "--form", "layer", "--mask", "where-add-causal", "--seq", 197], "attention_causal_kt_f16"),
+        (["--f16", "--form", "split", "--mask", "where-add-causal"], "attention_causal_kt_f16"),
+        # f32 key padding: select(keep, 0, f32's lowest) added in f32 leaves every row a finite score
+        (["--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f32"),
+        (["--form", "layer", "--mask", "keypad-causal-gather"], "attention_causal_pad_kt_f32"),
+    ],
+    ids=["layer", "layer-causal-197", "split-causal", "f32-keypad", "f32-keypad-causal"],
+)
+def test_sdpa_as_dynamo_exports_it_is_replaced_whole(tmp_path, args, kernel):
+    """torch.onnx (dynamo) writes SDPA with Q and K^T each scaled by d^-1/4 and no scale on the
+    scores, and where(isnan(p), 0, p) after the softmax: the kernel is given scale 1 and the
+    scaled Q and K, and the guard dies with the chain (it changes no row with a finite score)."""
+    decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", *args, *SDPA_DYNAMO), tmp_path)
+    d = attention_decision(decisions)
+    assert d.kernel is not None and d.kernel.name == kernel, d.reasons
+    assert d.op.detail.scale == 1.0 and d.op.detail.scale_text == UNSCALED
+    assert [str(c.value) for c in d.call.arguments if getattr(c, "value", None) == "1.0"] == ["1.0"]  # the scale given
+    assert all(x.kernel is None for x in decisions if x.op.kind in ("linalg.softmax", "linalg.batch_matmul"))
+    assert_parts_name_a_replacement(decisions)
+
+
+def test_sdpa_at_batch_1_runs_the_shared_heads_kernel_with_a_head_each(tmp_path):
+    """GPT-2's SDPA at batch 1 as dynamo exports it: K [b, h, s, d] read by the matmul's maps, V
+    [b, s, h, d] from the split; no MHA entry has that layout, the GQA entry does with g = h
+    (one K/V head per query head), chosen as a fallback: where an MHA entry fits, it is taken."""
+    decisions = decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", "--form", "split", "--batch", 1,
+                                        "--mask", "where-add-causal", *SDPA_DYNAMO), tmp_path)
+    d = attention_decision(decisions)
+    assert d.kernel is not None and d.kernel.name == "attention_causal_gqa_f16", d.reasons
+    assert d.call.fallback
+    assert_parts_name_a_replacement(decisions)
+    # an MHA chain an MHA entry reads takes it: scaled by another constant, all [b, h, s, d], attention_cross (t = s)
+    other = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn2.onnx", "--f16", "--scale", "wrong"), tmp_path))
+    assert other.kernel.name == "attention_cross_f16" and not other.call.fallback
+
+
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        # f16: a score below -16 plus -65504 rounds to -inf, so a padded row may be all -inf: the guard's 0, the kernels' NaN
+        (["--f16", "--form", "layer", "--mask", "keypad-gather"], "the mask adds -65504 in f16, where a score below -16 plus it rounds to -inf"),
+        (["--form", "layer", "--mask", "keypad-inf"], "the mask adds -inf, so such a row is all -inf, where the kernels write NaN"),
+        # the bias computed in the scores' generic from the int64 mask: its values are not bounded by the kit
+        (["--mask", "keypad-additive"], "the bias it adds is computed from the model's input"),
+    ],
+    ids=["f16-keypad", "f32-keypad-inf", "f32-computed-bias"],
+)
+def test_sdpa_guard_over_rows_a_mask_may_empty_is_kept_saying_why(tmp_path, args, reason):
+    d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", *args, *SDPA_DYNAMO), tmp_path))
+    assert d.kernel is None
+    assert any("where(isnan(p), 0, p), which writes 0 for a row whose every key is masked" in r and reason in r for r in d.reasons), d.reasons
+
+
 # ----------------------------------------------------------------- builds (real iree-compile)
 
 
@@ -322,8 +385,9 @@ def test_projected_layer_replaces_its_4d_softmax_as_rows(tmp_path):
         (["--form", "split", "--mask", "where-add-causal"], "attention_causal_qkv_f16"),
         (["--form", "layer", "--kv-heads", 2, "--batch", 1, "--mask", "where-add-causal"], "attention_causal_gqa_bshd_f16"),
         (["--form", "layer", "--kv-heads", 2, "--batch", 2, "--mask", "where-add-causal"], "attention_causal_gqa_bshd_f16"),
+        (["--form", "layer", "--mask", "where-add-causal", *SDPA_DYNAMO], "attention_causal_kt_f16"),
     ],
-    ids=["layer-where-add", "split-where-causal", "layer-gqa", "layer-gqa-b2"],
+    ids=["layer-where-add", "split-where-causal", "layer-gqa", "layer-gqa-b2", "sdpa-dynamo-causal"],
 )
 def test_projected_attention_builds_to_no_more_dispatches_than_iree(tmp_path, args, kernel):
     """The projected f16 layer as the dynamo exporter writes it: the whole chain, with the

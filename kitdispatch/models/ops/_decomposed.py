@@ -11,9 +11,16 @@ first single user down from it whose result is the kernel's O (the truncation to
 expand_shape back to [b, h, s, d] where Q is read so), and every op of the chain dies with
 it, so each must have no other user.
 
+torch's SDPA as the dynamo exporter writes it (transformers' default attention) scales Q and K^T
+by d^-1/4 each before their matmul, leaves the scores unscaled (the kernel is given scale 1 and
+the scaled Q and K), and guards the softmax's result with where(isnan(p), 0, p) (is_nan_guard),
+which changes only a row whose every score is -inf: taken where the mask leaves every row a
+finite score (_guard_differs). Where no entry reads K and V of one head per query head in their
+layout, an entry for shared heads does with g = h (Chain.reads_heads_as_groups, a fallback).
+
 The kernel computes the scores, their scale and the softmax in f32; the chain rounds the scores
 and probabilities to f16 between its ops. That is the only difference accepted: the scale must
-be 1/sqrt(d) as the kernel applies it, the mask none or causal (_masks.py), or key padding: an
+be the kernel's (a constant, or none), the mask none or causal (_masks.py), or key padding: an
 additive [b, t] mask, or boolean [b, t] flags (anded with a causal one) added as
 select(keep, 0, masked), or a bias the scores' generic computes from one [b, t] tensor (the mask's
 own ops, fused in by IREE): the chain then keeps that tensor (`Chain.keep`) for the kernel to
@@ -49,6 +56,8 @@ if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded wher
 MATMULS = ("linalg.batch_matmul", "linalg.matmul")
 _THROUGH = ("tensor.collapse_shape", "tensor.expand_shape", "iree_tensor_ext.compute_barrier.start", "iree_tensor_ext.compute_barrier.end")
 _CASTS = ("arith.truncf", "arith.extf")
+_F16_LARGEST, _F16_OVERFLOW = 65504.0, 65520.0  # f16's largest finite value; sums from this magnitude round to inf
+_IS_NAN = (13, 14)  # arith.cmpf une / uno of a value with itself
 _SEARCH = 12  # ops walked up from the anchor looking for the softmax
 PACKED = "bs3hd"  # Q, K and V as parts 0, 1 and 2 of one packed projection [b, s, 3, h, d]
 
@@ -93,8 +102,22 @@ class Chain:
         """Q, K and V as a kernel of these orders (Q, K, V, O) reads them; None if one is not there."""
         if orders[3] != self.o_order:
             return None
-        chosen = [next((x for x in options if x.order == order), None) for options, order in zip(self.options, orders)]
+        chosen = [self._option(options, order) for options, order in zip(self.options, orders)]
         return None if None in chosen else tuple(chosen)
+
+    def reads_heads_as_groups(self, orders: tuple[str, ...]) -> bool:
+        """Whether a kernel of these orders reads this chain's K and V, a head per query head,
+        as shared heads (g = h)."""
+        return self.repeated_heads is None and any("g" in order for order in orders[1:3])
+
+    def _option(self, options: tuple[Input, ...], order: str) -> Input | None:
+        """The option of this order; for a kernel order naming g (K/V heads shared by query
+        heads) and a chain whose K and V have a head per query head, the one naming h: the
+        kernel runs with g = h (attention.cu reads one K/V head per query head then)."""
+        exact = next((x for x in options if x.order == order), None)
+        if exact is not None or "g" not in order or self.repeated_heads is not None:
+            return exact
+        return next((x for x in options if x.order == order.replace("g", "h")), None)
 
 
 
@@ -117,7 +140,7 @@ def looks_like_attention(op: ir.Operation) -> bool:
             return False
         if owner.name == "linalg.softmax":
             return True
-        if owner.name not in _THROUGH and not _is_cast(owner):
+        if owner.name not in _THROUGH and not _is_cast(owner) and not is_nan_guard(owner):
             return False
         value = owner.operands[0]
     return False
@@ -127,6 +150,32 @@ def _is_cast(op: ir.Operation) -> bool:
     """An elementwise generic that only converts its one input (extf / truncf)."""
     permutation = _cast_permutation(op)
     return permutation is not None and permutation == tuple(range(len(permutation)))
+
+
+def is_nan_guard(op: ir.Operation) -> bool:
+    """An elementwise generic writing where(isnan(p), 0, p) of its one input, after an optional
+    cast: torch's SDPA as dynamo exports it guards the softmax's result so (a row whose every
+    score is -inf is NaN, and becomes 0)."""
+    from iree.compiler import ir
+
+    if op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
+        return False
+    maps = [map_dims(a) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    if None in maps or maps[0] != maps[1] or maps[1] != tuple(range(len(maps[1]))):
+        return False
+    body = list(op.regions[0].blocks[0].operations)
+    p = op.regions[0].blocks[0].arguments[0]
+    if len(body) == 4 and body[0].name in _CASTS:
+        p, body = body[0].results[0], body[1:]
+    if [o.name for o in body] != ["arith.cmpf", "arith.select", "linalg.yield"]:
+        return False
+    compare, select, yielded = body
+    zero = _owner(select.operands[1])
+    return (ir.IntegerAttr(compare.attributes["predicate"]).value in _IS_NAN
+            and list(compare.operands) == [p, p] and select.operands[0] == compare.results[0]
+            and select.operands[2] == p and yielded.operands[0] == select.results[0]
+            and zero is not None and zero.name == "arith.constant" and isinstance(zero.attributes["value"], ir.FloatAttr)
+            and ir.FloatAttr(zero.attributes["value"]).value == 0.0)
 
 
 def _cast_permutation(op: ir.Operation) -> tuple[int, ...] | None:
@@ -232,6 +281,7 @@ class _Reader:
         # Q's number of heads where it is static: a broadcast read as K's or V's heads repeated
         # must make exactly these (with a dynamic batch nothing else ties its repeat to h / g)
         self.q_heads: int | None = None
+        self.guard: ir.Operation | None = None  # where(isnan(p), 0, p) on the softmax's result (is_nan_guard)
 
     def fail(self, why: str) -> None:
         self.problem = self.problem or why
@@ -272,12 +322,15 @@ class _Reader:
         value, path, before = self.through_roles(value, near.path + (0,), before, known=True)
         return (near, Input(path, tensor_facts(value.type), _order(before), value=value))
 
-    def through(self, value: ir.Value, path: tuple[int, ...], *, casts: bool = False):
-        """Up through reshapes and barriers (and casts, where asked): the value and its path."""
+    def through(self, value: ir.Value, path: tuple[int, ...], *, probabilities: bool = False):
+        """Up through reshapes and barriers (and, from P, casts and a NaN guard): the value and its path."""
         while True:
             owner = _owner(value)
-            if owner is None or not (owner.name in _THROUGH or (casts and _is_cast(owner))):
+            guard = probabilities and owner is not None and is_nan_guard(owner)
+            if owner is None or not (owner.name in _THROUGH or guard or (probabilities and _is_cast(owner))):
                 return value, path
+            if guard:
+                self.guard = owner
             self.take(owner)
             value, path = owner.operands[0], path + (0,)
 
@@ -385,7 +438,7 @@ def read_chain(anchor: ir.Operation) -> Chain:
     r = _Reader()
     if not _plain_matmul(r, anchor, "P V"):
         r.fail("the P V matmul reads its operands through maps (transposed or broadcast), not P [.., m, s] and V [.., s, d]")
-    p, p_path = r.through(anchor.operands[0], (0,), casts=True)
+    p, p_path = r.through(anchor.operands[0], (0,), probabilities=True)
     softmax = _owner(p)
     r.take(softmax)
     rank = len(tensor_facts(p.type).shape)
@@ -418,9 +471,31 @@ def read_chain(anchor: ir.Operation) -> Chain:
     out = tensor_facts(down[-1].results[0].type)
     keep = None if padding is None else Input((0,) * marked + padding.path, tensor_facts(padding.value.type), "")
     added = next((s for s in program if s.name in (_ADD_SELECT, _ADD_COMPUTED, "arith.addf")), None) if keep else None
+    if r.guard is not None and keep is not None and (why := _guard_differs(added)):
+        r.fail(why)
     return Chain(q, k, v, out, marked, scale, scale_text, mask, repeated_heads(k_value, v_value), r.problem,
                  tuple(r.ops) + (down[-1],), options, _order(o_roles), keep,
                  added.masked if added else None, added.dtype if added else "", _bias_of(added, keep), r.unpacked)
+
+
+def _guard_differs(added: _Step | None) -> str | None:
+    """Why a key-padding mask's chain, its softmax's result guarded by where(isnan(p), 0, p),
+    is not the kernel's; None where it is. The guard writes 0 for a row whose every score is
+    -inf, where the kernels write NaN; with a finite masked value added in f32 or bf16 no score
+    reaches -inf; in f16 (largest 65504, sums from 65520 round to inf) one below -16 does with -65504."""
+    guarded = "its softmax's result goes through where(isnan(p), 0, p), which writes 0 for a row whose every key is masked"
+    if added is not None and added.masked is None and added.bias is not None:
+        return (f"{guarded}; the bias it adds is computed from the model's input ({added.bias.what}), whose values the kit "
+                "does not bound, so such a row may be all -inf, where the kernels write NaN")
+    if added is None or added.masked is None:
+        return f"{guarded}; the mask's values are the model's input, so such a row may be all -inf, where the kernels write NaN"
+    if not math.isfinite(added.masked):
+        return f"{guarded}; the mask adds {added.masked:g}, so such a row is all -inf, where the kernels write NaN"
+    below = _F16_OVERFLOW - abs(added.masked)
+    if added.dtype == "f16" and below <= _F16_LARGEST:
+        return (f"{guarded}; the mask adds {added.masked:g} in f16, where a score below {-below:g} plus it rounds to -inf, "
+                "so such a row may be all -inf, where the kernels write NaN")
+    return None
 
 
 def _bias_of(added: _Step | None, keep: Input | None) -> BiasProgram | None:
@@ -951,20 +1026,22 @@ def _scale_and_mask(r: _Reader, program: list[_Step]):
     shifts = [s for s in program if s.name == "add constant" and s.constant != 0]
     if shifts:
         r.fail(f"the scores get {shifts[0].constant_text} added before the softmax")
-    if len(scales) != 1:
-        r.fail(f"the scores are scaled {len(scales)} times before the softmax; the kernel scales them once by 1/sqrt(d)")
+    if len(scales) > 1:
+        r.fail(f"the scores are scaled {len(scales)} times before the softmax; the kernel scales them once")
         return None, "not one constant", None, None
+    mask, padding = _step_mask(adds[0]) if adds else (None, None)
+    if len(adds) > 1:
+        r.fail("the scores get more than one mask before the softmax")
+    if not scales:  # SDPA as dynamo exports it scales Q and K by d^-1/4 each, before their matmul
+        return 1.0, "1 (the scores are not scaled)", mask, padding
     scale = scales[0]
     if adds and program.index(adds[0]) < program.index(scale):
         r.fail("the mask is applied before the scores are scaled; the kernel scales, then masks")
-    if len(adds) > 1:
-        r.fail("the scores get more than one mask before the softmax")
     value = 1.0 / scale.constant if scale.name == "arith.divf" else scale.constant
     text = f"{'1 / ' if scale.name == 'arith.divf' else ''}{scale.constant_text}"
     if scale.name == "arith.divf" and scale.constant == 0:
         r.fail("the scores are divided by zero")
         return None, text, None, None
-    mask, padding = _step_mask(adds[0]) if adds else (None, None)
     return value, text, mask, padding
 
 

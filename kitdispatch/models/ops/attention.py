@@ -252,7 +252,8 @@ class Attention(OpKind):
                 given[3] = Operand(chain.keep.path, None, chain.keep.tensor, bias=chain.bias)
                 given[MASKED] = Constant("f32", f32_literal(chain.masked) if chain.masked is not None else "0.0")
             arguments = [given[role] for role in layout.pattern]
-        return Call(tuple(arguments), result=reshapes[3], marked=marked, variant=variant)
+        fallback = chain is not None and chain.reads_heads_as_groups(kernel_orders(layout))
+        return Call(tuple(arguments), result=reshapes[3], marked=marked, variant=variant, fallback=fallback)
 
 
 def _without_scale(kernel: Kernel) -> Kernel:

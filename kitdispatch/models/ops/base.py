@@ -162,6 +162,9 @@ class Call:
     result: Reshape | None = None
     marked: int = 0
     variant: str = ""
+    # The kernel reads the op beyond the form it names (a kernel for shared K/V heads given one
+    # per query head): chosen only where no kernel replacing as many ops reads the op as it is.
+    fallback: bool = False
 
     @property
     def needs_adapter(self) -> bool:

@@ -68,6 +68,14 @@ GPU_CASES = {
     "onnx-keypad-arange-layer": ("onnx", ["--f16", "--form", "layer", "--mask", "keypad-arange-gather"], "attention_pad_kt_f16"),
     "onnx-f32-keypad-arange-causal-split": ("onnx", ["--form", "split", "--mask", "keypad-arange-causal-gather"],
                                             "attention_causal_pad_kt_f32"),
+    # torch's SDPA as the dynamo exporter writes it (transformers' default attention): Q and K^T scaled by
+    # d^-1/4 each, the softmax's result through where(isnan(p), 0, p)
+    "onnx-sdpa-dynamo-layer-causal-197": ("onnx", ["--f16", "--form", "layer", "--scale", "sqrt-qk", "--nan-guard",
+                                                   "--mask", "where-add-causal", "--seq", "197"], "attention_causal_kt_f16"),
+    "onnx-sdpa-dynamo-split-b1": ("onnx", ["--f16", "--form", "split", "--scale", "sqrt-qk", "--nan-guard", "--mask",
+                                           "where-add-causal", "--batch", "1"], "attention_causal_gqa_f16"),  # g = h
+    "onnx-f32-sdpa-dynamo-keypad": ("onnx", ["--form", "layer", "--scale", "sqrt-qk", "--nan-guard", "--mask", "keypad-gather"],
+                                    "attention_pad_kt_f32"),
 }
 ARCHS = "sm_90a,sm_80"  # the attention kernels' build (kernels/attention/kitdispatch.toml)
 

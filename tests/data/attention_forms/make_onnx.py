@@ -4,10 +4,10 @@ axis, MatMul with V. The inputs are Q, K, V [b, h, s, d] (`--form heads`, or `[b
 `--form flat`), or x [b, s, h*d] projected to heads and back (`--form layer`: MatMul, Reshape,
 Transpose, as a BERT/GPT-2 layer writes it).
 
-    python tests/data/attention_onnx/make_model.py OUT.onnx [--batch 2 --heads 4 --seq 128 --head-dim 64]
-        [--f16] [--mask none|zero|causal|causal-where|where-add|where-add-causal|arbitrary] [--scale div|mul|wrong]
+    python tests/data/attention_forms/make_onnx.py OUT.onnx [--batch 2 --heads 4 --seq 128 --head-dim 64]
+        [--f16] [--mask none|zero|causal|causal-where|where-add|where-add-causal|arbitrary|keypad...] [--scale div|mul|wrong|sqrt-qk]
         [--kv-seq N] [--form heads|flat|layer|split]
-        [--kv-heads N]
+        [--kv-heads N] [--nan-guard]
 
 Masks are constant initializers [s, s] added to the scores: all zero, causal (0 on and below
 the diagonal, the dtype's lowest value above it, as HF builds it) or arbitrary (random);
@@ -26,6 +26,9 @@ exports), which keeps IREE from fusing the Where into the mask's producer: the s
 then reads boolean flags [b, t]. `keypad-arange*-gather` write the mask as transformers' torchscript
 exports do (torch.onnx.export(dynamo=False)): the flags anded with a compare of aranges, q >= 0
 (every query: BERT) or k <= q (causal: GPT-2), which IREE leaves in the scores' generic.
+`--scale sqrt-qk` and `--nan-guard` write torch's SDPA as the dynamo exporter does (transformers'
+default attention): Q and K^T each multiplied by d^-1/4 before their MatMul and the scores not
+scaled; Where(IsNaN(p), 0, p) after the Softmax.
 `--form split` projects x with one MatMul to Q, K and V side by side and splits them (GPT-2's
 c_attn), each then reshaped and transposed to heads.
 """
@@ -47,6 +50,7 @@ ARANGE = ("keypad-arange-gather", "keypad-arange-causal-gather")
 def make_model(
     batch: int = 2, heads: int = 4, seq: int = 128, head_dim: int = 64, *, f16: bool = False, mask: str = "none",
     scale: str = "div", kv_seq: int | None = None, form: str = "heads", kv_heads: int | None = None, seed: int = 0,
+    nan_guard: bool = False,
 ) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     dtype = np.float16 if f16 else np.float32
@@ -57,7 +61,7 @@ def make_model(
     def const(name: str, value, t=dtype) -> onnx.TensorProto:
         return numpy_helper.from_array(np.asarray(value, t), name)
 
-    scale_value = {"div": np.sqrt(head_dim), "mul": 1 / np.sqrt(head_dim), "wrong": 0.5}[scale]
+    scale_value = {"div": np.sqrt(head_dim), "mul": 1 / np.sqrt(head_dim), "wrong": 0.5, "sqrt-qk": head_dim ** -0.25}[scale]
     inits = [const("scale", scale_value)]
     nodes = []
     if form == "split":  # one QKV projection, split in three (GPT-2's c_attn)
@@ -119,9 +123,20 @@ def make_model(
                 ]
     k_name, v_name = ("k_r", "v_r") if kv_heads and form in ("heads", "flat", "layer") else ("k", "v")
     rank = 3 if form == "flat" else 4
-    nodes.append(node("Transpose", [k_name], ["kt"], perm=list(range(rank - 2)) + [rank - 1, rank - 2]))
-    nodes.append(node("MatMul", ["q", "kt"], ["qk"]))
-    nodes.append(node("Div" if scale == "div" else "Mul", ["qk", "scale"], ["scores"]))
+    if scale == "sqrt-qk" and rank == 4:  # torchlib's K^T: through [b*h, s, d], transposed there, reshaped back
+        inits.append(numpy_helper.from_array(np.array([-1, kv_seq, head_dim], np.int64), "k_flat_shape"))
+        inits.append(numpy_helper.from_array(np.array([batch, kv_heads if kv_heads and form == "heads" and k_name == "k" else heads,
+                                                       head_dim, kv_seq], np.int64), "kt_shape"))
+        nodes += [node("Reshape", [k_name, "k_flat_shape"], ["k_flat"]), node("Transpose", ["k_flat"], ["kt_flat"], perm=[0, 2, 1]),
+                  node("Reshape", ["kt_flat", "kt_shape"], ["kt"])]
+    else:
+        nodes.append(node("Transpose", [k_name], ["kt"], perm=list(range(rank - 2)) + [rank - 1, rank - 2]))
+    if scale == "sqrt-qk":  # torch's SDPA as dynamo exports it: Q and K^T each scaled by d^-1/4, the scores not
+        nodes += [node("Mul", ["q", "scale"], ["q_scaled"]), node("Mul", ["kt", "scale"], ["kt_scaled"]),
+                  node("MatMul", ["q_scaled", "kt_scaled"], ["scores"])]
+    else:
+        nodes.append(node("MatMul", ["q", "kt"], ["qk"]))
+        nodes.append(node("Div" if scale == "div" else "Mul", ["qk", "scale"], ["scores"]))
     scores = "scores"
     if mask == "causal-where":  # GPT-2's eager attention: torch.where(causal, scores, lowest)
         inits.append(numpy_helper.from_array(np.tril(np.ones((seq, kv_seq), bool)), "keep"))
@@ -182,7 +197,10 @@ def make_model(
         nodes.append(node("Add", ["scores", "mask"], ["masked"]))
         scores = "masked"
     nodes.append(node("Softmax", [scores], ["probs"], axis=-1))
-    nodes.append(node("MatMul", ["probs", v_name], ["attn"]))
+    if nan_guard:  # torch's SDPA as dynamo exports it: a row whose every score is -inf gives 0, not NaN
+        inits.append(const("zero_p", 0.0))
+        nodes += [node("IsNaN", ["probs"], ["probs_nan"]), node("Where", ["probs_nan", "zero_p", "probs"], ["probs_guarded"])]
+    nodes.append(node("MatMul", ["probs_guarded" if nan_guard else "probs", v_name], ["attn"]))
     if form in ("layer", "split"):
         nodes.append(node("Transpose", ["attn"], ["attn_t"], perm=[0, 2, 1, 3]))
         nodes.append(node("Reshape", ["attn_t", "out_shape"], ["y"]))
@@ -205,12 +223,13 @@ def main() -> None:
     p.add_argument("--f16", action="store_true")
     p.add_argument("--mask", choices=["none", "zero", "causal", "causal-where", "where-add", "where-add-causal", "arbitrary", *KEYPAD],
                    default="none")
-    p.add_argument("--scale", choices=["div", "mul", "wrong"], default="div")
+    p.add_argument("--scale", choices=["div", "mul", "wrong", "sqrt-qk"], default="div")
+    p.add_argument("--nan-guard", action="store_true", help="Where(IsNaN(p), 0, p) after the softmax (SDPA, dynamo)")
     p.add_argument("--form", choices=["heads", "flat", "layer", "split"], default="heads")
     p.add_argument("--kv-heads", type=int, default=None, help="fewer K/V heads, repeated (GQA; --form heads or layer)")
     args = p.parse_args()
     model = make_model(args.batch, args.heads, args.seq, args.head_dim, f16=args.f16, mask=args.mask, scale=args.scale,
-                       kv_seq=args.kv_seq, form=args.form, kv_heads=args.kv_heads)
+                       kv_seq=args.kv_seq, form=args.form, kv_heads=args.kv_heads, nan_guard=args.nan_guard)
     onnx.save(model, args.out)
 
 
