@@ -136,8 +136,8 @@ def read_ops(module: ir.Module, kinds: Sequence[str]) -> list[tuple[object, OpFa
 def decide(ops: Sequence[OpFacts], kernels: Sequence[Kernel], *, tf32: bool = False) -> list[Decision]:
     """Per op, the kernel that computes exactly what it computes and replaces the most ops
     with it (a matmul with its epilogue before a bare matmul: its call's `marked`), the first
-    in manifest order among those, a call that is a fallback (Call.fallback) after the rest. Kernels that compute in plain TF32 (replace_when.arithmetic)
-    take part only with `tf32`."""
+    in manifest order among those, calls that are a fallback (Call.fallback) after the rest.
+    Kernels that compute in plain TF32 (replace_when.arithmetic) take part only with `tf32`."""
     decisions = []
     for op in ops:
         kind, reasons, fits = OP_KINDS[op.kind], [], []

@@ -14,8 +14,9 @@ it, so each must have no other user.
 torch's SDPA as the dynamo exporter writes it (transformers' default attention) scales Q and K^T
 by d^-1/4 each before their matmul, leaves the scores unscaled (the kernel is given scale 1 and
 the scaled Q and K), and guards the softmax's result with where(isnan(p), 0, p) (is_nan_guard),
-which changes only a row whose every score is -inf: taken where the mask leaves every row a
-finite score (_guard_differs). Where no entry reads K and V of one head per query head in their
+which changes only a row whose every score is -inf (or one holding NaN or +inf: inputs not
+finite, where the kernel's row is NaN): taken where the mask leaves every row a finite score
+(_guard_differs). Where no entry reads K and V of one head per query head in their
 layout, an entry for shared heads does with g = h (Chain.reads_heads_as_groups, a fallback).
 
 The kernel computes the scores, their scale and the softmax in f32; the chain rounds the scores
