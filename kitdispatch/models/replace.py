@@ -20,7 +20,7 @@ from kitdispatch.describe.kernel import Kernel
 from kitdispatch.describe.module import ModuleSpec
 from kitdispatch.errors import ManifestError
 from kitdispatch.models.ops import OP_KINDS
-from kitdispatch.models.ops.base import Call, Layout, OpFacts, TensorFacts
+from kitdispatch.models.ops.base import CAPTURED, Call, Layout, OpFacts, TensorFacts
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
     from iree.compiler import ir  # annotations
@@ -58,7 +58,8 @@ class Decision:
     @property
     def mark(self) -> str:
         """MARK_ATTRIBUTE's value: one per way of calling (function, operand paths)."""
-        return self.function + "".join("_via" + "_".join(map(str, o.path)) for o in self.call.operands if len(o.path) > 1)
+        return self.function + "".join("_via" + "_".join("c" if i == CAPTURED else str(i) for i in o.path)
+                                       for o in self.call.operands if len(o.path) > 1)
 
     def to_json(self) -> dict:
         data = self.op.to_json()

@@ -30,7 +30,7 @@ from kitdispatch.emit.render import render_template
 from kitdispatch.describe.types import FunctionSignature
 from kitdispatch.errors import KitError, ManifestError, UsageError
 from kitdispatch.models.ops._bias import BiasProgram
-from kitdispatch.models.ops.base import Call, Constant, OpFacts, Permuted, Reshape, TensorFacts
+from kitdispatch.models.ops.base import CAPTURED, Call, Constant, OpFacts, Permuted, Reshape, TensorFacts
 from kitdispatch.models.replace import COVERED_ATTRIBUTE, KIT_PREFIX, MARK_ATTRIBUTE, Decision, wrapper_name
 
 if TYPE_CHECKING:  # the MLIR bindings come with iree-base-compiler, loaded where a model is read
@@ -206,13 +206,18 @@ def render_spec(project: str, model: str, kernels: list[Kernel], decisions: Sequ
 
 def _operand_steps(n: int, path: tuple[int, ...]) -> dict:
     """Operand `n` of a call as the transform reaches it from `%op`: the producers of
-    operands up the path, then the operand of the last one."""
-    of, producers = "%op", []
+    operands up the path, then the operand of the last one (for a last step CAPTURED, the
+    operand 0 of the one tensor.extract in the last one's body)."""
+    of, steps = "%op", []
     for depth, index in enumerate(path[:-1]):
         name = f"%producer_{n}_{depth}"
-        producers.append({"name": name, "of": of, "index": index})
+        steps.append({"name": name, "op": f"transform.get_producer_of_operand {of}[{index}]"})
         of = name
-    return {"producers": producers, "name": f"%operand_{n}", "of": of, "index": path[-1]}
+    index = path[-1]
+    if index == CAPTURED:  # the extract's tensor: defined outside the op, read in its body
+        steps.append({"name": f"%extract_{n}", "op": f'transform.structured.match ops{{["tensor.extract"]}} in {of}'})
+        of, index = f"%extract_{n}", 0
+    return {"producers": steps, "name": f"%operand_{n}", "of": of, "index": index}
 
 
 # ------------------------------------------------------------------------- adapters

@@ -122,8 +122,12 @@ def test_f32_key_padding_reaches_the_f32_kernel(tmp_path, args, kernel, what):
         (["--f32", "--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f32",
          ["arith.select %b", "arith.constant -3.4028234663852886e+38 : f32"]),
         (["--f32", "--mask", "keypad"], "attention_pad_f32", ["arith.cmpi ne, %b", "arith.constant -3.4028234663852886e+38 : f32"]),
+        # batch 1: IREE drops b, and the scores' generic reads the mask [t] per key; the kernel reads it as [1, t]
+        (["--mask", "keypad", "--batch", 1], "attention_pad_f16", None),
+        (["--form", "layer", "--mask", "keypad-causal-gather", "--batch", 1], "attention_causal_pad_kt_f16", ["arith.select %b"]),
     ],
-    ids=["layer-flags", "split-causal-flags", "heads-additive", "additive-fused", "causal-fused", "f32-layer-flags", "f32-where-fused"],
+    ids=["layer-flags", "split-causal-flags", "heads-additive", "additive-fused", "causal-fused", "f32-layer-flags", "f32-where-fused",
+         "b1-heads-additive", "b1-layer-causal-flags"],
 )
 def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, kernel, bias):
     """The whole chain with its mask's broadcast (the scores' generic reading [b, t] per batch
@@ -148,6 +152,7 @@ def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, 
     else:
         assert "^bb0(%b" in spec and all(line in spec for line in bias), spec
     assert ("arith.truncf" not in spec) if f32 else True
+    assert ("tensor.expand_shape %x3" in spec) == ("--batch" in args)  # batch 1: the mask [t] as the kernel's [1, t]
 
 
 @needs_iree_compile
@@ -159,8 +164,11 @@ def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, 
         (["--mask", "keypad"], np.float32, lambda m: np.where(m != 0, 0, np.finfo(np.float32).min).astype(np.float32)),
         (["--mask", "keypad-inf"], np.float32, lambda m: np.where(m != 0, 0, -np.inf).astype(np.float32)),
         (["--f16", "--form", "layer", "--mask", "keypad-gather"], np.float16, lambda m: np.where(m, 0, -65504).astype(np.float16)),
+        # batch 1: the flags [t] the scores' generic reads through its fused gather (tensor.extract at positions 0 .. t-1)
+        (["--f16", "--form", "layer", "--mask", "keypad-causal-gather", "--batch", 1], np.float16,
+         lambda m: np.where(m, 0, -65504).astype(np.float16)),
     ],
-    ids=["f16-additive-fused", "f16-causal-fused", "f32-where-fused", "f32-inf-fused", "f16-flags"],
+    ids=["f16-additive-fused", "f16-causal-fused", "f32-where-fused", "f32-inf-fused", "f16-flags", "f16-b1-gathered-flags"],
 )
 def test_the_bias_the_adapter_computes_is_the_models_on_the_cpu(tmp_path, args, dtype, want):
     """The adapter's [b, t] bias generic (models/spec.py), compiled by the real iree-compile for

@@ -48,6 +48,10 @@ def built_attention(tmp_path, model: str):
         ("gpt2-mask-ts-f16-b2s128", "attention_causal_pad_kt_f16"),
         ("bert-mask-ts-f32-b2s128", "attention_pad_kt_f32"),
         ("gpt2-mask-ts-f32-b2s128", "attention_causal_pad_kt_f32"),
+        # batch 1 with attention_mask: IREE fuses the mask's gather into the scores' generic (a tensor.extract of the
+        # flags at a hoisted arange of positions); the kernel reads those flags as [1, t]
+        ("bert-mask-f16-b1s128", "attention_pad_kt_f16"),
+        ("gpt2-mask-f16-b1s128", "attention_causal_pad_kt_f16"),
         # transformers' default attention, SDPA (--attn sdpa, files -sdpa-): Q and K^T scaled by d^-1/4, the softmax's
         # result guarded by where(isnan(p), 0, p); at batch 1 GPT-2's K is [b, h, s, d], read by the GQA entry with g = h
         ("gpt2-sdpa-f16-b1s128", "attention_causal_gqa_f16"),

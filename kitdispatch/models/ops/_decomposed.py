@@ -24,7 +24,8 @@ and probabilities to f16 between its ops. That is the only difference accepted: 
 be the kernel's (a constant, or none), the mask none or causal (_masks.py), or key padding: an
 additive [b, t] mask, or boolean [b, t] flags (anded with a causal one) added as
 select(keep, 0, masked), or a bias the scores' generic computes from one [b, t] tensor (the mask's
-own ops, fused in by IREE): the chain then keeps that tensor (`Chain.keep`) for the kernel to
+own ops, fused in by IREE; at batch 1 flags [t] read by a tensor.extract at positions 0 .. t-1,
+the gather IREE fuses in: _captured_flags): the chain then keeps that tensor (`Chain.keep`) for the kernel to
 read, how the bias is made from it (`Chain.bias`, _bias.py) and the masked value
 (`Chain.masked`); the softmax over the keys.
 
@@ -45,9 +46,9 @@ from dataclasses import dataclass, field
 
 from kitdispatch.models.ops._bias import BiasProgram, Unsliceable, flags_program, slice_program
 from kitdispatch.models.ops._masks import (
-    NONE, OTHER, MaskForm, is_masked_value, per_key, read_additive, read_body_mask, read_mask, with_key_padding,
+    NONE, OTHER, MaskForm, evaluates_to_arange, is_masked_value, per_key, read_additive, read_body_mask, read_mask, with_key_padding,
 )
-from kitdispatch.models.ops.base import Reshape, TensorFacts, location, map_dims, tensor_facts
+from kitdispatch.models.ops.base import CAPTURED, Reshape, TensorFacts, location, map_dims, tensor_facts
 from kitdispatch.models.ops.generic import plain_transpose
 from kitdispatch.models.ops.matmul import init_source
 
@@ -823,8 +824,10 @@ def _body_steps(r: _Reader, op: ir.Operation, flowing: int, maps: list, path: tu
     # the select and the andi making each mask: read where the scores get it
     made = set(selects) | {a.results[0] for v in selects for a in _and_of(v.owner.operands[0], args[:len(op.operands) - 1])[1]}
 
-    def mask(index: int) -> _Mask:
-        return _Mask(op.operands[index], maps[index], path + (index,))
+    def mask(index: int | ir.Value) -> _Mask:
+        if isinstance(index, int):
+            return _Mask(op.operands[index], maps[index], path + (index,))
+        return _Mask(index, (len(maps[-1]) - 1,), path + (CAPTURED,))  # flags the body reads per key (_captured_flags)
 
     fused: list = []  # ops that do not read the scores: a mask's own, fused in by IREE (read where the scores get it)
     for inner in block.operations:
@@ -959,6 +962,10 @@ def _mask_selects(op: ir.Operation, args: list, maps: list) -> dict:
             continue
         indices, flags, forms = [], [], []
         for value in _and_of(inner.operands[0], inputs)[0]:
+            captured = _captured_flags(value, op, args, maps)
+            if captured is not None:
+                indices.append(captured)
+                continue
             source, program = (value, None) if value in inputs else _flags_source(value, op, args, maps)
             if source is None and _reads_constants_only(value, op, args, maps):
                 forms.append(read_body_mask(op, value))  # transformers' arange compares: causal, or all true
@@ -974,14 +981,47 @@ def _mask_selects(op: ir.Operation, args: list, maps: list) -> dict:
     return found
 
 
+def _captured_flags(value: ir.Value, op: ir.Operation, args: list, maps: list) -> ir.Value | None:
+    """The flags [t] a boolean of the body is read from, where it is tensor.extract(flags,
+    positions[k]) of a boolean tensor defined outside the generic at positions 0 .. t-1 read
+    per key (IREE's form of a batch-1 model's gather of its attention_mask flags: the gather
+    fused into the scores' generic, its indices a hoisted arange); None otherwise."""
+    from iree.compiler import ir
+
+    extract = _owner(value)
+    if extract is None or extract.name != "tensor.extract" or len(extract.operands) != 2:
+        return None
+    flags, index = extract.operands
+    cast = _owner(index)
+    shape = ir.ShapedType(flags.type)
+    if (cast is None or cast.name != "arith.index_cast" or cast.operands[0] not in args[:len(op.operands) - 1]
+            or str(shape.element_type) != "i1" or shape.rank != 1 or _inside(flags, op)):
+        return None
+    position = args.index(cast.operands[0])
+    loops = len(maps[-1])
+    keys = tensor_facts(op.operands[position].type).shape
+    if maps[position] != (loops - 1,) or keys != tuple(shape.shape) or not evaluates_to_arange(op.operands[position]):
+        return None
+    return flags
+
+
+def _inside(value: ir.Value, op: ir.Operation) -> bool:
+    """Whether `value` is defined in `op`'s region (a block argument or an op of its body)."""
+    owner = _owner(value)
+    return owner is None or owner.parent == op
+
+
 def _reads_constants_only(value: ir.Value, op: ir.Operation, args: list, maps: list) -> bool:
     """Whether a boolean the body computes reads no input per batch and key, and only inputs
     that are constants (an arange's values, hoisted by IREE): a mask the kit can evaluate."""
     inputs = args[:len(op.operands) - 1]
     read = _block_args_of(value, inputs)
-    return str(value.type) == "i1" and bool(read) and all(
-        not per_key(maps[args.index(a)], len(maps[-1])) and _owner(op.operands[args.index(a)]) is not None
-        and _owner(op.operands[args.index(a)]).name == "arith.constant" for a in read)
+    return str(value.type) == "i1" and bool(read) and all(_is_constant_input(op, args.index(a)) for a in read)
+
+
+def _is_constant_input(op: ir.Operation, index: int) -> bool:
+    owner = _owner(op.operands[index])
+    return owner is not None and owner.name == "arith.constant"
 
 
 def _flags_source(value: ir.Value, op: ir.Operation, args: list, maps: list) -> tuple[ir.Value | None, BiasProgram | None]:
@@ -990,7 +1030,8 @@ def _flags_source(value: ir.Value, op: ir.Operation, args: list, maps: list) -> 
     cannot be re-computed (_bias.py)."""
     inputs = args[:len(op.operands) - 1]
     read = [a for a in _block_args_of(value, inputs) if _constant_text(a, op, args, maps) is None]
-    if str(value.type) != "i1" or len(read) != 1 or not per_key(maps[args.index(read[0])], len(maps[-1])):
+    if (str(value.type) != "i1" or len(read) != 1 or not per_key(maps[args.index(read[0])], len(maps[-1]))
+            or _is_constant_input(op, args.index(read[0]))):  # a constant's boolean: read_body_mask evaluates it
         return None, None
     try:
         return read[0], slice_program(value, read[0], lambda v: _constant_text(v, op, args, maps))

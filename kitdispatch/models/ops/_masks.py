@@ -16,7 +16,8 @@ boolean flags that a select(keep, 0, lowest) in the generic turns into the addit
 BERT and GPT-2 exported by torch's dynamo exporter, IREE 3.13: the flags come out of a gather),
 or the additive [b, t] mask itself (where IREE fuses that select into the flags' producer).
 Whatever its values, a kernel that reads that same tensor per (batch, key) computes what the op
-does (`per_key`); anded with a causal constant [q, k] it is causal key padding. Where the flags
+does (`per_key`; at batch 1, where IREE drops b, a [t] tensor read per key, as [1, t]); anded
+with a causal constant [q, k] it is causal key padding. Where the flags
 are anded inside the scores' generic with a boolean it computes from constants (torchscript
 exports compare two aranges: q >= 0, k <= q), that boolean is evaluated there (`read_body_mask`).
 """
@@ -80,8 +81,10 @@ def read_additive(value: ir.Value, query_axis: int, key_axis: int) -> MaskForm:
 
 def per_key(dims: tuple[int, ...] | None, loops: int) -> bool:
     """Whether a tensor read through `dims` (its axes' loops) in a generic of `loops` loops
-    [b, h, q, k] holds one value per (batch, key): a [b, t] tensor read as (d0, d3)."""
-    return loops == 4 and dims == (0, loops - 1)
+    [b, h, q, k] holds one value per (batch, key): a [b, t] tensor read as (d0, d3); or one
+    value per key, the same for every batch and head: a [t] tensor read as the keys' loop (d3,
+    or d2 of [B, q, k], where b = 1 is dropped), which a kernel reads as [1, t]."""
+    return loops == 4 and dims == (0, loops - 1) or loops in (3, 4) and dims == (loops - 1,)
 
 
 def with_key_padding(form: MaskForm, value: ir.Value, computed: str | None = None) -> MaskForm:
@@ -262,12 +265,41 @@ def _slice(op: ir.Operation, value: ir.Value) -> np.ndarray:
 
 
 def _global(op: ir.Operation, value: ir.Value) -> np.ndarray:
-    """A util.global.load: the values live in a parameter archive, not in the model (what
-    `iree-import-onnx --externalize-params` makes of initializers of `--num-elements-threshold`
-    (default 100) elements or more, a constant mask among them)."""
+    """A util.global.load of an immutable global whose initial value is in the model (IREE
+    hoists constants so: an arange's positions); else the values live in a parameter archive,
+    not in the model (what `iree-import-onnx --externalize-params` makes of initializers of
+    `--num-elements-threshold` (default 100) elements or more, a constant mask among them)."""
+    from iree.compiler import ir
+
     name = str(op.attributes["global"]) if "global" in op.attributes else "a global"
+    initial = _global_initial_value(op, name) if "is_immutable" in op.attributes else None
+    if isinstance(initial, ir.DenseElementsAttr):
+        return _dense(initial, value.type)
     raise _Unreadable(f"the model's global {name}, whose values are not in the model (a parameter: import with "
                       "iree-import-onnx --num-elements-threshold above the mask's element count to keep it a constant)")
+
+
+def _global_initial_value(load: ir.Operation, name: str) -> ir.Attribute | None:
+    """The initial value of the util.global `name` (@symbol) of the module holding `load`."""
+    from iree.compiler import ir
+
+    module = load
+    while module.parent is not None and module.name != "builtin.module":
+        module = module.parent
+    for op in module.regions[0].blocks[0].operations:
+        if op.name == "util.global" and f"@{ir.StringAttr(op.attributes['sym_name']).value}" == name:
+            return op.attributes["initial_value"] if "initial_value" in op.attributes else None
+    return None
+
+
+def evaluates_to_arange(value: ir.Value) -> bool:
+    """Whether a 1-D integer tensor holds 0, 1, ..., n - 1 (positions: IREE's form of a gather
+    of every key, its indices a hoisted global)."""
+    try:
+        shape, values = _shape(value.type), _evaluate(value)
+    except _Unreadable:
+        return False
+    return len(shape) == 1 and values.dtype.kind == "i" and np.array_equal(np.broadcast_to(values, shape), np.arange(shape[0]))
 
 
 def _same(op: ir.Operation, value: ir.Value) -> np.ndarray:

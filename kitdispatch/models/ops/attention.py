@@ -196,7 +196,7 @@ class Attention(OpKind):
                 return why
         if len(layout.inputs) > 3:  # the key-padding mask [b, t], or the bias computed from it (flags' select, ...)
             chain = op.detail.chain
-            given = chain.keep.tensor
+            given = _as_rows(chain.keep.tensor)
             bias = TensorFacts(chain.bias.result_type, given.shape) if chain.bias is not None else given
             why = type_mismatch("key-padding mask", bias, layout.inputs[3], sizes)
             if why:
@@ -249,11 +249,18 @@ class Attention(OpKind):
                 given[SCALE] = Constant("f32", repr(float(np.float32(op.detail.scale))))
             if chain is not None and chain.keep is not None:
                 # flags, or a mask computed from [b, t] in the scores' generic: passed as the bias they add
-                given[3] = Operand(chain.keep.path, None, chain.keep.tensor, bias=chain.bias)
+                rows = None if len(chain.keep.tensor.shape) == 2 else Reshape(((0, 1),))  # [t]: one row, [1, t]
+                given[3] = Operand(chain.keep.path, rows, chain.keep.tensor, bias=chain.bias)
                 given[MASKED] = Constant("f32", f32_literal(chain.masked) if chain.masked is not None else "0.0")
             arguments = [given[role] for role in layout.pattern]
         fallback = chain is not None and chain.reads_heads_as_groups(kernel_orders(layout))
         return Call(tuple(arguments), result=reshapes[3], marked=marked, variant=variant, fallback=fallback)
+
+
+def _as_rows(keep: TensorFacts) -> TensorFacts:
+    """The key-padding tensor as the kernel reads it, [b, t]: a [t] one (the same for every
+    batch) as one row."""
+    return keep if len(keep.shape) == 2 else TensorFacts(keep.dtype, (1, *keep.shape))
 
 
 def _without_scale(kernel: Kernel) -> Kernel:

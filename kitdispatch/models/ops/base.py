@@ -132,7 +132,8 @@ class Permuted:
 @dataclass(frozen=True)
 class Operand:
     """A tensor the kernel reads, found from the marked op: (i,) is its operand i, (i, j)
-    operand j of the producer of its operand i, and so on up the producers."""
+    operand j of the producer of its operand i, and so on up the producers; a last step
+    CAPTURED, the tensor the body of the op reached reads by its one tensor.extract."""
 
     path: tuple[int, ...]
     reshape: Reshape | None = None
@@ -147,6 +148,11 @@ class Constant:
 
     type: str  # "f32", "i32"
     value: str  # the literal: "0.797884583"
+
+
+# An operand path's last step that is no operand: the one tensor a `tensor.extract` in the body
+# of the op reached reads, defined outside it (attention's key-padding flags at batch 1).
+CAPTURED = -1
 
 
 @dataclass(frozen=True)

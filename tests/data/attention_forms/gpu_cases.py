@@ -68,6 +68,10 @@ GPU_CASES = {
     "onnx-keypad-arange-layer": ("onnx", ["--f16", "--form", "layer", "--mask", "keypad-arange-gather"], "attention_pad_kt_f16"),
     "onnx-f32-keypad-arange-causal-split": ("onnx", ["--form", "split", "--mask", "keypad-arange-causal-gather"],
                                             "attention_causal_pad_kt_f32"),
+    # batch 1: the mask [t] read per key (the kernel's [1, t]); the flags through the gather IREE fuses into the scores' generic
+    "onnx-keypad-b1-additive": ("onnx", ["--f16", "--mask", "keypad", "--batch", "1"], "attention_pad_f16"),
+    "onnx-keypad-b1-layer-causal-gathered": ("onnx", ["--f16", "--form", "layer", "--mask", "keypad-causal-gather", "--batch", "1"],
+                                             "attention_causal_pad_kt_f16"),
     # torch's SDPA as the dynamo exporter writes it (transformers' default attention): Q and K^T scaled by
     # d^-1/4 each, the softmax's result through where(isnan(p), 0, p)
     "onnx-sdpa-dynamo-layer-causal-197": ("onnx", ["--f16", "--form", "layer", "--scale", "sqrt-qk", "--nan-guard",
