@@ -262,3 +262,60 @@ def test_key_padding_agrees_with_the_model_on_gpu(tmp_path, prebuilt_dir, case):
         for other in (want, alone):
             agree, _, _, worst = check_agreement([got], [other], sig)
             assert agree, (mask.sum(axis=1), worst)
+
+
+# ----------------------------------------------------------------- batch 1: the gather IREE fuses in
+
+_GATHERED = """
+util.global private @positions = dense<{positions}> : tensor<4xi64>
+func.func @scores(%s: tensor<2x4x4xf16>, %flags: tensor<4xi1>, %other: tensor<4xi1>) -> tensor<2x4x4xf32> {{
+  %positions = util.global.load immutable @positions : tensor<4xi64>
+  %zero = arith.constant 0.000000e+00 : f16
+  %lowest = arith.constant -6.550400e+04 : f16
+  %empty = tensor.empty() : tensor<2x4x4xf32>
+  %r = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d1, d2)>, affine_map<(d0, d1, d2) -> (d2)>,
+                                        affine_map<(d0, d1, d2) -> (d0, d1, d2)>], iterator_types = ["parallel", "parallel", "parallel"]}}
+      ins(%s, %positions : tensor<2x4x4xf16>, tensor<4xi64>) outs(%empty : tensor<2x4x4xf32>) {{
+  ^bb0(%in: f16, %p: i64, %out: f32):
+    %i = arith.index_cast %p : i64 to index
+    %keep = tensor.extract %flags[%i] : tensor<4xi1>
+    {second}
+    %bias = arith.select %keep, %zero, %lowest : f16
+    %a = arith.addf %in, %bias : f16
+    %f = arith.extf %a : f16 to f32
+    linalg.yield %f : f32
+  }} -> tensor<2x4x4xf32>
+  return %r : tensor<2x4x4xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    "positions, second, read",
+    [
+        ("[0, 1, 2, 3]", "", True),
+        ("[0, 2, 1, 3]", "", False),  # a gather of other positions: not the flags per key
+        ("[0, 1, 2, 3]", "%unused = tensor.extract %other[%i] : tensor<4xi1>", False),  # the spec finds the body's one extract
+    ],
+    ids=["arange", "permuted", "two-extracts"],
+)
+def test_batch_1_flags_are_read_through_the_fused_gather_only_at_every_key_in_order(positions, second, read):
+    """IREE's form of a batch-1 model's gather of its flags, fused into the scores' generic: the
+    flags are the kernel's only where the positions are 0 .. t-1 (a hoisted global the kit
+    evaluates) and the extract is the body's only one (the spec reaches the flags through it)."""
+    pytest.importorskip("iree.compiler")
+    from iree.compiler import ir
+
+    from kitdispatch.models.ops._decomposed import _captured_flags
+    from kitdispatch.models.ops.base import map_dims
+
+    module = ir.Module.parse(_GATHERED.format(positions=positions, second=second), ir.Context())
+    func = next(o.operation for o in module.body.operations if o.operation.name == "func.func")
+    generic = next(o.operation for o in func.regions[0].blocks[0].operations if o.operation.name == "linalg.generic")
+    args = list(generic.regions[0].blocks[0].arguments)
+    maps = [map_dims(a) for a in ir.ArrayAttr(generic.attributes["indexing_maps"])]
+    keep = next(o for o in generic.regions[0].blocks[0].operations if o.operation.name == "tensor.extract").results[0]
+    flags = _captured_flags(keep, generic, args, maps)
+    assert (flags is not None) == read
+    if read:
+        assert flags == func.regions[0].blocks[0].arguments[1]

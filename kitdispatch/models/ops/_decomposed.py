@@ -985,11 +985,14 @@ def _captured_flags(value: ir.Value, op: ir.Operation, args: list, maps: list) -
     """The flags [t] a boolean of the body is read from, where it is tensor.extract(flags,
     positions[k]) of a boolean tensor defined outside the generic at positions 0 .. t-1 read
     per key (IREE's form of a batch-1 model's gather of its attention_mask flags: the gather
-    fused into the scores' generic, its indices a hoisted arange); None otherwise."""
+    fused into the scores' generic, its indices a hoisted arange); None otherwise, and where
+    the body has another tensor.extract (the spec finds this one as the body's only one)."""
     from iree.compiler import ir
 
     extract = _owner(value)
     if extract is None or extract.name != "tensor.extract" or len(extract.operands) != 2:
+        return None
+    if sum(inner.name == "tensor.extract" for inner in op.regions[0].blocks[0].operations) != 1:
         return None
     flags, index = extract.operands
     cast = _owner(index)
@@ -1006,9 +1009,12 @@ def _captured_flags(value: ir.Value, op: ir.Operation, args: list, maps: list) -
 
 
 def _inside(value: ir.Value, op: ir.Operation) -> bool:
-    """Whether `value` is defined in `op`'s region (a block argument or an op of its body)."""
-    owner = _owner(value)
-    return owner is None or owner.parent == op
+    """Whether `value` is defined in `op`'s body (one of its block's arguments, or an op's result)."""
+    from iree.compiler import ir
+
+    owner = value.owner
+    parent = owner.owner if isinstance(owner, ir.Block) else owner.operation.parent
+    return parent is not None and parent.operation == op.operation
 
 
 def _reads_constants_only(value: ir.Value, op: ir.Operation, args: list, maps: list) -> bool:
