@@ -122,12 +122,11 @@ def test_f32_key_padding_reaches_the_f32_kernel(tmp_path, args, kernel, what):
         (["--f32", "--form", "layer", "--mask", "keypad-gather"], "attention_pad_kt_f32",
          ["arith.select %b", "arith.constant -3.4028234663852886e+38 : f32"]),
         (["--f32", "--mask", "keypad"], "attention_pad_f32", ["arith.cmpi ne, %b", "arith.constant -3.4028234663852886e+38 : f32"]),
-        # batch 1: IREE drops b, and the scores' generic reads the mask [t] per key; the kernel reads it as [1, t]
-        (["--mask", "keypad", "--batch", 1], "attention_pad_f16", None),
+        # batch 1: IREE drops b and fuses the mask's gather into the scores' generic; the kernel reads the flags [t] as [1, t]
         (["--form", "layer", "--mask", "keypad-causal-gather", "--batch", 1], "attention_causal_pad_kt_f16", ["arith.select %b"]),
     ],
     ids=["layer-flags", "split-causal-flags", "heads-additive", "additive-fused", "causal-fused", "f32-layer-flags", "f32-where-fused",
-         "b1-heads-additive", "b1-layer-causal-flags"],
+         "b1-layer-causal-flags"],
 )
 def test_key_padding_builds_to_the_kernel_and_no_iree_attention(tmp_path, args, kernel, bias):
     """The whole chain with its mask's broadcast (the scores' generic reading [b, t] per batch
@@ -265,6 +264,18 @@ def test_key_padding_agrees_with_the_model_on_gpu(tmp_path, prebuilt_dir, case):
 
 
 # ----------------------------------------------------------------- batch 1: the gather IREE fuses in
+
+
+def test_key_padding_at_batch_1_is_read_per_key_as_one_row(tmp_path):
+    """At batch 1 IREE drops b: the scores' generic (loops [h, q, k]) reads the additive mask [t]
+    per key, and the kernel reads it as [1, t] (the adapter's expand_shape)."""
+    d = attention_decision(decisions_of(make_model(tmp_path, "onnx", "attn.onnx", "--f16", "--mask", "keypad", "--batch", 1), tmp_path))
+    assert d.kernel is not None and d.kernel.name == "attention_pad_f16", d.reasons
+    keep = d.op.detail.chain.keep
+    assert keep.tensor.shape == (128,)
+    [bias] = [a for a in d.call.arguments if getattr(a, "path", None) == keep.path]
+    assert bias.reshape is not None and bias.reshape.groups == ((0, 1),)
+
 
 _GATHERED = """
 util.global private @positions = dense<{positions}> : tensor<4xi64>
