@@ -283,10 +283,10 @@ def _global_initial_value(load: ir.Operation, name: str) -> ir.Attribute | None:
     """The initial value of the util.global `name` (@symbol) of the module holding `load`."""
     from iree.compiler import ir
 
-    module = load
+    module = load.operation  # Operations, not OpViews: an OpView's `.name` may be its symbol
     while module.parent is not None and module.name != "builtin.module":
-        module = module.parent
-    for op in module.regions[0].blocks[0].operations:
+        module = module.parent.operation
+    for op in (o.operation for o in module.regions[0].blocks[0].operations):
         if op.name == "util.global" and f"@{ir.StringAttr(op.attributes['sym_name']).value}" == name:
             return op.attributes["initial_value"] if "initial_value" in op.attributes else None
     return None
